@@ -1,0 +1,286 @@
+"""Run configuration: nested dataclasses, read from YAML, overridden from the command line.
+
+Every field has a docstring (the string under it), which `vlmrl config --docs` prints. A config
+file sets any subset of fields; `section.field=value` arguments override it
+(`vlmrl train configs/x.yaml train.lr=1e-6`). An unknown key is an error naming the closest valid
+keys, and a value of the wrong type is an error naming the field.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from vlmrl.errors import VlmrlError
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter (peft) on the language model."""
+
+    enabled: bool = False
+    """Train a LoRA adapter instead of the full model."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.05
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Module names (suffixes) that get an adapter."""
+    include_vision: bool = False
+    """Also put adapters in the vision tower (left out by default)."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy model and how it is loaded."""
+
+    name_or_path: str = "runs/tiny-model"
+    """Local folder or hub id of an image-text-to-text model (the hub only when online)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype; auto is bfloat16 on GPU, float32 on CPU."""
+    device: str = "auto"
+    """cpu, cuda, cuda:1, or auto (a GPU when present). Under accelerate, each process's own GPU."""
+    attn_implementation: str | None = None
+    """Attention kernel (eager, sdpa, flash_attention_2); None is the model's default."""
+    trust_remote_code: bool = False
+    """Run Python code shipped with the model. Off unless you trust the source."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    freeze_vision: bool = False
+    """Keep the vision tower's weights fixed."""
+    vision_lr_scale: float = 1.0
+    """Vision-tower learning rate as a multiple of train.lr (0.1 = ten times slower)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter settings."""
+
+
+@dataclass
+class TaskConfig:
+    """The task to train and evaluate on."""
+
+    name: str = "shapes"
+    """Registered task name (see `vlmrl tasks list`)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Task parameters, passed to get_task (see `vlmrl tasks list`)."""
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The task."""
+    seed: int = 0
+    """Seed for weights init, sampling and data order."""
+    output_dir: str = "runs/default"
+    """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
+
+
+# --------------------------------------------------------------------------- reading and writing
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), cls: type = Config):
+    """Build a `cls` from an optional YAML file, then `key.sub=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = read_yaml(path)
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(data, key, value)
+    return from_dict(cls, data)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from `path`; syntax errors become one-line errors with the position."""
+    path = Path(path)
+    if not path.is_file():
+        raise VlmrlError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise VlmrlError(f"YAML syntax error in {path}{where}: {problem}")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise VlmrlError(f"{path} must hold a mapping of config sections, not {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`train.lr=1e-6` -> ("train.lr", 1e-6); the value is read as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise VlmrlError(f"override {item!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """data["a"]["b"] = value for key "a.b", creating mappings on the way."""
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise VlmrlError(f"cannot set {key!r}: {part!r} is not a section")
+        node = child
+    node[last] = value
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = ""):
+    """Build dataclass `cls` from a nested mapping, checking every key and type."""
+    if not isinstance(data, dict):
+        raise VlmrlError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in data.items():
+        if key not in names:
+            raise VlmrlError(_unknown_key_message(prefix + str(key), cls, prefix))
+        values[key] = _coerce(hints[key], value, prefix + key)
+    config = cls(**values)
+    if hasattr(config, "validate"):
+        config.validate()
+    return config
+
+
+def to_dict(config) -> dict[str, Any]:
+    """Plain nested dict of a config (for YAML and JSON)."""
+    return dataclasses.asdict(config)
+
+
+def save_config(config, path: str | Path) -> None:
+    """Write `config` as YAML that `load_config` reads back to an equal config."""
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a config class, depth first."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(all_keys(hints[f.name], prefix + f.name + "."))
+    return keys
+
+
+def _unknown_key_message(key: str, cls: type, prefix: str) -> str:
+    root_keys = all_keys(Config) if cls is Config or prefix else all_keys(cls)
+    close = difflib.get_close_matches(key, root_keys, n=3, cutoff=0.5)
+    local = [prefix + f.name for f in dataclasses.fields(cls)]
+    hint = f"did you mean {', '.join(close)}?" if close else f"valid keys here: {', '.join(local)}"
+    return f"unknown config key {key!r}; {hint}"
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    """`value` as type `hint`, or a VlmrlError naming `key`."""
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value if value is not None else {}, key + ".")
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(option, value, key)
+            except VlmrlError:
+                continue
+        raise _type_error(key, hint, value)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise VlmrlError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(key, hint, value)
+        (item,) = typing.get_args(hint)
+        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _type_error(key, hint, value)
+        return dict(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(key, hint, value)
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _type_error(key, hint, value)
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _type_error(key, hint, value)
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _type_error(key, hint, value)
+    raise _type_error(key, hint, value)
+
+
+def _type_error(key: str, hint: Any, value: Any) -> VlmrlError:
+    name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    return VlmrlError(f"{key} must be {name}; got {value!r} ({type(value).__name__})")
+
+
+# --------------------------------------------------------------------------- field docs
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal written under it in the class body)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = following.value.value.strip()
+    return docs
+
+
+def describe(config, prefix: str = "") -> list[str]:
+    """`key = value  # doc` lines for every leaf field of `config`."""
+    lines = []
+    docs = field_docs(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.extend(describe(value, prefix + f.name + "."))
+        else:
+            lines.append(f"{prefix}{f.name} = {value!r}  # {docs.get(f.name, '')}")
+    return lines

@@ -1,0 +1,198 @@
+"""Load any Hugging Face image-text-to-text model and its processor as a policy to train.
+
+One path for every model: the offline tiny model, Qwen2.5-VL-3B from the hub, a local fine-tune.
+Options a researcher reaches for: dtype, device, attention implementation, LoRA (vision tower left
+out by default), a frozen vision tower, gradient checkpointing. Remote code runs only when asked.
+The vision tower is found by parameter name, with no per-architecture code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from vlmrl.config import LoraConfig, ModelConfig
+from vlmrl.errors import VlmrlError
+from vlmrl.processing import image_text_processor_class
+from vlmrl.tiny_model import build_tiny_model  # noqa: F401  (public API: vlmrl.models.build_tiny_model)
+
+# Module names under which the families keep their vision encoder (Qwen: `visual`; Idefics3,
+# LLaVA, Gemma 3: `vision_model` / `vision_tower`).
+VISION_MODULE_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder", "image_encoder")
+_VISION_RE = re.compile(r"(^|\.)(" + "|".join(VISION_MODULE_NAMES) + r")(\.|$)")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def is_vision_parameter(name: str) -> bool:
+    """True for a parameter of the vision tower (by module name, any family)."""
+    return bool(_VISION_RE.search(name))
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" is CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """"auto" is bfloat16 on a GPU and float32 on a CPU (bf16 is several times slower there)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise VlmrlError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _check_source(name_or_path: str) -> None:
+    """A path that looks local must exist; a hub id is left to the hub (which may be offline)."""
+    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    path = Path(name_or_path).expanduser()
+    if looks_local and not path.exists():
+        raise VlmrlError(f"model folder {name_or_path!r} does not exist")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise VlmrlError(f"{name_or_path!r} is not a model folder: it has no config.json")
+
+
+def load_processor(name_or_path: str, trust_remote_code: bool = False):
+    """The model's processor (image processor + tokenizer + chat template).
+
+    `AutoProcessor` first; where it cannot load (the Qwen2-VL family needs torchvision for its video
+    processor), the family's own processor class without the video slot.
+    """
+    from transformers import AutoProcessor, ProcessorMixin
+    from transformers.models.auto.processing_auto import processor_class_from_name
+
+    _check_source(name_or_path)
+    try:
+        processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except (OSError, ImportError, ValueError) as auto_error:
+        class_name = _saved_processor_class(name_or_path)
+        base = processor_class_from_name(class_name) if class_name else None
+        if base is None:
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {_first_line(auto_error)}")
+        try:
+            processor = image_text_processor_class(base).from_pretrained(name_or_path)
+        except (OSError, ImportError, ValueError) as error:
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {_first_line(error)}")
+    if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
+        raise VlmrlError(
+            f"{name_or_path!r} has no image processor (no processor_config.json or "
+            "preprocessor_config.json): it is not an image-text-to-text model folder")
+    processor.tokenizer.padding_side = "left"  # generation appends on the right
+    return processor
+
+
+def _saved_processor_class(name_or_path: str) -> str | None:
+    """The processor class named in a local folder's processor or preprocessor config."""
+    for file in ("processor_config.json", "preprocessor_config.json"):
+        path = Path(name_or_path).expanduser() / file
+        if path.exists():
+            name = json.loads(path.read_text()).get("processor_class")
+            if name:
+                return name
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    attn_implementation: str | None = None,
+    lora: LoraConfig | None = None,
+    freeze_vision: bool = False,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+):
+    """Load an image-text-to-text model and its processor, ready to train.
+
+    Returns (model, processor). With `lora`, the model is a peft model with only the adapter
+    trainable; with `freeze_vision`, the vision tower's parameters do not train.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
+    target = resolve_device(device)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            name_or_path,
+            dtype=resolve_dtype(dtype, target),
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=True,
+        )
+    except (OSError, ValueError) as error:
+        raise VlmrlError(f"cannot load model {name_or_path!r}: {_first_line(error)}")
+    model.to(target)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    if gradient_checkpointing:
+        enable_checkpointing(model)
+    if freeze_vision:
+        set_vision_trainable(model, False)
+    if lora is not None and lora.enabled:
+        model = apply_lora(model, lora)
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model, processor
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (non-reentrant); the method was renamed in transformers 5.x."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def load_policy_from_config(config: ModelConfig):
+    """`load_policy` with the options of a run's `model` section."""
+    return load_policy(
+        config.name_or_path, dtype=config.dtype, device=config.device,
+        attn_implementation=config.attn_implementation, lora=config.lora,
+        freeze_vision=config.freeze_vision, gradient_checkpointing=config.gradient_checkpointing,
+        trust_remote_code=config.trust_remote_code,
+    )
+
+
+def set_vision_trainable(model: torch.nn.Module, trainable: bool) -> int:
+    """Turn training of the vision tower on or off; returns how many parameters it touched."""
+    count = 0
+    for name, param in model.named_parameters():
+        if is_vision_parameter(name):
+            param.requires_grad_(trainable)
+            count += param.numel()
+    if count == 0:
+        raise VlmrlError("no vision-tower parameters found in this model "
+                         f"(looked for modules named {', '.join(VISION_MODULE_NAMES)})")
+    return count
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraConfig):
+    """Wrap `model` with a LoRA adapter; only adapter weights train afterwards."""
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    exclude = None if settings.include_vision else r".*(" + "|".join(VISION_MODULE_NAMES) + r").*"
+    config = PeftLoraConfig(
+        r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules), exclude_modules=exclude, bias="none",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:
+        raise VlmrlError(f"LoRA: {_first_line(error)} (target_modules={settings.target_modules})")
+
+
+def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total

@@ -1,0 +1,38 @@
+"""Shared fixtures: offline tiny models built once per test session, and a small test image."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image, ImageDraw
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """Build (once) and return the folder of a tiny model of the given architecture."""
+    from vlmrl.models import build_tiny_model
+
+    built: dict[str, str] = {}
+
+    def make(arch: str = "qwen2_5_vl") -> str:
+        if arch not in built:
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            built[arch] = str(build_tiny_model(out, size="tiny", arch=arch, seed=0))
+        return built[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_factory) -> str:
+    """The default tiny model: Qwen2.5-VL architecture."""
+    return tiny_model_factory("qwen2_5_vl")
+
+
+@pytest.fixture
+def circle_image() -> Image.Image:
+    """A real PIL image: two blue circles on white, 112x112."""
+    image = Image.new("RGB", (112, 112), "white")
+    draw = ImageDraw.Draw(image)
+    draw.ellipse((10, 10, 40, 40), fill="blue")
+    draw.ellipse((60, 60, 100, 100), fill="blue")
+    return image

@@ -1,0 +1,91 @@
+"""Config: YAML + dotted overrides, with errors that name the key, the value and what would fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from vlmrl.config import Config, all_keys, describe, field_docs, load_config, save_config
+from vlmrl.errors import VlmrlError
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file():
+    config = load_config()
+    assert config == Config()
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = _write(tmp_path, "model:\n  dtype: float32\n  lora:\n    enabled: true\n    r: 8\nseed: 3\n")
+    config = load_config(path, ["model.lora.r=4", "task.params.max_words=2", "output_dir=runs/x"])
+    assert config.model.dtype == "float32"
+    assert config.model.lora.enabled is True and config.model.lora.r == 4
+    assert config.task.params == {"max_words": 2}
+    assert config.seed == 3 and config.output_dir == "runs/x"
+
+
+def test_float_fields_accept_yaml_1_1_exponent_strings():
+    # PyYAML reads "1e-6" (no dot) as a string; a float field must still take it.
+    config = load_config(None, ["model.vision_lr_scale=1e-1"])
+    assert config.model.vision_lr_scale == pytest.approx(0.1)
+
+
+def test_unknown_key_names_the_key_and_the_closest_valid_ones(tmp_path):
+    with pytest.raises(VlmrlError) as error:
+        load_config(_write(tmp_path, "model:\n  freeze_vison: true\n"))
+    assert "'model.freeze_vison'" in str(error.value)
+    assert "model.freeze_vision" in str(error.value)
+    with pytest.raises(VlmrlError, match=r"unknown config key 'modle'.*model"):
+        load_config(None, ["modle.dtype=float32"])
+
+
+def test_wrong_type_names_the_field_and_the_value():
+    with pytest.raises(VlmrlError, match=r"model\.lora\.r must be int; got 'four'"):
+        load_config(None, ["model.lora.r=four"])
+    with pytest.raises(VlmrlError, match=r"model\.freeze_vision must be bool; got 3"):
+        load_config(None, ["model.freeze_vision=3"])
+    with pytest.raises(VlmrlError, match=r"model\.dtype must be one of auto, float32.*got 'fp8'"):
+        load_config(None, ["model.dtype=fp8"])
+    with pytest.raises(VlmrlError, match=r"model must be a mapping"):
+        load_config(None, ["model=3"])
+
+
+def test_yaml_syntax_error_gives_the_position(tmp_path):
+    with pytest.raises(VlmrlError, match=r"YAML syntax error in .*run.yaml at line 3, column 1: expected"):
+        load_config(_write(tmp_path, "model:\n  dtype: [float32\n"))
+
+
+def test_missing_file_and_bad_override_are_clear(tmp_path):
+    with pytest.raises(VlmrlError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(VlmrlError, match="not of the form"):
+        load_config(None, ["model.dtype"])
+
+
+def test_save_then_load_round_trips(tmp_path):
+    config = load_config(None, ["model.lora.enabled=true", "task.name=cryptogram", "seed=7"])
+    save_config(config, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == config
+
+
+def test_every_field_has_a_docstring():
+    def classes(cls):
+        yield cls
+        for hint in typing.get_type_hints(cls).values():
+            if dataclasses.is_dataclass(hint):
+                yield from classes(hint)
+
+    for cls in classes(Config):
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+    lines = describe(Config())
+    assert any(line.startswith("model.lora.r = 16  # ") for line in lines)
+    assert "model.lora.r" in all_keys(Config)
