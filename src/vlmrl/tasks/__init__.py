@@ -1,0 +1,14 @@
+"""The verifiable tasks: procedural or dataset-backed examples with hack-resistant rewards.
+
+    from vlmrl.tasks import get_task
+    task = get_task("cryptogram", seed=0, max_words=3)
+    example = task.example(7, split="train")
+    task.score(example, completion)  # {"total": ..., "accuracy": ..., components by name}
+
+Built in: cryptogram, shapes, geometry, grounding (docs/tasks.md). Pure Python (PIL), no torch.
+"""
+
+from vlmrl.tasks import cryptogram, geometry, grounding, shapes  # noqa: F401  (registers the tasks)
+from vlmrl.tasks.base import Example, Task, TaskParams, get_task, list_tasks, register_task
+
+__all__ = ["Example", "Task", "TaskParams", "get_task", "list_tasks", "register_task"]

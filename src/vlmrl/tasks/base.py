@@ -1,0 +1,272 @@
+"""What every task shares: the Example record, the Task base class, parameter dataclasses that check
+and coerce their values, stable per-example randomness, split membership, and the registry.
+
+A task is deterministic from (seed, split, idx): `Task.rng(split, idx)` seeds `random.Random` with
+the string "name:seed:split:idx" (Python hashes str seeds with SHA-512, never with `hash()`), so any
+worker can make example 12345 without making the first 12344. Procedural tasks keep train and test
+disjoint by construction: a candidate example belongs to "test" exactly when a stable hash
+(BLAKE2b) of its content falls below 0.5 (`in_split`); a generator redraws until its candidate
+belongs to the requested split. No torch here.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import importlib
+import inspect
+import operator
+import random
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+from PIL import Image
+
+from vlmrl.errors import VlmrlError
+
+TEST_FRACTION = 0.5
+"""Share of the content space (by stable hash) that belongs to the test split."""
+
+
+@dataclass
+class Example:
+    """One prompt: the image the model sees, the question, the gold answer and a model solution."""
+
+    image: Image.Image
+    """The image the model sees (RGB). Pixel coordinates in prompts and answers refer to it."""
+    prompt: str
+    """The question, stating the output format."""
+    answer: str
+    """The gold final answer, as it should appear inside <answer> </answer>."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Task-specific facts used by `score` (counts, cipher, box) plus idx and split."""
+    reference_completion: str = ""
+    """A well-formed reasoning trace ending in the right answer; it scores the maximum (SFT data)."""
+
+
+@dataclass
+class TaskParams:
+    """Parameters shared by every task; each task extends this dataclass."""
+
+    seed: int = 0
+    """Seed of the generator; with (split, idx) it fixes every example."""
+
+    def validate(self) -> None:
+        """Raise VlmrlError with a one-line message when a value is out of range."""
+        check(isinstance(self.seed, int) and not isinstance(self.seed, bool),
+              f"seed must be an integer, got {self.seed!r}")
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise VlmrlError(message) unless `condition` holds."""
+    if not condition:
+        raise VlmrlError(message)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each dataclass field, from the source of `cls` and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object:
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, following in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                    and isinstance(following.value.value, str)):
+                docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _coerce(name: str, hint: Any, value: Any) -> Any:
+    """`value` as the field's type; strings from the command line are parsed."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.strip("()[]").split(",") if part.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise VlmrlError(f"parameter {name} must be a list, got {value!r}")
+        item_type = (typing.get_args(hint) or (str,))[0]
+        return tuple(_coerce(name, item_type, item) for item in value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "yes", "1", "on"):
+            return True
+        if text in ("false", "no", "0", "off"):
+            return False
+        raise VlmrlError(f"parameter {name} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise VlmrlError(f"parameter {name} must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise VlmrlError(f"parameter {name} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) or hasattr(value, "__fspath__"):
+            return str(value)
+        raise VlmrlError(f"parameter {name} must be a string, got {value!r}")
+    return value
+
+
+def build_params(cls: type[TaskParams], values: dict[str, Any], task: str = "") -> TaskParams:
+    """`cls(**values)` with unknown names reported (closest valid names first), types coerced and
+    the result validated."""
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in fields(cls)]
+    where = f" of task {task!r}" if task else ""
+    for name in values:
+        if name not in valid:
+            close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise VlmrlError(f"unknown parameter {name!r}{where}; {hint}valid: {', '.join(valid)}")
+    coerced = {name: _coerce(name, hints[name], value) for name, value in values.items()}
+    params = cls(**coerced)
+    params.validate()
+    return params
+
+
+def param_table(cls: type[TaskParams]) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, doc) for each parameter of `cls`, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    rows = []
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else None)
+        hint = hints[f.name]
+        type_name = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
+        rows.append((f.name, type_name or str(hint).replace("typing.", ""), default, docs.get(f.name, "")))
+    return rows
+
+
+def stable_unit(key: str) -> float:
+    """A number in [0, 1) from a stable hash of `key` (BLAKE2b; the same in every process)."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0 ** 64
+
+
+def in_split(key: str, split: str) -> bool:
+    """Whether content `key` belongs to `split`: "test" holds the keys hashing below TEST_FRACTION,
+    "train" the others; other splits (OOD) are disjoint by their parameters and accept any key."""
+    if split == "test":
+        return stable_unit(key) < TEST_FRACTION
+    if split == "train":
+        return stable_unit(key) >= TEST_FRACTION
+    return True
+
+
+class Task:
+    """Base class of a task: subclasses set `name`, `description`, `Params` and implement
+    `_example` and `score`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Params: ClassVar[type[TaskParams]] = TaskParams
+
+    def __init__(self, params: TaskParams | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+        self.params.validate()
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The split names `example` accepts."""
+        return ("train", "test")
+
+    def rng(self, split: str, idx: int) -> random.Random:
+        """The random generator of example (split, idx): seeded by the string "name:seed:split:idx"."""
+        return random.Random(f"{self.name}:{self.params.seed}:{split}:{idx}")
+
+    def check_split(self, split: str) -> None:
+        """Raise VlmrlError naming the valid splits when `split` is not one of them."""
+        if split not in self.splits:
+            raise VlmrlError(f"task {self.name!r} has no split {split!r}; valid: {', '.join(self.splits)}")
+
+    def example(self, idx: int, split: str = "train") -> Example:
+        """Example number `idx` (>= 0) of `split`; the same for the same (seed, split, idx)."""
+        self.check_split(split)
+        try:
+            index = operator.index(idx)  # numpy integers too
+        except TypeError:
+            index = -1
+        if isinstance(idx, bool) or index < 0:
+            raise VlmrlError(f"example index must be an integer >= 0, got {idx!r}")
+        return self._example(index, split)
+
+    def _example(self, idx: int, split: str) -> Example:
+        raise NotImplementedError
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        """Reward components of `completion`, always with "total" and "accuracy" (0.0 or 1.0)."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: make the task available to `get_task(cls.name)`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a non-empty `name`")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def list_tasks() -> list[str]:
+    """Names of the registered tasks, sorted."""
+    return sorted(_REGISTRY)
+
+
+def task_class(name: str) -> type[Task]:
+    """The class of task `name`: a registered name, or an import path `package.module:ClassName`
+    naming a `Task` subclass of your own (only the module you name is imported).
+
+    VlmrlError with the closest names when unknown, or when the import path does not lead to a Task.
+    """
+    if ":" in name:
+        return _import_task(name)
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise VlmrlError(f"unknown task {name!r}; {hint}registered: {', '.join(list_tasks())}")
+    return _REGISTRY[name]
+
+
+def _import_task(path: str) -> type[Task]:
+    """The Task subclass at `package.module:ClassName`."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise VlmrlError(f"cannot import the module of task {path!r}: {error}") from error
+    cls = getattr(module, attribute, None)
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise VlmrlError(f"task {path!r} must name a subclass of vlmrl.tasks.Task; got {cls!r}")
+    return cls
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Task `name` built from keyword parameters (strings are coerced to the field types)."""
+    cls = task_class(name)
+    return cls(build_params(cls.Params, params, task=name))

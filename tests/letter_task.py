@@ -1,0 +1,24 @@
+"""An easy task for trainer tests, loaded by import path (`task.name=letter_task:LetterTask`): the
+reward is the share of the letter 'a' among the letters of the completion, so even a random tiny
+model gets a learning signal from its first step."""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from vlmrl.tasks import Example, Task
+
+
+class LetterTask(Task):
+    name = "letters"
+    description = "Write the letter a (reward: share of 'a' among the letters)."
+
+    def _example(self, idx: int, split: str) -> Example:
+        image = Image.new("RGB", (56, 56), (idx * 40 % 256, 90, 160))
+        return Example(image=image, prompt="Write the letter a.", answer="a", meta={"idx": idx},
+                       reference_completion="a a a a")
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        letters = [c for c in completion if c.isalpha()]
+        share = sum(c == "a" for c in letters) / len(letters) if letters else 0.0
+        return {"share": share, "total": share, "accuracy": float(share == 1.0)}

@@ -1,0 +1,99 @@
+"""shapes: countable images, the chapter and strict rubrics on each hack, and totality."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from vlmrl.tasks import Example, get_task
+from vlmrl.tasks.shapes import RGB, SHAPE_COLORS
+
+CHAPTER, STRICT = get_task("shapes"), get_task("shapes", rubric="strict")
+HAND = Example(image=Image.new("RGB", (8, 8)), prompt="", answer="3", meta={"count": 3, "target": "circle"})
+
+
+@pytest.mark.parametrize("split, low, high", [("train", 1, 5), ("test", 1, 5), ("ood", 6, 7)])
+def test_every_shape_is_drawn_apart_and_counted(split, low, high):
+    task = get_task("shapes", seed=3)
+    gap = task.params.gap
+    for idx in range(40):
+        example = task.example(idx, split)
+        meta, shapes = example.meta, example.meta["shapes"]
+        assert low <= meta["count"] <= high and example.answer == str(meta["count"])
+        assert meta["count"] == meta["counts"][meta["target"]]
+        assert len(shapes) == sum(meta["counts"].values())
+        assert {kind: sum(s[0] == kind for s in shapes) for kind in meta["counts"]} == meta["counts"]
+        for i, (_, x, y, size) in enumerate(shapes):
+            assert gap <= x and x + size + gap <= 168 and gap <= y and y + size + gap <= 168
+            for _, x2, y2, size2 in shapes[i + 1:]:
+                assert x + size + gap <= x2 or x2 + size2 + gap <= x or y + size + gap <= y2 or y2 + size2 + gap <= y
+        for kind, x, y, size in shapes:  # the centre of each shape has its colour
+            assert example.image.getpixel((x + size // 2, y + size * 2 // 3)) == RGB[SHAPE_COLORS[kind]]
+        assert f"How many {meta['target']}s are in the image?" in example.prompt
+
+
+def test_targets_restrict_the_question_and_all_kinds_are_drawn():
+    task = get_task("shapes", targets="triangle")
+    for idx in range(10):
+        meta = task.example(idx).meta
+        assert meta["target"] == "triangle" and all(meta["counts"][k] >= 1 for k in ("circle", "square", "triangle"))
+
+
+# --- chapter rubric ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, correct, describes, reasoning", [
+    ("<think> I count the blue circles: 1, 2, 3. </think> so the answer is 3", 1.0, 1.0, 1.0),
+    ("3", 1.0, 0.0, 0.0),
+    ("There are 3 circular shapes in total.", 1.0, 1.0, 1.0),
+    ("I see 3 squares, so 4", 0.0, 0.0, 1.0),                        # last number decides
+    ("<answer>1 2 3 4 5 6 7</answer>", 0.0, 0.0, 0.0),              # stuffed: the last is 7
+    ("<think>circles</think><answer> </answer>", 0.0, 1.0, 0.0),     # empty answer
+    ("totally 3 squarely", 1.0, 0.0, 0.0),                          # keywords are whole words
+    ("", 0.0, 0.0, 0.0),
+])
+def test_chapter_rubric(text, correct, describes, reasoning):
+    scores = CHAPTER.score(HAND, text)
+    assert scores == {"correct": correct, "describes_shape": describes, "reasoning": reasoning,
+                      "accuracy": correct, "total": pytest.approx(correct + 0.5 * describes + 0.2 * reasoning)}
+
+
+# --- strict rubric -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, fmt, accuracy", [
+    ("<think> three blue circles </think> <answer> 3 </answer>", 1.0, 1.0),
+    ("<answer>3</answer>", 0.0, 1.0),                                        # no think block
+    ("<think> x </think> <answer> 1 2 3 </answer>", 1.0, 0.0),              # many numbers
+    ("<think> x </think> <answer> The answer is 3 </answer>", 1.0, 0.0),    # buried in text
+    ("<think> x </think> <answer> three </answer>", 1.0, 0.0),
+    ("<think> x </think> <answer>   </answer>", 0.0, 0.0),                  # blank answer
+    ("<think> x </think> <answer>3</answer><answer>3</answer>", 0.0, 0.0),  # repeated
+    ("<think> x </think> <answer><answer>3</answer></answer>", 0.0, 0.0),   # nested
+    ("<think> x </think> <answer>3</answer> 3", 0.0, 1.0),                  # trailing text
+    ("3", 0.0, 0.0),                                                        # outside the tags
+    ("<think> the answer is 3 </think>", 0.0, 0.0),
+])
+def test_strict_rubric(text, fmt, accuracy):
+    assert STRICT.score(HAND, text) == {"format": fmt, "accuracy": accuracy, "total": fmt + accuracy}
+
+
+# --- totality ----------------------------------------------------------------------------------
+
+FRAGMENTS = ["<think>", "</think>", "<answer>", "</answer>", "3", "7", " ", "circle", "blue", "so", "total",
+             "-1", "1e400", "9" * 30, "\n"]
+texts = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(FRAGMENTS)), max_size=12).map("".join)
+EXAMPLES = [HAND] + [CHAPTER.example(i, split) for i in range(2) for split in ("train", "ood")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=texts, example=st.sampled_from(EXAMPLES))
+def test_scores_are_total_and_in_range(text, example):
+    chapter, strict = CHAPTER.score(example, text), STRICT.score(example, text)
+    assert set(chapter) == {"correct", "describes_shape", "reasoning", "accuracy", "total"}
+    assert set(strict) == {"format", "accuracy", "total"}
+    for scores, top in ((chapter, 1.7), (strict, 2.0)):
+        assert all(math.isfinite(v) for v in scores.values())
+        assert scores["accuracy"] in (0.0, 1.0) and 0.0 <= scores["total"] <= top + 1e-9
