@@ -63,3 +63,11 @@ def test_yaml_syntax_error_from_the_installed_command(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error: YAML syntax error in ")
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_key_value_items_may_follow_options(capsys):
+    assert main(["tasks", "show", "cryptogram", "--n", "1", "max_words=2"]) == 0
+    assert "task cryptogram (max_words=2)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "show", "cryptogram", "--bogus"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -57,6 +57,14 @@ def _config(args: argparse.Namespace) -> None:
         save_config(config, args.save)
 
 
+def _train(args: argparse.Namespace) -> None:
+    from vlmrl.config import load_config
+    from vlmrl.trainer import train
+
+    run_dir = train(load_config(*_config_and_overrides(args)))
+    print(f"done: {run_dir} (final model in {run_dir / 'final'}, metrics in {run_dir / 'metrics.jsonl'})")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from vlmrl.demo import run_demo
 
@@ -98,6 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
     show.set_defaults(func=_tasks_show)
 
+    train = commands.add_parser(
+        "train", help="train a policy with GRPO / DAPO / Dr. GRPO / GSPO",
+        description="Train with reinforcement learning from the task's verifiable rewards. Several "
+                    "processes: `accelerate launch -m vlmrl train CONFIG ...`.",
+        epilog="examples:\n  vlmrl train configs/shapes_grpo_tiny.yaml train.steps=50\n"
+               "  vlmrl train configs/shapes_grpo_tiny.yaml output_dir=runs/a resume=true\n"
+               "every key and its meaning: vlmrl config --docs",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("config", nargs="?", default=None, help="YAML config (see configs/)")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="dotted overrides, e.g. train.lr=1e-6 algorithm.beta=0")
+    train.set_defaults(func=_train)
+
     config = commands.add_parser("config", help="print a run config after overrides, with docs",
                                  description="Load a YAML config, apply key=value overrides, check "
                                              "every key and type, and print the result.")
@@ -118,8 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Like parse_args, but KEY=VALUE items may also come after options (`show NAME --n 1 a=2`)."""
+    args, extra = parser.parse_known_args(argv)
+    for name in ("params", "overrides"):
+        if hasattr(args, name) and extra and all("=" in item and not item.startswith("-") for item in extra):
+            getattr(args, name).extend(extra)
+            return args
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         args.func(args)
     except VlmrlError as error:

@@ -78,6 +78,109 @@ class TaskConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """How completions are sampled each step."""
+
+    prompts_per_step: int = 8
+    """Prompts (images + questions) per optimizer step, over all processes."""
+    group_size: int = 8
+    """Completions sampled per prompt (G); advantages compare completions of one prompt."""
+    max_new_tokens: int = 64
+    """Longest completion; a completion that reaches it without EOS is truncated."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs for the loss use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    generation_batch_size: int = 8
+    """Prompts per generate call, at most one process's share of prompts_per_step, which it must
+    divide. Each call is seeded from (seed, step, first prompt), so samples do not depend on the
+    number of processes as long as this size is the same."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL objective. GRPO, DAPO, Dr. GRPO and GSPO are settings of these knobs (see configs/)."""
+
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+    """Divide (reward - group mean) by the group's std (GRPO), the batch's std, or nothing (Dr. GRPO)."""
+    cubic_shaping: bool = False
+    """Cube the advantages (sign kept) to weight surprising completions more."""
+    eps_low: float = 0.2
+    """Lower clip range of the importance ratio: ratio >= 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip range: ratio <= 1 + eps_high (DAPO's clip-higher uses 0.28)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (GRPO) or per sequence, length-normalised (GSPO)."""
+    aggregation: Literal["token", "sequence", "constant"] = "sequence"
+    """Loss over tokens: mean over all tokens of the batch (DAPO), mean per sequence then over
+    sequences (GRPO), or sum divided by rollout.max_new_tokens per sequence (Dr. GRPO)."""
+    beta: float = 0.04
+    """Weight of the KL penalty to the reference model (0 = no reference model at all)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator per token (k3 = exp(ref - logp) - (ref - logp) - 1, unbiased and >= 0)."""
+    ref_refresh_steps: int = 0
+    """Copy the policy into the reference every N steps (0 = never; the cryptogram work used 64)."""
+    ref_mix: float = 1.0
+    """At a refresh, reference = mix * policy + (1 - mix) * reference (1.0 = plain copy)."""
+    updates_per_batch: int = 1
+    """Optimisation passes (mu) over each rollout batch; the sampling log-probs stay the 'old' ones."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and draw more prompts to fill the batch."""
+    max_sampling_rounds: int = 3
+    """Most generation rounds per step under dynamic sampling; then the batch is filled with the
+    dropped groups (they carry no policy gradient)."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering: completions that hit max_new_tokens get no loss."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: the last N tokens before max_new_tokens cost up to
+    overlong_penalty reward, linearly (0 = off)."""
+    overlong_penalty: float = 1.0
+    """Reward lost by a completion that reaches max_new_tokens when overlong_buffer > 0."""
+
+    def validate(self) -> None:
+        if not 0 < self.ref_mix <= 1:
+            raise VlmrlError(f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}")
+        if self.updates_per_batch < 1:
+            raise VlmrlError(f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}")
+        if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
+            raise VlmrlError("algorithm.eps_low, eps_high and beta must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, checkpoints and logging."""
+
+    steps: int = 100
+    """Optimizer steps (each on a fresh rollout batch when updates_per_batch = 1)."""
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to lr."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warmup (cosine decays to 10% of lr)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm (0 = no clipping)."""
+    micro_batch_size: int = 16
+    """Completions per forward/backward pass; gradients accumulate over the whole rollout batch."""
+    save_every: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """How many step checkpoints to keep (the final model is always kept)."""
+    log_rollouts_every: int = 10
+    """Write the step's completions and rewards to rollouts/ every N steps (0 = never)."""
+
+    def validate(self) -> None:
+        if self.steps < 1 or self.micro_batch_size < 1:
+            raise VlmrlError("train.steps and train.micro_batch_size must be >= 1")
+        if len(self.adam_betas) != 2:
+            raise VlmrlError(f"train.adam_betas must be two numbers; got {self.adam_betas}")
+
+
+@dataclass
 class Config:
     """A whole run."""
 
@@ -85,10 +188,18 @@ class Config:
     """The policy model."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The task."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling of completions."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The RL objective."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation, checkpoints and logging."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
     output_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
+    resume: bool = False
+    """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
 
 
 # --------------------------------------------------------------------------- reading and writing

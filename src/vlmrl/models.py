@@ -52,7 +52,8 @@ def _check_source(name_or_path: str) -> None:
     looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     path = Path(name_or_path).expanduser()
     if looks_local and not path.exists():
-        raise VlmrlError(f"model folder {name_or_path!r} does not exist")
+        raise VlmrlError(f"model folder {name_or_path!r} does not exist (build an offline one with "
+                         f"`vlmrl tiny-model {name_or_path}`, or give a hub id)")
     if path.is_dir() and not (path / "config.json").exists():
         raise VlmrlError(f"{name_or_path!r} is not a model folder: it has no config.json")
 

@@ -1,0 +1,49 @@
+"""AdamW with its own learning rate for the vision tower, and the warmup + decay schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vlmrl.config import TrainConfig
+from vlmrl.models import is_vision_parameter
+
+
+def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0):
+    """AdamW over the trainable parameters; the vision tower's at lr * vision_lr_scale.
+
+    A scale of 0 freezes the vision tower instead of giving AdamW a zero learning rate.
+    """
+    language, vision = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if is_vision_parameter(name):
+            if vision_lr_scale == 0:
+                param.requires_grad_(False)
+            else:
+                vision.append(param)
+        else:
+            language.append(param)
+    groups = [{"params": language, "lr": train.lr, "name": "language"}]
+    if vision:
+        groups.append({"params": vision, "lr": train.lr * vision_lr_scale, "name": "vision"})
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas),
+                             weight_decay=train.weight_decay)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, floor: float = 0.1) -> float:
+    """Multiplier of the peak learning rate at optimizer step `step` (0-based)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_scheduler(optimizer, train: TrainConfig, total_updates: int):
+    """Linear warmup to the peak, then constant or cosine down to 10% of it."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_updates, train.warmup_steps, train.schedule))

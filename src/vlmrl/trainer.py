@@ -1,0 +1,219 @@
+"""The GRPO training loop, readable top to bottom.
+
+One step: draw prompts, sample G completions each, score them with the task, turn rewards into
+group advantages, then take `updates_per_batch` optimizer steps on the clipped surrogate (plus
+the KL to the reference when beta > 0). GRPO, DAPO, Dr. GRPO and GSPO differ only in settings of
+`config.algorithm` (see configs/ and docs/algorithms.md).
+
+Simplifications, on purpose:
+- Generation uses Hugging Face `generate` on the policy itself (no inference server).
+- With one update per batch, the "old" log-probs are the current ones, detached (ratio = 1, the
+  gradient is the policy gradient); with more, they come from a no-grad pass before the updates.
+- Several processes (`accelerate launch`) each take whole groups; the loss of every micro-batch is
+  weighted by its share of the global batch, so gradients equal a single process's on the same
+  global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from tqdm import tqdm
+
+from vlmrl import grpo
+from vlmrl.checkpoint import (latest_checkpoint, load_adapter_weights, load_trainer_state, save_checkpoint,
+                              save_model)
+from vlmrl.config import Config, save_config
+from vlmrl.errors import VlmrlError
+from vlmrl.experience import Experience, collect_experience, derive_seed, generation_batch
+from vlmrl.logprobs import completion_logprobs
+from vlmrl.models import load_policy
+from vlmrl.optim import build_optimizer, build_scheduler
+from vlmrl.reference import build_reference
+from vlmrl.tasks import get_task
+from vlmrl.tracking import MetricsLog
+
+
+def train(config: Config) -> Path:
+    """Run GRPO as configured; returns the run directory (final model in `final/`)."""
+    accelerator = Accelerator(cpu=config.model.device == "cpu" or not torch.cuda.is_available())
+    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
+    check_batch_layout(config, world)
+    run_dir = Path(config.output_dir)
+    checkpoint = latest_checkpoint(run_dir) if config.resume else None
+    if config.resume and checkpoint is None:
+        raise VlmrlError(f"resume=true but {run_dir / 'checkpoints'} holds no checkpoint")
+    set_seed(config.seed)
+
+    policy, processor = load_trainable_policy(config, accelerator.device, checkpoint)
+    reference = build_reference(policy, config.algorithm)
+    optimizer = build_optimizer(policy, config.train, config.model.vision_lr_scale)
+    scheduler = build_scheduler(optimizer, config.train, config.train.steps * config.algorithm.updates_per_batch)
+    start_step, position = 0, 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint, optimizer, scheduler)
+        start_step, position = state["step"], state["data_position"]
+        if reference is not None:
+            reference.load(checkpoint)
+    model, optimizer = accelerator.prepare(policy, optimizer)
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+
+    log = None
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+        log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if checkpoint else None)
+
+    def any_process(flag: bool) -> bool:
+        return bool(accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum") > 0)
+
+    progress = tqdm(range(start_step, config.train.steps), initial=start_step, total=config.train.steps,
+                    desc="train", unit="step", disable=not main, dynamic_ncols=True)
+    for step in progress:
+        started = time.perf_counter()
+        policy.eval()
+        experience, position = collect_experience(policy, processor, task, config, step, position, rank,
+                                                  world, any_process, accelerator.gather)
+        policy.train()
+        torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
+        update = update_policy(model, policy, processor, optimizer, scheduler, reference, experience,
+                               config, accelerator)
+        refreshed = reference is not None and reference.maybe_refresh(policy, step + 1)
+        metrics = step_metrics(experience, accelerator) | update
+        metrics |= {"step": step + 1, "prompts_seen": position, "lr": scheduler.get_last_lr()[0],
+                    "ref_refreshed": int(refreshed), "seconds": time.perf_counter() - started}
+        if config.train.log_rollouts_every and (step + 1) % config.train.log_rollouts_every == 0:
+            write_rollouts(run_dir, step + 1, experience, main)
+        if main:
+            log.log(metrics)
+            progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
+                                 loss=f"{metrics['loss']:.4f}")
+        if config.train.save_every and (step + 1) % config.train.save_every == 0:
+            accelerator.wait_for_everyone()
+            if main:
+                save_checkpoint(run_dir, step + 1, policy, processor, optimizer, scheduler, position,
+                                reference, keep=config.train.keep_checkpoints)
+    accelerator.wait_for_everyone()
+    if main:
+        save_model(run_dir / "final", policy, processor)
+    accelerator.end_training()
+    return run_dir
+
+
+def check_batch_layout(config: Config, world: int) -> None:
+    """Prompts split evenly over processes, and each process's share over generate calls."""
+    prompts = config.rollout.prompts_per_step
+    if prompts % world:
+        raise VlmrlError(f"rollout.prompts_per_step={prompts} must be divisible by the {world} processes")
+    per_process = prompts // world
+    if per_process % generation_batch(config, world):
+        raise VlmrlError(f"rollout.generation_batch_size={config.rollout.generation_batch_size} must "
+                         f"divide the {per_process} prompts each process handles per step")
+
+
+def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None):
+    """The policy and processor; from `checkpoint` when resuming (full weights or LoRA adapter)."""
+    settings = config.model
+    source = str(checkpoint) if checkpoint is not None and not settings.lora.enabled else settings.name_or_path
+    policy, processor = load_policy(
+        source, dtype=settings.dtype, device=str(device), attn_implementation=settings.attn_implementation,
+        lora=settings.lora, freeze_vision=settings.freeze_vision,
+        gradient_checkpointing=settings.gradient_checkpointing, trust_remote_code=settings.trust_remote_code)
+    if checkpoint is not None and settings.lora.enabled:
+        load_adapter_weights(policy, checkpoint)
+    return policy, processor
+
+
+def update_policy(model, policy, processor, optimizer, scheduler, reference, experience: Experience,
+                  config: Config, accelerator: Accelerator) -> dict[str, float]:
+    """`updates_per_batch` optimizer steps on one batch of experience; returns loss statistics."""
+    algo, temperature = config.algorithm, config.rollout.temperature
+    rollout = experience.rollout
+    device = accelerator.device
+    ids, mask = rollout.completion_ids.to(device), rollout.completion_mask.to(device)  # (N, T)
+    loss_mask = mask * (~rollout.truncated.to(device)).unsqueeze(-1) if algo.mask_truncated else mask  # (N, T)
+    advantages = experience.advantages.to(device)  # (N,)
+    micro = [list(range(i, min(i + config.train.micro_batch_size, len(ids))))
+             for i in range(0, len(ids), config.train.micro_batch_size)]
+    # Each micro-batch's loss is weighted by its share of the global normaliser (tokens or sequences).
+    weights = loss_mask.sum(-1).float() if algo.aggregation == "token" else torch.ones(len(ids), device=device)
+    total_weight = accelerator.reduce(weights.sum(), "sum").clamp(min=1.0)
+
+    def logprobs_of(rows: list[int], net, with_entropy=False):
+        return completion_logprobs(net, processor, [rollout.rows[i] for i in rows], ids[rows], mask[rows],
+                                   temperature, with_entropy)
+
+    ref_logp = old_logp = None
+    if reference is not None:
+        ref_logp = torch.cat([reference.logprobs(policy, processor, [rollout.rows[i] for i in rows], ids[rows],
+                                                 mask[rows], temperature) for rows in micro])  # (N, T)
+    if algo.updates_per_batch > 1:
+        with torch.no_grad():
+            old_logp = torch.cat([logprobs_of(rows, policy)[0] for rows in micro])  # (N, T)
+
+    sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    for _ in range(algo.updates_per_batch):
+        for i, rows in enumerate(micro):
+            sync = contextlib.nullcontext() if i == len(micro) - 1 else accelerator.no_sync(model)
+            with sync:
+                logp, entropy = logprobs_of(rows, model, with_entropy=True)  # (n, T) each
+                out = grpo.policy_loss(
+                    logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows],
+                    loss_mask[rows], eps_low=algo.eps_low, eps_high=algo.eps_high,
+                    ratio_level=algo.ratio_level, aggregation=algo.aggregation,
+                    max_len=config.rollout.max_new_tokens,
+                    ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=algo.beta,
+                    kl_kind=algo.kl_estimator)
+                share = weights[rows].sum() / total_weight * accelerator.num_processes
+                accelerator.backward(out.loss * share)
+            fraction = float(weights[rows].sum() / weights.sum().clamp(min=1.0))
+            sums["loss"] += float(out.loss.detach()) * fraction
+            sums["pg_loss"] += float(out.pg_loss) * fraction
+            sums["kl"] += float(out.kl) * fraction
+            sums["clip_fraction"] += float(out.clip_fraction) * fraction
+            sums["entropy"] += float(entropy.sum() / mask[rows].sum().clamp(min=1)) * len(rows) / len(ids)
+        if config.train.max_grad_norm > 0:
+            sums["grad_norm"] += float(accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {k: v / algo.updates_per_batch for k, v in sums.items()}
+
+
+def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, float]:
+    """Means over all processes of every reward component, lengths and sampling counts."""
+    def mean(x: torch.Tensor) -> float:
+        return float(accelerator.gather(x.float().to(accelerator.device)).mean())
+
+    rollout = experience.rollout
+    metrics = {"reward": mean(experience.reward),
+               "reward_std": float(accelerator.gather(experience.reward.to(accelerator.device)).std())}
+    for name, values in experience.rewards.items():
+        metrics["accuracy" if name == "accuracy" else f"reward/{name}"] = mean(values)
+    metrics.setdefault("accuracy", float("nan"))
+    metrics["completion_length"] = mean(rollout.lengths)
+    metrics["truncated"] = mean(rollout.truncated)
+    counts = accelerator.reduce(torch.tensor([experience.groups_drawn, experience.groups_with_signal],
+                                             device=accelerator.device), "sum")
+    metrics["groups_drawn"], metrics["groups_with_signal"] = int(counts[0]), int(counts[1])
+    return metrics
+
+
+def write_rollouts(run_dir: Path, step: int, experience: Experience, main: bool) -> None:
+    """rollouts/step_XXXXXX.jsonl: prompt, answer, completion, rewards and advantage of every row."""
+    rollout = experience.rollout
+    rows = [{"prompt": ex.prompt, "answer": ex.answer, "completion": text,
+             "rewards": {k: float(v[i]) for k, v in experience.rewards.items()},
+             "advantage": float(experience.advantages[i]), "truncated": bool(rollout.truncated[i])}
+            for i, (ex, text) in enumerate(zip(rollout.rows, rollout.texts))]
+    rows = gather_object(rows)
+    if main:
+        folder = run_dir / "rollouts"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

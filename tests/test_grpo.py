@@ -1,0 +1,399 @@
+"""grpo.py: every number below is computed by hand (torchtune style) and written out."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from vlmrl import grpo
+
+E = math.e
+NAN = float("nan")
+
+
+def scalar(x: float) -> torch.Tensor:
+    return torch.tensor(x)
+
+
+def one_token(log_ratio: float):
+    """A (1, 1) batch: logp (requires grad) = log_ratio, old_logp = 0, mask = 1."""
+    logp = torch.tensor([[log_ratio]], requires_grad=True)
+    return logp, torch.zeros(1, 1), torch.ones(1, 1)
+
+
+# ---------------------------------------------------------------- group advantages
+
+def test_group_advantages_population_std_and_constant_group():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    # group 0: mean 0.5, population std 0.5 -> +-0.5 / (0.5 + 1e-6); group 1: all equal -> 0.
+    a = 0.5 / (0.5 + 1e-6)
+    assert_close(grpo.group_advantages(rewards, 4),
+                 torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_group_advantages_is_exactly_plus_minus_one_without_eps():
+    # population std of [1, 0, 0, 1] is 0.5 (the sample std would be 0.577 and give +-0.866).
+    out = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4, eps=0.0)
+    assert_close(out, torch.tensor([1.0, -1.0, -1.0, 1.0]), rtol=0, atol=0)
+
+
+def test_group_advantages_two_completions():
+    # G = 2, rewards 0 and 3: mean 1.5, population std 1.5 -> -1, +1 (sample std: -0.707, +0.707).
+    out = grpo.group_advantages(torch.tensor([0.0, 3.0]), 2, eps=0.0)
+    assert_close(out, torch.tensor([-1.0, 1.0]))
+
+
+def test_group_advantages_scale_none_is_reward_minus_group_mean():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0])
+    # group means 0.5 and 2.75
+    assert_close(grpo.group_advantages(rewards, 4, scale="none"),
+                 torch.tensor([0.5, -0.5, -0.5, 0.5, -0.75, -0.75, -0.75, 2.25]))
+
+
+def test_group_advantages_rejects_ragged_groups_and_unknown_scale():
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        grpo.group_advantages(torch.zeros(7), 4)
+    with pytest.raises(ValueError, match="scale"):
+        grpo.group_advantages(torch.zeros(4), 4, scale="batch")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(-5, 5), min_size=8, max_size=8))
+def test_group_advantages_have_zero_mean_and_unit_rms_per_group(values):
+    out = grpo.group_advantages(torch.tensor(values, dtype=torch.float32), 4).reshape(2, 4)
+    assert_close(out.mean(1), torch.zeros(2), atol=1e-5, rtol=0)
+    for group, adv in zip(torch.tensor(values).reshape(2, 4), out):
+        expected = 0.0 if bool((group == group[0]).all()) else 1.0
+        assert_close(adv.pow(2).mean().sqrt(), scalar(expected), atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------- cubic shaping
+
+def test_cubic_shaping_cubes_and_keeps_sign():
+    assert_close(grpo.cubic_shaping(torch.tensor([2.0, -0.5, 0.0, 1.0, -3.0])),
+                 torch.tensor([8.0, -0.125, 0.0, 1.0, -27.0]))
+
+
+def test_cubic_shaping_per_group_keeps_rms():
+    # group [3, -1, -1, -1]: rms sqrt(12/4) = sqrt(3); cubed [27, -1, -1, -1] has rms sqrt(732/4) =
+    # sqrt(183); scale sqrt(3/183) = 1/sqrt(61). The outlier grows (3 -> 3.457), the rest shrink.
+    # Group of zeros stays zeros (no 0/0).
+    s = 1 / math.sqrt(61)
+    out = grpo.cubic_shaping(torch.tensor([3.0, -1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0]), group_size=4)
+    assert_close(out, torch.tensor([27 * s, -s, -s, -s, 0.0, 0.0, 0.0, 0.0]))
+    assert_close(out[0], scalar(3.4569957))
+
+
+# ---------------------------------------------------------------- DAPO reward shaping and sampling
+
+def test_overlong_penalty_values():
+    lengths = torch.tensor([10, 15, 16, 18, 20, 25])
+    # max 20, buffer 5: free up to 15 tokens, then -1/5 per token, -1 from 20 on.
+    assert_close(grpo.overlong_penalty(lengths, 20, 5),
+                 torch.tensor([0.0, 0.0, -0.2, -0.6, -1.0, -1.0]))
+    assert_close(grpo.overlong_penalty(lengths, 20, 5, penalty=0.5),
+                 torch.tensor([0.0, 0.0, -0.1, -0.3, -0.5, -0.5]))
+
+
+def test_overlong_penalty_off_and_invalid_buffer():
+    assert_close(grpo.overlong_penalty(torch.tensor([3, 20]), 20, 0), torch.zeros(2))
+    with pytest.raises(ValueError, match="buffer"):
+        grpo.overlong_penalty(torch.tensor([3]), 20, 21)
+    with pytest.raises(ValueError, match="buffer"):
+        grpo.overlong_penalty(torch.tensor([3]), 20, -1)
+
+
+def test_dynamic_sampling_mask():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.5])
+    assert grpo.dynamic_sampling_mask(rewards, 4).tolist() == [True, False, True]
+    with pytest.raises(ValueError):
+        grpo.dynamic_sampling_mask(rewards, 5)
+
+
+# ---------------------------------------------------------------- KL estimators
+
+def test_kl_estimators_at_known_log_ratio():
+    logp, ref = torch.zeros(1, 1), torch.full((1, 1), math.log(0.5))
+    # d = ref - logp = -log 2
+    assert_close(grpo.kl_penalty(logp, ref, "k1"), torch.tensor([[math.log(2)]]))  # 0.693147
+    assert_close(grpo.kl_penalty(logp, ref, "k2"), torch.tensor([[0.5 * math.log(2) ** 2]]))  # 0.240227
+    assert_close(grpo.kl_penalty(logp, ref, "k3"), torch.tensor([[0.5 + math.log(2) - 1]]))  # 0.193147
+    assert_close(grpo.kl_penalty(logp, ref, "k3"), torch.tensor([[0.1931472]]))
+
+
+def test_kl_is_zero_at_the_reference_and_clamped_far_away():
+    logp = torch.tensor([[-1.3, -0.2]])
+    assert_close(grpo.kl_penalty(logp, logp.clone(), "k3"), torch.zeros(1, 2))
+    far = grpo.kl_penalty(torch.zeros(1, 2), torch.tensor([[100.0, -100.0]]), "k3")
+    # d clamped to +-20: exp(20) - 21 and exp(-20) + 19
+    assert_close(far, torch.tensor([[math.exp(20) - 21, math.exp(-20) + 19]]))
+    with pytest.raises(ValueError):
+        grpo.kl_penalty(logp, logp, "k4")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(-40, 40), st.floats(-40, 40))
+def test_k3_is_never_negative(logp, ref):
+    value = grpo.kl_penalty(torch.tensor([[logp]]), torch.tensor([[ref]]), "k3")
+    assert torch.isfinite(value).all() and float(value) >= 0.0
+
+
+# ---------------------------------------------------------------- aggregation
+
+# row 0 has tokens 1, 2, 3 (and NaN padding), row 1 has token 6.
+VALUES = torch.tensor([[1.0, 2.0, 3.0, NAN], [6.0, NAN, NAN, NAN]])
+MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize(("mode", "max_len", "expected"), [
+    ("token", None, 3.0),      # (1 + 2 + 3 + 6) / 4 tokens
+    ("sequence", None, 4.0),   # (mean(1, 2, 3) = 2  +  6) / 2 rows
+    ("constant", 4, 1.5),      # 12 / (2 rows * 4)
+    ("constant", 6, 1.0),      # 12 / (2 rows * 6)
+])
+def test_aggregate_modes_on_a_ragged_mask(mode, max_len, expected):
+    assert_close(grpo.aggregate(VALUES, MASK, mode, max_len), scalar(expected))
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence", "constant"])
+def test_aggregate_empty_mask_is_zero(mode):
+    assert_close(grpo.aggregate(VALUES, torch.zeros(2, 4), mode, 4), scalar(0.0))
+
+
+def test_aggregate_sequence_counts_empty_rows_and_constant_needs_max_len():
+    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]])
+    assert_close(grpo.aggregate(VALUES, mask, "sequence"), scalar(1.0))  # (2 + 0) / 2 rows
+    with pytest.raises(ValueError, match="max_len"):
+        grpo.aggregate(VALUES, MASK, "constant")
+    with pytest.raises(ValueError):
+        grpo.aggregate(VALUES, MASK, "mean")
+
+
+def test_masked_mean():
+    assert_close(grpo.masked_mean(VALUES, MASK), scalar(3.0))
+    assert_close(grpo.masked_mean(VALUES, MASK, dim=-1), torch.tensor([2.0, 6.0]))
+
+
+# ---------------------------------------------------------------- clipped surrogate, token level
+
+def test_ratio_e_positive_advantage_is_clipped_to_1_2():
+    logp, old, mask = one_token(1.0)
+    out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask)
+    # min(e * 1, clip(e, 0.8, 1.2) * 1) = 1.2
+    assert_close(out.loss, scalar(-1.2))
+    assert_close(out.pg_loss, scalar(-1.2))
+    assert_close(out.clip_fraction, scalar(1.0))
+    assert_close(out.ratio_mean, scalar(E))
+    out.loss.backward()
+    assert_close(logp.grad, torch.zeros(1, 1))  # clipped: no gradient
+
+
+def test_ratio_inverse_e_positive_advantage_is_not_clipped():
+    logp, old, mask = one_token(-1.0)
+    out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask)
+    # min(0.3679, 0.8) = 0.3679
+    assert_close(out.loss, scalar(-0.3678794))
+    assert_close(out.clip_fraction, scalar(0.0))
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[-math.exp(-1)]]))  # d(-w A)/d logp = -w A
+
+
+def test_negative_advantage_ratio_e_is_not_clipped():
+    logp, old, mask = one_token(1.0)
+    out = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask)
+    # -min(-e, -1.2) = e: a worse action made more likely is penalised in full
+    assert_close(out.loss, scalar(E))
+    assert_close(out.clip_fraction, scalar(0.0))
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[E]]))
+
+
+def test_negative_advantage_ratio_inverse_e_is_clipped_to_0_8():
+    logp, old, mask = one_token(-1.0)
+    out = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask)
+    # -min(-0.3679, -0.8) = 0.8
+    assert_close(out.loss, scalar(0.8))
+    assert_close(out.clip_fraction, scalar(1.0))
+    out.loss.backward()
+    assert_close(logp.grad, torch.zeros(1, 1))
+
+
+def test_dual_clip_caps_negative_advantage_loss():
+    logp, old, mask = one_token(1.0)
+    loose = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask, dual_clip=3.0)
+    assert_close(loose.loss, scalar(E))  # e < 3: untouched
+    assert_close(loose.clip_fraction, scalar(0.0))
+    tight = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask, dual_clip=2.0)
+    assert_close(tight.loss, scalar(2.0))  # min(e, 2 * |A|)
+    assert_close(tight.clip_fraction, scalar(1.0))
+    tight.loss.backward()
+    assert_close(logp.grad, torch.zeros(1, 1))
+    with pytest.raises(ValueError, match="dual_clip"):
+        grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask, dual_clip=1.0)
+
+
+def test_clip_higher_changes_the_answer():
+    logp, old, mask = one_token(math.log(1.25))
+    grpo_out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask, eps_high=0.2)
+    dapo_out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask, eps_high=0.28)
+    assert_close(grpo_out.loss, scalar(-1.2))   # 1.25 clipped to 1.2
+    assert_close(dapo_out.loss, scalar(-1.25))  # 1.25 < 1.28: unclipped
+    assert_close(grpo_out.clip_fraction, scalar(1.0))
+    assert_close(dapo_out.clip_fraction, scalar(0.0))
+    # eps_low is separate: ratio 0.75 with A < 0 clips at 0.8 whatever eps_high is
+    logp_low, _, _ = one_token(math.log(0.75))
+    low = grpo.policy_loss(logp_low, old, torch.tensor([-1.0]), mask, eps_low=0.2, eps_high=0.28)
+    assert_close(low.loss, scalar(0.8))
+
+
+def test_clip_fraction_counts_valid_tokens_only():
+    # tokens: ratio e (clipped), ratio 1, ratio e^-1 (not clipped for A > 0), padding with ratio e^5
+    logp = torch.tensor([[1.0, 0.0, -1.0, 5.0]], requires_grad=True)
+    out = grpo.policy_loss(logp, torch.zeros(1, 4), torch.tensor([1.0]), torch.tensor([[1, 1, 1, 0]]))
+    assert_close(out.clip_fraction, scalar(1 / 3))
+    assert_close(out.ratio_mean, scalar((E + 1 + math.exp(-1)) / 3))
+    # sequence mean: -(1.2 + 1 + e^-1) / 3
+    assert_close(out.loss, scalar(-(1.2 + 1 + math.exp(-1)) / 3))
+
+
+# ---------------------------------------------------------------- ratio 1: REINFORCE gradient
+
+LOGP = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -3.0, -0.7]])
+RAGGED = torch.tensor([[1, 1, 1], [1, 1, 0]])
+ADV = torch.tensor([1.5, -0.5])
+
+
+@pytest.mark.parametrize(("aggregation", "normaliser"), [
+    ("token", torch.tensor([[5.0], [5.0]])),       # 5 valid tokens in the batch
+    ("sequence", torch.tensor([[6.0], [4.0]])),    # B * len_i = 2 * 3, 2 * 2
+    ("constant", torch.tensor([[8.0], [8.0]])),    # B * max_len = 2 * 4
+])
+def test_ratio_one_gives_reinforce_gradient(aggregation, normaliser):
+    logp = LOGP.clone().requires_grad_(True)
+    out = grpo.policy_loss(logp, logp.detach(), ADV, RAGGED, aggregation=aggregation, max_len=4)
+    out.loss.backward()
+    expected = -ADV.unsqueeze(-1) * RAGGED / normaliser  # (2, 3)
+    assert_close(logp.grad, expected)
+    assert_close(out.ratio_mean, scalar(1.0))
+    assert_close(out.clip_fraction, scalar(0.0))
+    # value: -sum(A_i * len_i) / ..., e.g. token: -(1.5 * 3 - 0.5 * 2) / 5 = -0.7
+    value = {"token": -0.7, "sequence": -(1.5 - 0.5) / 2, "constant": -3.5 / 8}[aggregation]
+    assert_close(out.loss, scalar(value))
+
+
+def test_all_zero_mask_gives_zero_loss_and_finite_gradient():
+    logp = torch.tensor([[-0.5, float("-inf")], [0.3, 2.0]], requires_grad=True)
+    for aggregation in ("token", "sequence", "constant"):
+        for level in ("token", "sequence"):
+            out = grpo.policy_loss(logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.zeros(2, 2),
+                                   aggregation=aggregation, max_len=2, ratio_level=level,
+                                   ref_logp=torch.zeros(2, 2), beta=0.1)
+            for value in out:
+                assert torch.isfinite(value).all() and float(value.detach()) == 0.0
+            logp.grad = None
+            out.loss.backward()
+            assert_close(logp.grad, torch.zeros(2, 2))
+
+
+def test_stats_are_detached():
+    logp, old, mask = one_token(0.3)
+    out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask, ref_logp=torch.zeros(1, 1), beta=0.1)
+    assert out.loss.requires_grad
+    assert not any(t.requires_grad for t in (out.pg_loss, out.kl, out.clip_fraction, out.ratio_mean))
+
+
+# ---------------------------------------------------------------- KL in the loss
+
+def test_beta_adds_beta_times_kl_exactly():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.full((1, 2), math.log(0.5))
+    k3 = 0.5 + math.log(2) - 1  # 0.193147 per token
+    out = grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2),
+                           ref_logp=ref, beta=0.1, kl_kind="k3")
+    assert_close(out.pg_loss, scalar(-1.0))
+    assert_close(out.kl, scalar(k3))
+    assert_close(out.loss, scalar(-1.0 + 0.1 * k3))  # -0.9806853
+    out.loss.backward()
+    # d/dlogp [-A w + beta k3] = -1 + 0.1 * (1 - exp(d)) = -1 + 0.1 * 0.5, over 2 tokens
+    assert_close(logp.grad, torch.full((1, 2), -0.475))
+
+
+def test_reference_without_beta_only_reports_kl():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.full((1, 2), math.log(0.5))
+    out = grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logp=ref,
+                           kl_kind="k1")
+    assert_close(out.loss, scalar(-1.0))
+    assert_close(out.kl, scalar(math.log(2)))
+    no_ref = grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2))
+    assert_close(no_ref.kl, scalar(0.0))
+    with pytest.raises(ValueError, match="ref_logp"):
+        grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), beta=0.1)
+
+
+# ---------------------------------------------------------------- GSPO: sequence-level ratio
+
+def test_sequence_ratio_is_exp_of_mean_token_log_ratio():
+    logp = torch.tensor([[0.1, 0.2, 0.6], [0.5, 1.5, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    ratio = grpo.importance_ratio(logp, torch.zeros(2, 3), mask, "sequence")
+    s0, s1 = math.exp(0.3), math.exp(1.0)  # mean(0.1, 0.2, 0.6), mean(0.5, 1.5)
+    assert_close(ratio, torch.tensor([[s0, s0, s0], [s1, s1, 1.0]]))
+
+
+def test_sequence_level_gradient_at_ratio_one_is_advantage_over_length():
+    logp = LOGP.clone().requires_grad_(True)
+    out = grpo.policy_loss(logp, logp.detach(), ADV, RAGGED, ratio_level="sequence")
+    out.loss.backward()
+    # -(1/B) * A_i / len_i per valid token: -1.5 / 6 = -0.25, +0.5 / 4 = 0.125
+    assert_close(logp.grad, torch.tensor([[-0.25, -0.25, -0.25], [0.125, 0.125, 0.0]]))
+    single = LOGP[:1].clone().requires_grad_(True)
+    grpo.policy_loss(single, single.detach(), torch.tensor([3.0]), torch.ones(1, 3),
+                     ratio_level="sequence").loss.backward()
+    assert_close(single.grad, torch.full((1, 3), -1.0))  # -A / len = -3 / 3
+
+
+def test_sequence_level_gradient_off_policy_is_s_times_advantage_over_length():
+    logp = torch.tensor([[0.1, 0.2, 0.6]], requires_grad=True)
+    out = grpo.policy_loss(logp, torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3),
+                           ratio_level="sequence", eps_high=0.5)
+    s = math.exp(0.3)  # 1.3499 < 1.5: unclipped
+    assert_close(out.loss, scalar(-2.0 * s))
+    out.loss.backward()
+    assert_close(logp.grad, torch.full((1, 3), -2.0 * s / 3))
+
+
+def test_sequence_level_clips_the_whole_sequence():
+    logp = torch.tensor([[0.1, 0.2, 0.6]], requires_grad=True)
+    args = (torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    # token level, eps 0.2: e^0.1 = 1.105 kept, e^0.2 = 1.221 and e^0.6 = 1.822 clipped to 1.2
+    token = grpo.policy_loss(logp, *args)
+    assert_close(token.clip_fraction, scalar(2 / 3))
+    assert_close(token.loss, scalar(-(math.exp(0.1) + 1.2 + 1.2) / 3))
+    # GSPO clip ranges: s = e^0.3 > 1 + 4e-4 -> every token clipped to 1.0004
+    seq = grpo.policy_loss(logp, *args, ratio_level="sequence", eps_low=3e-4, eps_high=4e-4)
+    assert_close(seq.clip_fraction, scalar(1.0))
+    assert_close(seq.loss, scalar(-1.0004))
+    seq.loss.backward()
+    assert_close(logp.grad, torch.zeros(1, 3))
+
+
+def test_unknown_ratio_level_is_rejected():
+    with pytest.raises(ValueError, match="ratio_level"):
+        grpo.importance_ratio(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), "group")
+
+
+def test_gspo_token_with_per_token_advantages_routes_gradient_per_token():
+    # GSPO-token: w_t = sg[s] * exp(logp_t - sg[logp_t]), so d loss / d logp_t = -s * A_t / len.
+    # (A plain broadcast of s would spread the gradient evenly: -s * mean(A) / len = -1/3 each.)
+    logp = torch.zeros(1, 3, requires_grad=True)
+    out = grpo.policy_loss(logp, logp.detach(), torch.tensor([[3.0, 0.0, 0.0]]), torch.ones(1, 3),
+                           ratio_level="sequence")
+    assert_close(out.loss, scalar(-1.0))  # -(3 + 0 + 0) / 3
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[-1.0, 0.0, 0.0]]))
