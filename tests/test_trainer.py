@@ -52,17 +52,23 @@ def test_tiny_model_learns_an_easy_task(tmp_path, tiny_model_dir, letter_task):
 
 def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path, tiny_model_dir, letter_task):
     run = train(_config(tmp_path, tiny_model_dir, "train.steps=2", "model.freeze_vision=true",
-                        "train.max_grad_norm=0"))
+                        "train.max_grad_norm=0", "train.attention_every=2"))
     before, after = _params(Path(tiny_model_dir)), _params(run / "final")
     for name, value in before.items():
         changed = not torch.equal(value, after[name])
         assert changed == (".visual." not in f".{name}"), name
-    row = read_metrics(run / "metrics.jsonl")[0]
+    first, second = read_metrics(run / "metrics.jsonl")
+    assert "attention_on_image" not in first and 0 < second["attention_on_image"] < 1
+    row = first
     for key in ("reward", "accuracy", "reward/share", "loss", "kl", "clip_fraction", "entropy",
                 "completion_length", "groups_drawn", "lr"):
         assert key in row, key
     rollouts = (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()
-    assert len(rollouts) == 16 and "advantage" in json.loads(rollouts[0])
+    rows = [json.loads(line) for line in rollouts]
+    assert len(rows) == 16 and [r["group"] for r in rows] == [g for g in range(4) for _ in range(4)]
+    assert {"advantage", "rewards", "completion", "length", "truncated"} <= set(rows[0])
+    assert len({r["image"] for r in rows}) == 4  # each prompt's image stored once, not G times
+    assert len(list((run / "rollouts" / "images").iterdir())) == 8  # 2 logged steps x 4 prompts
     assert (run / "config.yaml").exists()
 
 

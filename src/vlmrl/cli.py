@@ -65,10 +65,47 @@ def _train(args: argparse.Namespace) -> None:
     print(f"done: {run_dir} (final model in {run_dir / 'final'}, metrics in {run_dir / 'metrics.jsonl'})")
 
 
+def _eval(args: argparse.Namespace) -> None:
+    from vlmrl.config import parse_override
+    from vlmrl.evaluate import EvalSettings, format_table, run_eval
+
+    settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
+                            temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed)
+    evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
+                                split=args.split, n=args.n, settings=settings, out_dir=args.out,
+                                dtype=args.dtype, device=args.device)
+    print(format_table(evaluation.results))
+    print(f"\nwrote {path}")
+
+
+def _sft(args: argparse.Namespace) -> None:
+    from vlmrl.config import load_config
+    from vlmrl.sft import sft
+
+    run_dir = sft(load_config(*_config_and_overrides(args)))
+    print(f"done: {run_dir} (model in {run_dir / 'final'}; RL from it: vlmrl train CONFIG "
+          f"model.name_or_path={run_dir / 'final'})")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from vlmrl.demo import run_demo
 
     run_demo(out_dir=args.out, n=args.n, size=args.size)
+
+
+def _report(args: argparse.Namespace) -> None:
+    from vlmrl.report import write_report
+
+    path = write_report(args.run_dir, out=args.out)
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): open it in a browser, it works offline")
+
+
+def _attention(args: argparse.Namespace) -> None:
+    from vlmrl.report.attention import attention_maps, format_summary
+
+    maps = attention_maps(args.model, args.image, args.prompt, layer=args.layer, out_dir=args.out,
+                          max_new_tokens=args.max_new_tokens, device=args.device)
+    print(format_summary(maps))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dotted overrides, e.g. train.lr=1e-6 algorithm.beta=0")
     train.set_defaults(func=_train)
 
+    sft = commands.add_parser(
+        "sft", help="supervised warm start on the task's reference completions",
+        description="Fine-tune on each example's reference completion (loss on completion tokens only), "
+                    "to learn the output format before RL. Uses the config's model, task and train "
+                    "sections, plus sft.batch_size; same checkpoints, resume and metrics as `vlmrl train`.",
+        epilog="examples:\n  vlmrl sft configs/shapes_sft_tiny.yaml\n"
+               "  vlmrl train configs/shapes_grpo_tiny.yaml model.name_or_path=runs/shapes_sft_tiny/final",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sft.add_argument("config", nargs="?", default=None, help="YAML config (see configs/)")
+    sft.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                     help="dotted overrides, e.g. train.steps=200 sft.batch_size=16")
+    sft.set_defaults(func=_sft)
+
     config = commands.add_parser("config", help="print a run config after overrides, with docs",
                                  description="Load a YAML config, apply key=value overrides, check "
                                              "every key and type, and print the result.")
@@ -129,6 +179,38 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--save", default=None, metavar="FILE", help="also write the result as YAML")
     config.set_defaults(func=_config)
 
+    evaluate = commands.add_parser(
+        "eval", help="accuracy, pass@k, reward components, length buckets, blind-image check",
+        description="Evaluate a model folder on N held-out examples of a task: greedy accuracy,\n"
+                    "pass@k from K samples, the mean of every reward component, completion length,\n"
+                    "accuracy by completion-length bucket, and a blind-image check (the same\n"
+                    "questions with a blank and with another example's image). Prints a table and\n"
+                    "writes the results, settings and every example's answers as JSON.",
+        epilog="examples:\n  vlmrl eval runs/a/final --task shapes\n"
+               "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
+               "  vlmrl eval runs/b/final --task cryptogram --k 0 --no-blind max_words=2",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    evaluate.add_argument("model", help="model folder (a full model, e.g. RUN_DIR/final)")
+    evaluate.add_argument("--task", required=True, help="task name (see `vlmrl tasks list`)")
+    evaluate.add_argument("--split", default="test", help="held-out split: test or ood (default test)")
+    evaluate.add_argument("--n", type=int, default=64, help="examples 0..N-1 of the split (default 64)")
+    evaluate.add_argument("--k", type=int, default=8,
+                          help="samples per example for pass@k; 0 skips sampling (default 8)")
+    evaluate.add_argument("--temperature", type=float, default=1.0,
+                          help="sampling temperature for pass@k (default 1.0)")
+    evaluate.add_argument("--no-blind", action="store_true", help="skip the blank/shuffled-image check")
+    evaluate.add_argument("--out", default=None, metavar="DIR",
+                          help="write DIR/eval.json (default MODEL/eval_<task>_<split>.json)")
+    evaluate.add_argument("--batch-size", type=int, default=16,
+                          help="completions per generate call (default 16)")
+    evaluate.add_argument("--max-new-tokens", type=int, default=128, help="longest completion (default 128)")
+    evaluate.add_argument("--seed", type=int, default=0,
+                          help="seed of the samples and the image shuffle (default 0)")
+    evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
+    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
+    evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
+    evaluate.set_defaults(func=_eval)
+
     demo = commands.add_parser("demo", help="the embedded demo on the offline small model",
                                description="Build the offline small model, make shape-counting "
                                            "examples, generate answers and score them.")
@@ -136,6 +218,45 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--n", type=int, default=16, help="held-out examples to answer (default 16)")
     demo.add_argument("--size", choices=SIZES, default="small", help="model size (default small)")
     demo.set_defaults(func=_demo)
+
+    report = commands.add_parser(
+        "report", help="one self-contained HTML page: plots, rollout viewer, config",
+        description="Write one HTML file about a run directory that opens offline from disk (no\n"
+                    "CDN, images inline): plots of every metric in metrics.jsonl (reward\n"
+                    "components, train and held-out accuracy, KL on a log scale, lengths, timings,\n"
+                    "...), a rollout viewer that pages through logged steps and groups (the image\n"
+                    "beside its G completions, best and worst marked, rewards and advantages),\n"
+                    "eval results, alarms and config.yaml. At most 24 logged rollout steps (evenly\n"
+                    "spaced) and 16 groups per step are embedded, so the file stays small.",
+        epilog="example:\n  vlmrl report runs/shapes_grpo_tiny    # writes runs/shapes_grpo_tiny/report.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    report.add_argument("run_dir", metavar="RUN_DIR", help="run directory (the config's output_dir)")
+    report.add_argument("--out", default=None, metavar="FILE",
+                        help="where to write the page (default RUN_DIR/report.html)")
+    report.set_defaults(func=_report)
+
+    attention = commands.add_parser(
+        "attention", help="heatmaps of where each generated token looks in the image",
+        description="Generate greedily from an image and a prompt (built as training builds it), "
+                    "then draw, for each generated token, the attention of the position that "
+                    "produced it to the image tokens, averaged over the heads of one layer, as a "
+                    "heatmap over the image. Writes one PNG per token, attention.gif and "
+                    "index.json, and prints each token's share of attention on the image.",
+        epilog="example:\n  vlmrl tiny-model runs/tiny\n"
+               "  vlmrl attention runs/tiny --image circles.png --prompt 'How many circles?' --layer 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    attention.add_argument("model", help="model folder or hub id")
+    attention.add_argument("--image", required=True, help="image file (PNG, JPEG, ...)")
+    attention.add_argument("--prompt", required=True, help="the question asked about the image")
+    attention.add_argument("--layer", type=int, default=-1,
+                           help="language-model layer whose heads are averaged; negative counts "
+                                "from the end (default -1, the last)")
+    attention.add_argument("--out", default="runs/attention",
+                           help="folder for the PNGs, attention.gif and index.json (default runs/attention)")
+    attention.add_argument("--max-new-tokens", type=int, default=32,
+                           help="longest completion, one heatmap per token (default 32)")
+    attention.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda:0, ...")
+    attention.set_defaults(func=_attention)
     return parser
 
 

@@ -172,12 +172,55 @@ class TrainConfig:
     """How many step checkpoints to keep (the final model is always kept)."""
     log_rollouts_every: int = 10
     """Write the step's completions and rewards to rollouts/ every N steps (0 = never)."""
+    attention_every: int = 0
+    """Log attention_on_image (mean share of completion tokens' attention on image tokens, over a
+    few rollouts, one extra eager forward) every N steps (0 = never)."""
+    trackers: list[Literal["tensorboard", "wandb", "trackio"]] = field(
+        default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides metrics.jsonl (always written): tensorboard (event files in
+    output_dir/tensorboard), wandb, trackio (these two only when installed). [] = metrics.jsonl only."""
+    tracker_project: str = "vlmrl"
+    """Project that wandb and trackio file the run under (the run is named after output_dir)."""
 
     def validate(self) -> None:
         if self.steps < 1 or self.micro_batch_size < 1:
             raise VlmrlError("train.steps and train.micro_batch_size must be >= 1")
         if len(self.adam_betas) != 2:
             raise VlmrlError(f"train.adam_betas must be two numbers; got {self.adam_betas}")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation while training (`vlmrl train` and `vlmrl sft`): greedy accuracy and the
+    mean reward components on a fixed set, logged as eval/<split>/<metric> in metrics.jsonl."""
+
+    every: int = 0
+    """Evaluate every N steps and after the last one (0 = never)."""
+    n: int = 64
+    """Examples per split: the first n of the split, the same set every time."""
+    splits: list[str] = field(default_factory=lambda: ["test"])
+    """Splits to evaluate (test, ood, ...; see `vlmrl tasks list`)."""
+    max_new_tokens: int = 0
+    """Longest completion; 0 = rollout.max_new_tokens."""
+    batch_size: int = 32
+    """Prompts per generate call."""
+
+    def validate(self) -> None:
+        if self.every < 0 or self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 0:
+            raise VlmrlError("eval.every and eval.max_new_tokens must be >= 0, eval.n and eval.batch_size >= 1")
+
+
+@dataclass
+class SftConfig:
+    """Supervised warm start (`vlmrl sft`) on the task's reference completions; optimisation,
+    checkpoints and logging come from the `train` section."""
+
+    batch_size: int = 32
+    """Examples per optimizer step, over all processes (split into train.micro_batch_size)."""
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise VlmrlError(f"sft.batch_size must be >= 1; got {self.batch_size}")
 
 
 @dataclass
@@ -194,6 +237,10 @@ class Config:
     """The RL objective."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation, checkpoints and logging."""
+    sft: SftConfig = field(default_factory=SftConfig)
+    """Supervised warm start (used by `vlmrl sft` only)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation during training."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
     output_dir: str = "runs/default"

@@ -1,14 +1,26 @@
-"""Where metrics go: `metrics.jsonl` in the run directory, one JSON object per step.
+"""Where metrics go: `metrics.jsonl` in the run directory always, plus the trackers asked for.
 
-On resume the file is cut back to the checkpoint's step, so a resumed run's log reads exactly like
-an uninterrupted one.
+Every destination is a sink with two methods, `log(metrics)` (one step's numbers, the step under
+the key "step") and `close()`. `build_trackers(config, run_dir, resume_step)` returns them all
+behind one `Trackers` object:
+
+- metrics.jsonl: always. On resume the file is cut back to the checkpoint's step, so a resumed
+  run's log reads exactly like an uninterrupted one.
+- tensorboard: event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR`); on resume the
+  steps after the checkpoint are purged, as in metrics.jsonl.
+- wandb, trackio: imported only when asked for; asked for and not installed is a VlmrlError.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
+from typing import Protocol
+
+from vlmrl.config import Config, to_dict
+from vlmrl.errors import VlmrlError
 
 
 class MetricsLog:
@@ -30,7 +42,131 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
 
+    def close(self) -> None:
+        """Nothing to do: every line is written when logged."""
+
 
 def read_metrics(path: Path) -> list[dict]:
     """All rows of a metrics.jsonl."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- trackers
+
+TRACKERS = ("tensorboard", "wandb", "trackio")
+"""Names accepted in `train.trackers`, besides metrics.jsonl which is always written."""
+
+
+class Sink(Protocol):
+    """One destination of per-step metrics."""
+
+    def log(self, metrics: dict) -> None:
+        """One step's metrics; `metrics["step"]` is the step."""
+
+    def close(self) -> None:
+        """Flush and release whatever the sink holds open."""
+
+
+class Trackers:
+    """All sinks of a run: `log` and `close` go to each, in order. Also a context manager."""
+
+    def __init__(self, sinks: list[Sink]):
+        self.sinks = sinks
+
+    def log(self, metrics: dict) -> None:
+        for sink in self.sinks:
+            sink.log(metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+    def __enter__(self) -> Trackers:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def build_trackers(config: Config, run_dir: Path, resume_step: int | None = None) -> Trackers:
+    """metrics.jsonl plus every tracker in `config.train.trackers`; call on the main process only.
+
+    `resume_step` is the checkpoint's step when resuming (None for a fresh run): logs past it are
+    dropped so a resumed run reads like an uninterrupted one.
+    """
+    run_dir = Path(run_dir)
+    sinks: list[Sink] = [MetricsLog(run_dir / "metrics.jsonl", resume_step=resume_step)]
+    for name in dict.fromkeys(config.train.trackers):  # in order, each once
+        if name == "tensorboard":
+            sinks.append(TensorBoardSink(run_dir / "tensorboard", resume_step=resume_step))
+        elif name == "wandb":
+            sinks.append(WandbSink(config.train.tracker_project, run_dir, to_dict(config)))
+        elif name == "trackio":
+            sinks.append(TrackioSink(config.train.tracker_project, run_dir.name, to_dict(config)))
+        else:
+            raise VlmrlError(f"unknown tracker {name!r} in train.trackers; choose from {', '.join(TRACKERS)}")
+    return Trackers(sinks)
+
+
+def scalars(metrics: dict) -> dict[str, float]:
+    """The finite numbers of a metrics row, without the step (None, NaN and text are left out)."""
+    return {key: float(value) for key, value in metrics.items()
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value)}
+
+
+def import_tracker(name: str, module: str):
+    """Import a tracker's module, or say in one line how to get it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise VlmrlError(f"train.trackers asks for {name}, but {name} is not installed: "
+                         f"`pip install {name}`, or remove {name} from train.trackers") from None
+
+
+class TensorBoardSink:
+    """TensorBoard event files in `folder`, one scalar per metric (tags like `reward/format`)."""
+
+    def __init__(self, folder: Path, resume_step: int | None = None):
+        summary = import_tracker("tensorboard", "torch.utils.tensorboard")
+        folder = Path(folder)
+        if resume_step is None and folder.is_dir():  # a fresh run starts a fresh log, as metrics.jsonl
+            for old in folder.glob("events.out.tfevents.*"):
+                old.unlink()
+        purge = None if resume_step is None else resume_step + 1  # readers drop older events >= it
+        self.writer = summary.SummaryWriter(log_dir=str(folder), purge_step=purge, flush_secs=10)
+
+    def log(self, metrics: dict) -> None:
+        step = int(metrics["step"])
+        for tag, value in scalars(metrics).items():
+            self.writer.add_scalar(tag, value, global_step=step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """A Weights & Biases run named after the run directory, its files under RUN_DIR/wandb."""
+
+    def __init__(self, project: str, run_dir: Path, config: dict):
+        wandb = import_tracker("wandb", "wandb")
+        self.run = wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), config=config)
+
+    def log(self, metrics: dict) -> None:
+        self.run.log(scalars(metrics), step=int(metrics["step"]))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TrackioSink:
+    """A trackio run (local dashboard: `trackio show`) named after the run directory."""
+
+    def __init__(self, project: str, name: str, config: dict):
+        self.trackio = import_tracker("trackio", "trackio")
+        self.trackio.init(project=project, name=name, config=config)
+
+    def log(self, metrics: dict) -> None:
+        self.trackio.log(scalars(metrics), step=int(metrics["step"]))
+
+    def close(self) -> None:
+        self.trackio.finish()

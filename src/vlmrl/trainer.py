@@ -17,93 +17,72 @@ Simplifications, on purpose:
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import gather_object
 from tqdm import tqdm
 
 from vlmrl import grpo
-from vlmrl.checkpoint import (latest_checkpoint, load_adapter_weights, load_trainer_state, save_checkpoint,
-                              save_model)
-from vlmrl.config import Config, save_config
+from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.experience import Experience, collect_experience, derive_seed, generation_batch
 from vlmrl.logprobs import completion_logprobs
-from vlmrl.models import load_policy
-from vlmrl.optim import build_optimizer, build_scheduler
-from vlmrl.reference import build_reference
+from vlmrl.report.attention import completion_image_attention
+from vlmrl.rollout_log import rollout_rows, write_rollouts
+from vlmrl.session import TrainingSession
 from vlmrl.tasks import get_task
-from vlmrl.tracking import MetricsLog
 
 
 def train(config: Config) -> Path:
     """Run GRPO as configured; returns the run directory (final model in `final/`)."""
-    accelerator = Accelerator(cpu=config.model.device == "cpu" or not torch.cuda.is_available())
-    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
-    check_batch_layout(config, world)
-    run_dir = Path(config.output_dir)
-    checkpoint = latest_checkpoint(run_dir) if config.resume else None
-    if config.resume and checkpoint is None:
-        raise VlmrlError(f"resume=true but {run_dir / 'checkpoints'} holds no checkpoint")
-    set_seed(config.seed)
-
-    policy, processor = load_trainable_policy(config, accelerator.device, checkpoint)
-    reference = build_reference(policy, config.algorithm)
-    optimizer = build_optimizer(policy, config.train, config.model.vision_lr_scale)
-    scheduler = build_scheduler(optimizer, config.train, config.train.steps * config.algorithm.updates_per_batch)
-    start_step, position = 0, 0
-    if checkpoint is not None:
-        state = load_trainer_state(checkpoint, optimizer, scheduler)
-        start_step, position = state["step"], state["data_position"]
-        if reference is not None:
-            reference.load(checkpoint)
-    model, optimizer = accelerator.prepare(policy, optimizer)
+    session = TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
+                              with_reference=True)
+    check_batch_layout(config, session.world)
+    policy, processor, reference = session.policy, session.processor, session.reference
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    position = session.position
 
-    log = None
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
-        log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start_step if checkpoint else None)
-
-    def any_process(flag: bool) -> bool:
-        return bool(accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum") > 0)
-
-    progress = tqdm(range(start_step, config.train.steps), initial=start_step, total=config.train.steps,
-                    desc="train", unit="step", disable=not main, dynamic_ncols=True)
+    progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                    total=config.train.steps, desc="train", unit="step", disable=not session.main,
+                    dynamic_ncols=True)
     for step in progress:
         started = time.perf_counter()
         policy.eval()
-        experience, position = collect_experience(policy, processor, task, config, step, position, rank,
-                                                  world, any_process, accelerator.gather)
+        experience, position = collect_experience(policy, processor, task, config, step, position, session.rank,
+                                                  session.world, session.any_process, session.accelerator.gather)
         policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
-        update = update_policy(model, policy, processor, optimizer, scheduler, reference, experience,
-                               config, accelerator)
+        update = update_policy(session.model, policy, processor, session.optimizer, session.scheduler,
+                               reference, experience, config, session.accelerator)
         refreshed = reference is not None and reference.maybe_refresh(policy, step + 1)
-        metrics = step_metrics(experience, accelerator) | update
-        metrics |= {"step": step + 1, "prompts_seen": position, "lr": scheduler.get_last_lr()[0],
+        metrics = step_metrics(experience, session.accelerator) | update
+        metrics |= {"step": step + 1, "prompts_seen": position, "lr": session.scheduler.get_last_lr()[0],
                     "ref_refreshed": int(refreshed), "seconds": time.perf_counter() - started}
         if config.train.log_rollouts_every and (step + 1) % config.train.log_rollouts_every == 0:
-            write_rollouts(run_dir, step + 1, experience, main)
-        if main:
-            log.log(metrics)
-            progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
-                                 loss=f"{metrics['loss']:.4f}")
-        if config.train.save_every and (step + 1) % config.train.save_every == 0:
-            accelerator.wait_for_everyone()
-            if main:
-                save_checkpoint(run_dir, step + 1, policy, processor, optimizer, scheduler, position,
-                                reference, keep=config.train.keep_checkpoints)
-    accelerator.wait_for_everyone()
-    if main:
-        save_model(run_dir / "final", policy, processor)
-    accelerator.end_training()
-    return run_dir
+            log_rollouts(session, step + 1, experience)
+        if config.train.attention_every and (step + 1) % config.train.attention_every == 0:
+            rollout = experience.rollout
+            metrics["attention_on_image"] = completion_image_attention(
+                policy, processor, rollout.rows, rollout.completion_ids, rollout.completion_mask)
+        metrics |= session.maybe_evaluate(step + 1, task)
+        session.record(metrics)
+        progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
+                             loss=f"{metrics['loss']:.4f}")
+        session.maybe_save(step + 1, position)
+    return session.finish()
+
+
+def log_rollouts(session: TrainingSession, step: int, experience: Experience) -> None:
+    """Every process's completions of this step into rollouts/ (see rollout_log.py)."""
+    group = session.config.rollout.group_size
+    rows = rollout_rows(step, experience.rollout, experience.rewards, experience.advantages, group,
+                        first_group=session.rank * len(experience.rollout.rows) // group)
+    rows = gather_object(rows)
+    if session.main:
+        write_rollouts(session.run_dir, step, rows)
 
 
 def check_batch_layout(config: Config, world: int) -> None:
@@ -115,19 +94,6 @@ def check_batch_layout(config: Config, world: int) -> None:
     if per_process % generation_batch(config, world):
         raise VlmrlError(f"rollout.generation_batch_size={config.rollout.generation_batch_size} must "
                          f"divide the {per_process} prompts each process handles per step")
-
-
-def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None):
-    """The policy and processor; from `checkpoint` when resuming (full weights or LoRA adapter)."""
-    settings = config.model
-    source = str(checkpoint) if checkpoint is not None and not settings.lora.enabled else settings.name_or_path
-    policy, processor = load_policy(
-        source, dtype=settings.dtype, device=str(device), attn_implementation=settings.attn_implementation,
-        lora=settings.lora, freeze_vision=settings.freeze_vision,
-        gradient_checkpointing=settings.gradient_checkpointing, trust_remote_code=settings.trust_remote_code)
-    if checkpoint is not None and settings.lora.enabled:
-        load_adapter_weights(policy, checkpoint)
-    return policy, processor
 
 
 def update_policy(model, policy, processor, optimizer, scheduler, reference, experience: Experience,
@@ -203,17 +169,3 @@ def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, 
                                              device=accelerator.device), "sum")
     metrics["groups_drawn"], metrics["groups_with_signal"] = int(counts[0]), int(counts[1])
     return metrics
-
-
-def write_rollouts(run_dir: Path, step: int, experience: Experience, main: bool) -> None:
-    """rollouts/step_XXXXXX.jsonl: prompt, answer, completion, rewards and advantage of every row."""
-    rollout = experience.rollout
-    rows = [{"prompt": ex.prompt, "answer": ex.answer, "completion": text,
-             "rewards": {k: float(v[i]) for k, v in experience.rewards.items()},
-             "advantage": float(experience.advantages[i]), "truncated": bool(rollout.truncated[i])}
-            for i, (ex, text) in enumerate(zip(rollout.rows, rollout.texts))]
-    rows = gather_object(rows)
-    if main:
-        folder = run_dir / "rollouts"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,0 +1,18 @@
+"""`vlmrl report RUN_DIR`: one self-contained HTML page that shows what a training run did.
+
+Plots of every logged metric (reward components, train and held-out accuracy, KL on a log scale,
+lengths, timings, ...), a rollout viewer (each logged step's prompts, their image beside the G
+completions, best and worst marked, reward components and advantages), evaluation results,
+alarms and the run's config. The file fetches nothing: it opens from disk, offline.
+
+    rundir.py    read a run directory
+    charts.py    which metrics go in which chart
+    svg.py       draw a chart as inline SVG
+    rollouts.py  the rollout viewer's data (capped steps and groups, images as data URIs)
+    page.py      assemble and write the page (static/report.css, static/viewer.js inline)
+    attention.py where the model looks: attention heatmaps (`vlmrl attention`)
+"""
+
+from vlmrl.report.page import render_page, write_report
+
+__all__ = ["render_page", "write_report"]

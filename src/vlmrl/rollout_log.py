@@ -1,0 +1,50 @@
+"""The rollout log: what the model wrote, for people to read (`vlmrl report` pages through it).
+
+Every `train.log_rollouts_every` steps the trainer writes `rollouts/step_XXXXXX.jsonl`, one row per
+completion: step, group (the prompt's index within the step), image (a path relative to
+`rollouts/`), prompt, answer, completion, rewards (every component), advantage, truncated, length.
+Each distinct image is stored once, as `rollouts/images/<content hash>.png`, however many
+completions and steps show it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from PIL import Image
+
+
+def store_image(folder: Path, image: Image.Image) -> str:
+    """Save `image` under folder/images/ named by its content hash (once); returns the relative path."""
+    digest = hashlib.sha1(image.tobytes() + repr((image.mode, image.size)).encode()).hexdigest()[:16]
+    relative = f"images/{digest}.png"
+    path = folder / relative
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path)
+    return relative
+
+
+def rollout_rows(step: int, rollout, rewards: dict, advantages, group_size: int,
+                 first_group: int = 0) -> list[dict]:
+    """One row per completion of `rollout`, its groups numbered from `first_group` (a process's
+    offset in the step); images stay PIL images until `write_rollouts` stores them."""
+    lengths = rollout.lengths
+    return [{"step": step, "group": first_group + i // group_size, "image": example.image, "prompt": example.prompt,
+             "answer": example.answer, "completion": text,
+             "rewards": {name: float(values[i]) for name, values in rewards.items()},
+             "advantage": float(advantages[i]), "truncated": bool(rollout.truncated[i]),
+             "length": int(lengths[i])}
+            for i, (example, text) in enumerate(zip(rollout.rows, rollout.texts))]
+
+
+def write_rollouts(run_dir: Path, step: int, rows: list[dict]) -> Path:
+    """Write rollouts/step_XXXXXX.jsonl from `rollout_rows` of every process (images stored once)."""
+    folder = Path(run_dir) / "rollouts"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [{**row, "image": store_image(folder, row["image"])} for row in rows]
+    path = folder / f"step_{step:06d}.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path

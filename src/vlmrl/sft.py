@@ -1,0 +1,127 @@
+"""Supervised warm start: learn the output format (and a first skill) from reference completions.
+
+The lesson of the scaling study: SFT to learn the structure, then RL to generalise. `sft(config)`
+trains on each task example's `reference_completion` with the loss on completion tokens only (the
+image and question are context, never targets), then saves a model that `vlmrl train` starts from
+(`model.name_or_path=RUN/final`). It shares the config, processes, checkpoints, resume and
+metrics.jsonl of the RL trainer (session.py); `train.*` sets steps, learning rate and schedule,
+`sft.batch_size` the examples per step.
+
+A completion's tokens are what the chat template puts after the generation prompt, up to and
+including the first end-of-turn token: exactly what `generate` must produce, stop included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from vlmrl.config import Config
+from vlmrl.errors import VlmrlError
+from vlmrl.experience import derive_seed
+from vlmrl.logprobs import completion_logprobs
+from vlmrl.rollout import chat_messages, stop_token_ids
+from vlmrl.session import TrainingSession
+from vlmrl.tasks import Example, get_task
+
+
+def completion_text(processor, example: Example) -> str:
+    """The reference completion as the chat template writes the assistant turn (end token included)."""
+    messages = chat_messages(example)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    answer = {"role": "assistant", "content": [{"type": "text", "text": example.reference_completion}]}
+    full = processor.apply_chat_template(messages + [answer], tokenize=False)
+    return full[len(prompt):] if full.startswith(prompt) else example.reference_completion
+
+
+def completion_tokens(processor, examples: list[Example], stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (N, T) of each reference completion, right-padded, and their mask (N, T).
+
+    Each completion ends at its first stop token (appended when the template wrote none).
+    """
+    rows = []
+    for example in examples:
+        if not example.reference_completion:
+            raise VlmrlError(f"example {example.meta.get('idx')} has no reference_completion to learn from")
+        ids = processor.tokenizer(completion_text(processor, example), add_special_tokens=False).input_ids
+        stops = [i for i, token in enumerate(ids) if token in stop_ids]
+        rows.append(ids[:stops[0] + 1] if stops else ids + [stop_ids[0]])
+    length = max(len(r) for r in rows)
+    pad = processor.tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (length - len(r)) for r in rows])  # (N, T)
+    mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])  # (N, T)
+    return ids, mask
+
+
+def sft(config: Config) -> Path:
+    """Fine-tune on reference completions as configured; returns the run directory (model in final/)."""
+    session = TrainingSession(config, config.train.steps)
+    batch = config.sft.batch_size
+    if batch % session.world:
+        raise VlmrlError(f"sft.batch_size={batch} must be divisible by the {session.world} processes")
+    per_process = batch // session.world
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    stop_ids = stop_token_ids(session.processor, session.policy)
+    device = session.accelerator.device
+
+    progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                    total=config.train.steps, desc="sft", unit="step", disable=not session.main,
+                    dynamic_ncols=True)
+    for step in progress:
+        started = time.perf_counter()
+        first = step * batch + session.rank * per_process
+        examples = [task.example(i, split="train") for i in range(first, first + per_process)]
+        ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
+        ids, mask = ids.to(device), mask.to(device)
+        session.policy.train()
+        torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
+        metrics = sft_update(session, examples, ids, mask)
+        metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
+                    "lr": session.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started}
+        metrics |= session.maybe_evaluate(step + 1, task)
+        session.record(metrics)
+        progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
+        session.maybe_save(step + 1, (step + 1) * batch)
+    return session.finish()
+
+
+def sft_update(session: TrainingSession, examples: list[Example], ids: torch.Tensor,
+               mask: torch.Tensor) -> dict[str, float]:
+    """One optimizer step of token-mean negative log-likelihood over the global batch.
+
+    Logs loss (nats per token), confident_tokens (share of target tokens given p > 1/2, so surely
+    what greedy decoding picks) and grad_norm.
+
+    ids, mask: (n, T) this process's completions. Micro-batches accumulate; every token of the
+    global batch weighs the same, whatever process or micro-batch it is in.
+    """
+    accelerator, config = session.accelerator, session.config
+    micro = config.train.micro_batch_size
+    tokens_here = mask.sum().float()
+    total_tokens = accelerator.reduce(tokens_here.clone(), "sum").clamp(min=1.0)
+    nll_sum = confident = 0.0
+    starts = list(range(0, len(examples), micro))
+    for i, start in enumerate(starts):
+        rows = slice(start, start + micro)
+        sync = contextlib.nullcontext() if i == len(starts) - 1 else accelerator.no_sync(session.model)
+        with sync:
+            logp, _ = completion_logprobs(session.model, session.processor, examples[rows], ids[rows],
+                                          mask[rows])  # (m, T), 0 on padding
+            loss = -logp.sum() / total_tokens * accelerator.num_processes
+            accelerator.backward(loss)
+        nll_sum += float(-logp.detach().sum())
+        confident += float(((logp.detach() > -0.6931) * mask[rows]).sum())  # p > 1/2: surely the argmax
+    grad_norm = 0.0
+    if config.train.max_grad_norm > 0:
+        grad_norm = float(accelerator.clip_grad_norm_(session.model.parameters(), config.train.max_grad_norm))
+    session.optimizer.step()
+    session.scheduler.step()
+    session.optimizer.zero_grad(set_to_none=True)
+    stats = accelerator.reduce(torch.tensor([nll_sum, confident, float(tokens_here)], device=accelerator.device),
+                               "sum")
+    tokens = stats[2].clamp(min=1)
+    return {"loss": float(stats[0] / tokens), "confident_tokens": float(stats[1] / tokens), "grad_norm": grad_norm}

@@ -1,0 +1,297 @@
+"""Evaluation: the arithmetic with hand-computed numbers, the blind-image derangement, and the whole
+evaluation and `vlmrl eval` on the offline tiny model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from vlmrl.cli import main
+from vlmrl.errors import VlmrlError
+from vlmrl.evaluate import (
+    EvalSettings, Evaluation, blank_images, derangement, evaluate, format_table, held_out_examples,
+    length_buckets, mean_scores, pass_at_k, run_eval, safe_filename, save_evaluation, scalar_metrics,
+    shuffled_images, summarize,
+)
+from vlmrl.tasks import get_task
+
+# small images and short completions keep the model runs to a few seconds
+TASK_PARAMS = {"image_size": 112}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("shapes", **TASK_PARAMS)
+
+
+# ---------------------------------------------------------------- arithmetic
+
+
+@pytest.mark.parametrize("samples, correct, k, expected", [
+    (4, 0, 4, 0.0),   # none right
+    (4, 1, 4, 1.0),   # samples == k: "any of k"
+    (4, 2, 1, 0.5),   # pass@1 is the share right
+    (5, 2, 2, 0.7),   # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (5, 4, 2, 1.0),   # fewer than k wrong: some draw of k always holds a right one
+])
+def test_pass_at_k_is_the_unbiased_estimator(samples, correct, k, expected):
+    assert pass_at_k(samples, correct, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("samples, correct, k", [(4, 0, 0), (4, 0, 5), (4, 5, 2), (4, -1, 2)])
+def test_pass_at_k_rejects_impossible_counts(samples, correct, k):
+    with pytest.raises(ValueError):
+        pass_at_k(samples, correct, k)
+
+
+def test_mean_scores_averages_each_component_over_the_rows_that_have_it():
+    rows = [{"total": 1.0, "accuracy": 1.0, "format": 0.5}, {"total": 0.0, "accuracy": 0.0}]
+    assert mean_scores(rows) == {"total": 0.5, "accuracy": 0.5, "format": 0.5}
+    assert list(mean_scores(rows)) == ["total", "accuracy", "format"]
+
+
+def test_length_buckets_are_quartiles_with_counts_and_accuracy():
+    lengths = [8, 1, 2, 7, 3, 4, 5, 6]
+    correct = [0, 1, 1, 0, 0, 0, 1, 0]
+    assert length_buckets(lengths, correct, 4) == [
+        {"min_tokens": 1, "max_tokens": 2, "n": 2, "accuracy": 1.0},
+        {"min_tokens": 3, "max_tokens": 4, "n": 2, "accuracy": 0.0},
+        {"min_tokens": 5, "max_tokens": 6, "n": 2, "accuracy": 0.5},
+        {"min_tokens": 7, "max_tokens": 8, "n": 2, "accuracy": 0.0},
+    ]
+
+
+def test_equal_lengths_share_a_bucket_and_empty_buckets_are_left_out():
+    # sorted 5 5 5 5 9 9; edges at ranks 2 and 4 are 5 and 9: [5, 9) and [9, inf)
+    assert length_buckets([5, 9, 5, 5, 9, 5], [1, 0, 0, 1, 0, 0], 3) == [
+        {"min_tokens": 5, "max_tokens": 5, "n": 4, "accuracy": 0.5},
+        {"min_tokens": 9, "max_tokens": 9, "n": 2, "accuracy": 0.0},
+    ]
+    assert length_buckets([16] * 5, [1, 1, 0, 0, 0], 4) == [
+        {"min_tokens": 16, "max_tokens": 16, "n": 5, "accuracy": 0.4}]
+    assert length_buckets([3, 1, 2], [1, 0, 0], 1) == [{"min_tokens": 1, "max_tokens": 3, "n": 3, "accuracy": 1 / 3}]
+    assert length_buckets([], [], 4) == []
+
+
+def test_summarize_from_hand_made_numbers():
+    scores = [{"format": 1.0, "accuracy": 1.0, "total": 1.0}, {"format": 1.0, "accuracy": 0.0, "total": 0.2},
+              {"format": 0.0, "accuracy": 0.0, "total": 0.0}, {"format": 1.0, "accuracy": 1.0, "total": 1.0}]
+    results = summarize("shapes", scores, lengths=[10, 20, 30, 40], truncated=[False, False, True, False],
+                        samples_correct=[2, 0, 1, 4], k=4, temperature=0.7,
+                        blank_correct=[0, 0, 0, 1], shuffled_correct=[1, 0, 0, 0], buckets=2)
+    assert results == {
+        "task": "shapes", "n": 4, "accuracy": 0.5,
+        "rewards": {"format": 0.75, "accuracy": 0.5, "total": pytest.approx(0.55)},
+        "completion_tokens": 25.0, "truncated": 0.25,
+        "by_length": [{"min_tokens": 10, "max_tokens": 20, "n": 2, "accuracy": 0.5},
+                      {"min_tokens": 30, "max_tokens": 40, "n": 2, "accuracy": 0.5}],
+        # pass@1 = mean of 2/4, 0/4, 1/4, 4/4; pass@4 = 3 of 4 examples have a right sample
+        "pass_at_k": {"k": 4, "temperature": 0.7, "pass@1": pytest.approx(7 / 16), "pass@k": 0.75},
+        "blind": {"blank": {"accuracy": 0.25, "drop": 0.25}, "shuffled": {"accuracy": 0.25, "drop": 0.25}},
+    }
+
+
+def test_summarize_without_sampling_or_blind_check():
+    results = summarize("t", [{"accuracy": 1.0, "total": 1.0}], lengths=[3], truncated=[True])
+    assert results["pass_at_k"] is None and results["blind"] is None
+    assert (results["accuracy"], results["truncated"], results["n"]) == (1.0, 1.0, 1)
+    only_blank = summarize("t", [{"accuracy": 1.0, "total": 1.0}], [3], [False], blank_correct=[0.0])
+    assert only_blank["blind"] == {"blank": {"accuracy": 0.0, "drop": 1.0}, "shuffled": None}
+
+
+def test_scalar_metrics_and_table_show_the_numbers():
+    results = summarize("shapes", [{"accuracy": 1.0, "total": 1.0}, {"accuracy": 0.0, "total": 0.5}],
+                        lengths=[12, 30], truncated=[False, True], samples_correct=[1, 0], k=2,
+                        blank_correct=[0, 0], shuffled_correct=[1, 0])
+    assert scalar_metrics(results) == {
+        "eval/accuracy": 0.5, "eval/completion_tokens": 21.0, "eval/truncated": 0.5,
+        "eval/reward/accuracy": 0.5, "eval/reward/total": 0.75, "eval/pass@1": 0.25, "eval/pass@k": 0.5,
+        "eval/blank/accuracy": 0.0, "eval/blank/drop": 0.5, "eval/shuffled/accuracy": 0.5,
+        "eval/shuffled/drop": 0.0}
+    table = format_table(results)
+    assert table.splitlines()[0] == "shapes: 2 examples"
+    assert "  greedy accuracy              50.0%" in table
+    assert "  pass@2                       50.0%" in table
+    assert "  12                   1      100.0%" in table  # tokens, n, accuracy of the first bucket
+    assert "  real                 50.0%\n" in table
+    assert "  blank                 0.0%    +50.0 pts" in table
+    assert "  shuffled             50.0%     +0.0 pts" in table
+
+
+def test_settings_out_of_range_are_one_line_errors():
+    for settings, message in [(EvalSettings(batch_size=0), "batch size must be >= 1"),
+                              (EvalSettings(k=-1), "k must be >= 0"),
+                              (EvalSettings(temperature=0.0), "temperature must be > 0"),
+                              (EvalSettings(top_p=1.5), "top_p must be in (0, 1]"),
+                              (EvalSettings(length_buckets=0), "length buckets must be >= 1")]:
+        with pytest.raises(VlmrlError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+            settings.validate()
+
+
+def test_safe_filename_keeps_import_paths_usable():
+    assert safe_filename("eval_my.tasks:Letters_test.json") == "eval_my.tasks_Letters_test.json"
+
+
+# ---------------------------------------------------------------- blind images
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 17])
+def test_derangement_moves_every_index_and_is_fixed_by_the_seed(n):
+    for seed in range(5):
+        order = derangement(n, seed)
+        assert sorted(order) == list(range(n))
+        assert all(order[i] != i for i in range(n))
+        assert derangement(n, seed) == order
+    assert derangement(2, 0) == [1, 0]
+    assert len({tuple(derangement(17, seed)) for seed in range(5)}) > 1  # the seed matters
+
+
+def test_derangement_needs_two_items():
+    with pytest.raises(ValueError):
+        derangement(1, 0)
+
+
+def test_shuffled_images_give_each_example_another_examples_image(task):
+    examples = held_out_examples(task, "test", 6)
+    moved, source = shuffled_images(examples, seed=3)
+    for i, (original, shown) in enumerate(zip(examples, moved)):
+        assert source[i] != i
+        assert shown.image is examples[source[i]].image and shown.image is not original.image
+        assert (shown.prompt, shown.answer, shown.meta) == (original.prompt, original.answer, original.meta)
+    assert shuffled_images(examples, seed=3)[1] == source
+
+
+def test_blank_images_keep_the_size_and_hold_one_colour(task):
+    examples = held_out_examples(task, "test", 2)
+    for original, blank in zip(examples, blank_images(examples)):
+        assert blank.image.size == original.image.size == (112, 112)
+        assert blank.image.getextrema() == ((255, 255), (255, 255), (255, 255))
+        assert original.image.getextrema() != blank.image.getextrema()  # the original is untouched
+        assert blank.answer == original.answer
+
+
+def test_held_out_examples_are_fixed_and_checked(task):
+    first, again = held_out_examples(task, "ood", 3), held_out_examples(task, "ood", 3)
+    assert [e.meta["idx"] for e in first] == [0, 1, 2]
+    assert [e.answer for e in first] == [e.answer for e in again]
+    with pytest.raises(VlmrlError, match="has no split 'valid'"):
+        held_out_examples(task, "valid", 3)
+    with pytest.raises(VlmrlError, match="must be >= 1"):
+        held_out_examples(task, "test", 0)
+
+
+# ---------------------------------------------------------------- on the tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_dir):
+    from vlmrl.models import load_policy
+
+    return load_policy(tiny_model_dir, device="cpu")
+
+
+def test_evaluate_end_to_end_on_the_tiny_model(tiny_policy, task, tmp_path):
+    model, processor = tiny_policy
+    examples = held_out_examples(task, "test", 4)
+    settings = EvalSettings(batch_size=4, max_new_tokens=6, k=2, blind_check=True, seed=1)
+    model.train()
+    torch.manual_seed(7)
+    rng_before = torch.get_rng_state()
+    evaluation = evaluate(model, processor, task, examples, settings, show_progress=False)
+    assert model.training  # given back in the mode it had
+    assert torch.equal(torch.get_rng_state(), rng_before)  # the caller's random state is untouched
+
+    results = evaluation.results
+    assert list(results) == ["task", "n", "accuracy", "rewards", "completion_tokens", "truncated",
+                             "by_length", "pass_at_k", "blind"]
+    assert results["task"] == "shapes" and results["n"] == 4
+    assert set(results["rewards"]) == set(task.score(examples[0], "")) and "total" in results["rewards"]
+    assert 0.0 <= results["accuracy"] <= 1.0 and 0.0 <= results["truncated"] <= 1.0
+    assert 1.0 <= results["completion_tokens"] <= 6.0
+    assert sum(bucket["n"] for bucket in results["by_length"]) == 4
+    assert results["pass_at_k"]["k"] == 2
+    assert 0.0 <= results["pass_at_k"]["pass@1"] <= results["pass_at_k"]["pass@k"] <= 1.0
+    for kind in ("blank", "shuffled"):
+        blind = results["blind"][kind]
+        assert blind["drop"] == pytest.approx(results["accuracy"] - blind["accuracy"])
+
+    assert len(evaluation.records) == 4
+    for i, record in enumerate(evaluation.records):
+        assert (record["idx"], record["split"], record["answer"]) == (i, "test", examples[i].answer)
+        assert record["scores"] == task.score(examples[i], record["completion"])
+        assert len(record["samples"]) == 2 and 0 <= record["samples_correct"] <= 2
+        assert record["shuffled"]["image_from"] != i and "completion" in record["blank"]
+    assert evaluation.settings["task_params"]["image_size"] == 112 and evaluation.settings["k"] == 2
+
+    # the same seed gives the same samples, with or without the blind passes
+    again = evaluate(model, processor, task, examples, EvalSettings(batch_size=4, max_new_tokens=6, k=2, seed=1),
+                     show_progress=False)
+    assert [r["samples"] for r in again.records] == [r["samples"] for r in evaluation.records]
+    assert again.results["pass_at_k"] == results["pass_at_k"] and again.results["blind"] is None
+
+    path = save_evaluation(evaluation, tmp_path / "out")
+    assert path == tmp_path / "out" / "eval.json"
+    saved = json.loads(path.read_text())
+    assert saved["results"]["pass_at_k"] == results["pass_at_k"]
+    assert saved["settings"]["seed"] == 1 and len(saved["examples"]) == 4
+
+
+def test_evaluate_greedy_only_skips_the_optional_passes(tiny_policy, task):
+    model, processor = tiny_policy
+    evaluation = evaluate(model, processor, task, held_out_examples(task, "test", 2),
+                          EvalSettings(max_new_tokens=4), show_progress=False)
+    assert evaluation.results["pass_at_k"] is None and evaluation.results["blind"] is None
+    assert set(evaluation.records[0]) == {"idx", "split", "prompt", "answer", "completion",
+                                          "completion_tokens", "truncated", "scores"}
+    with pytest.raises(VlmrlError, match="empty"):
+        evaluate(model, processor, task, [], show_progress=False)
+
+
+def test_run_eval_writes_next_to_the_model_by_default(tiny_model_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    evaluation, path = run_eval(str(model_dir), "shapes", TASK_PARAMS, split="ood", n=2,
+                                settings=EvalSettings(max_new_tokens=4), device="cpu")
+    assert path == model_dir / "eval_shapes_ood.json"
+    saved = json.loads(path.read_text())
+    assert saved["settings"]["model"] == str(model_dir) and saved["settings"]["split"] == "ood"
+    assert saved["results"] == json.loads(json.dumps(evaluation.results))
+    assert isinstance(evaluation, Evaluation)
+
+
+def test_eval_command_prints_the_table_and_writes_json(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "eval"
+    code = main(["eval", tiny_model_dir, "--task", "shapes", "--n", "3", "--k", "2", "--max-new-tokens", "3",
+                 "--batch-size", "4", "--out", str(out), "--device", "cpu", "image_size=112"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("shapes: 3 examples")
+    for line in ("greedy accuracy", "pass@2", "accuracy by completion length", "blind-image check",
+                 f"wrote {out / 'eval.json'}"):
+        assert line in printed
+    saved = json.loads((out / "eval.json").read_text())
+    assert saved["results"]["n"] == 3 and saved["settings"]["blind_check"] is True
+    assert saved["settings"]["task_params"]["image_size"] == 112
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "shapez"], "error: unknown task 'shapez'; did you mean shapes"),
+    (["--task", "shapes", "--split", "valid"], "error: task 'shapes' has no split 'valid'; valid: train, test, ood"),
+    (["--task", "shapes", "--n", "0"], "error: the number of examples must be >= 1"),
+    (["--task", "shapes", "--k", "-1"], "error: k must be >= 0"),
+    (["--task", "shapes", "colour=red"], "error: unknown parameter 'colour' of task 'shapes'"),
+])
+def test_eval_command_bad_input_is_one_line_and_exit_2(tiny_model_dir, args, message, capsys):
+    assert main(["eval", tiny_model_dir, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+def test_eval_command_missing_model_folder(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "nope"), "--task", "shapes", "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: model folder {str(tmp_path / 'nope')!r} does not exist")
+    assert len(err.strip().splitlines()) == 1

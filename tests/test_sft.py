@@ -1,0 +1,57 @@
+"""Supervised warm start: completion-only targets, a model that learns its reference, eval rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vlmrl.config import load_config
+from vlmrl.models import load_policy
+from vlmrl.rollout import GenerationSettings, generate_groups, stop_token_ids
+from vlmrl.sft import completion_tokens, sft
+from vlmrl.tasks import get_task
+from vlmrl.tracking import read_metrics
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def letter_task(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def test_targets_are_the_completion_and_its_end_token_only(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir)
+    task = get_task("shapes")
+    examples = [task.example(i) for i in range(3)]
+    stop_ids = stop_token_ids(processor, model)
+    ids, mask = completion_tokens(processor, examples, stop_ids)
+    assert ids.shape == mask.shape and ids.shape[0] == 3
+    for row, example in enumerate(examples):
+        n = int(mask[row].sum())
+        tokens = ids[row, :n].tolist()
+        assert tokens[-1] in stop_ids and not any(t in stop_ids for t in tokens[:-1])
+        assert processor.tokenizer.decode(tokens[:-1]).strip() == example.reference_completion
+        assert (ids[row, n:] == processor.tokenizer.pad_token_id).all()
+
+
+def test_sft_teaches_the_reference_and_logs_evaluations(tmp_path, tiny_model_dir, letter_task):
+    config = load_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+        f"output_dir={tmp_path / 'run'}", "sft.batch_size=8", "train.micro_batch_size=4", "train.steps=30",
+        "train.lr=1e-2", "train.save_every=15", "eval.every=15", "eval.n=4", "rollout.max_new_tokens=10"])
+    run = sft(config)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert rows[-1]["loss"] < 0.1 * rows[0]["loss"] and rows[-1]["confident_tokens"] == 1.0
+    assert "eval/test/accuracy" in rows[14] and "eval/test/accuracy" not in rows[13]
+    assert rows[-1]["eval/test/accuracy"] == 1.0  # greedy decoding now writes the reference
+    assert (run / "evals" / "step_000015_test.json").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000015", "step_000030"]
+
+    model, processor = load_policy(str(run / "final"))
+    task = get_task("letter_task:LetterTask")
+    rollout = generate_groups(model, processor, [task.example(99)], GenerationSettings(
+        group_size=1, max_new_tokens=10, greedy=True))
+    assert rollout.texts == ["a a a a"] and not rollout.truncated.any()
