@@ -23,11 +23,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/vlmrl demo
 
+# One torch thread per process: the suite starts subprocesses (accelerate, the CLI), and torch
+# threads that outnumber the cores spin against each other (10-50x slower on 2 cores).
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m slow
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

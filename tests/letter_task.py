@@ -22,3 +22,21 @@ class LetterTask(Task):
         letters = [c for c in completion if c.isalpha()]
         share = sum(c == "a" for c in letters) / len(letters) if letters else 0.0
         return {"share": share, "total": share, "accuracy": float(share == 1.0)}
+
+
+class ColorTask(Task):
+    """Name the colour of the image: the answer is in the image alone, so a model that learns it
+    must be reading the pixels (tests that images reach the model aligned with their prompts)."""
+
+    name = "color"
+    description = "Say red or blue for a solid-colour image."
+
+    def _example(self, idx: int, split: str) -> Example:
+        color = ("red", "blue")[self.rng(split, idx).random() < 0.5]
+        image = Image.new("RGB", (56, 56), (220, 30, 30) if color == "red" else (30, 30, 220))
+        return Example(image=image, prompt="Which colour?", answer=color, meta={"idx": idx},
+                       reference_completion=color)
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        right = float(completion.strip() == example.answer)
+        return {"total": right, "accuracy": right}

@@ -188,6 +188,8 @@ def test_ratio_e_positive_advantage_is_clipped_to_1_2():
     assert_close(out.loss, scalar(-1.2))
     assert_close(out.pg_loss, scalar(-1.2))
     assert_close(out.clip_fraction, scalar(1.0))
+    assert_close(out.clip_high_fraction, scalar(1.0))
+    assert_close(out.clip_low_fraction, scalar(0.0))
     assert_close(out.ratio_mean, scalar(E))
     out.loss.backward()
     assert_close(logp.grad, torch.zeros(1, 1))  # clipped: no gradient
@@ -219,6 +221,8 @@ def test_negative_advantage_ratio_inverse_e_is_clipped_to_0_8():
     # -min(-0.3679, -0.8) = 0.8
     assert_close(out.loss, scalar(0.8))
     assert_close(out.clip_fraction, scalar(1.0))
+    assert_close(out.clip_low_fraction, scalar(1.0))
+    assert_close(out.clip_high_fraction, scalar(0.0))
     out.loss.backward()
     assert_close(logp.grad, torch.zeros(1, 1))
 

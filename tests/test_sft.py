@@ -55,3 +55,12 @@ def test_sft_teaches_the_reference_and_logs_evaluations(tmp_path, tiny_model_dir
     rollout = generate_groups(model, processor, [task.example(99)], GenerationSettings(
         group_size=1, max_new_tokens=10, greedy=True))
     assert rollout.texts == ["a a a a"] and not rollout.truncated.any()
+
+
+def test_sft_learns_an_answer_that_only_the_image_holds(tmp_path, tiny_model_dir, letter_task):
+    config = load_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:ColorTask",
+        f"output_dir={tmp_path / 'run'}", "sft.batch_size=8", "train.micro_batch_size=8", "train.steps=40",
+        "train.lr=1e-2", "eval.every=40", "eval.n=16", "rollout.max_new_tokens=4", "train.trackers=[]"])
+    rows = read_metrics(sft(config) / "metrics.jsonl")
+    assert rows[-1]["eval/test/accuracy"] == 1.0  # the prompt is the same for both answers

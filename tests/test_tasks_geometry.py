@@ -36,7 +36,7 @@ def open_r1_rows(n: int = 20) -> dict[str, list]:
     rows["solution"].append("The area is the side squared.")
     rows["original_question"].append("q")
     rows["original_answer"].append("49")
-    rows["image"].append(picture(1))                       # no answer anywhere: skipped
+    rows["image"].append(picture(1))                       # no answer anywhere: a bad row, skipped
     rows["problem"].append("Unanswerable?")
     rows["solution"].append("No idea.")
     rows["original_question"].append("q")
@@ -76,8 +76,8 @@ def data(tmp_path_factory):
 
 
 def test_open_r1_schema_single_file_holds_out_a_test_share(data):
-    task = get_task("geometry", source=str(data / "open_r1.parquet"), test_fraction=0.5)
-    assert task.splits == ("train", "test")
+    task = get_task("geometry", source=str(data / "open_r1.parquet"), test_fraction=0.5, on_bad_row="skip")
+    assert task.splits == ("train", "test") and [row for _, row, _ in task.bad_rows] == [21]
     served = task._data.served
     assert sorted(served["train"] + served["test"]) == list(range(21))   # row 21 has no answer
     assert not set(served["train"]) & set(served["test"]) and served["train"] and served["test"]
@@ -98,7 +98,7 @@ def test_open_r1_schema_single_file_holds_out_a_test_share(data):
 
 
 def test_without_a_test_share_there_is_no_test_split(data):
-    task = get_task("geometry", source=str(data / "open_r1.parquet"), test_fraction=0)
+    task = get_task("geometry", source=str(data / "open_r1.parquet"), test_fraction=0, on_bad_row="skip")
     assert task.splits == ("train",)
     with pytest.raises(VlmrlError, match="has no split 'test'; valid: train"):
         task.example(0, "test")

@@ -43,6 +43,15 @@ def test_targets_restrict_the_question_and_all_kinds_are_drawn():
         assert meta["target"] == "triangle" and all(meta["counts"][k] >= 1 for k in ("circle", "square", "triangle"))
 
 
+def test_without_distractors_only_the_asked_about_kind_is_drawn():
+    task = get_task("shapes", distractors=False)
+    for idx in range(10):
+        meta = task.example(idx).meta
+        others = [k for k in ("circle", "square", "triangle") if k != meta["target"]]
+        assert all(meta["counts"][k] == 0 for k in others) and 1 <= meta["counts"][meta["target"]] <= 5
+        assert {s[0] for s in meta["shapes"]} == {meta["target"]} and len(meta["shapes"]) == meta["count"]
+
+
 # --- chapter rubric ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, correct, describes, reasoning", [

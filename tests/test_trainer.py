@@ -60,8 +60,10 @@ def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path, tiny
     first, second = read_metrics(run / "metrics.jsonl")
     assert "attention_on_image" not in first and 0 < second["attention_on_image"] < 1
     row = first
-    for key in ("reward", "accuracy", "reward/share", "loss", "kl", "clip_fraction", "entropy",
-                "completion_length", "groups_drawn", "lr"):
+    for key in ("reward", "accuracy", "reward/share", "reward_std/share", "loss", "kl", "clip_fraction",
+                "clip_low_fraction", "clip_high_fraction", "entropy", "completion_length", "completion_length_max", "groups_drawn",
+                "zero_variance_groups", "advantage/std", "grad_norm", "lr", "time/generate", "time/score",
+                "time/train", "tokens_per_s"):
         assert key in row, key
     rollouts = (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in rollouts]
@@ -98,7 +100,8 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_dir, letter_ta
     resumed = train(_config(tmp_path / "b", tiny_model_dir, *common, "resume=true"))
 
     def strip(rows):
-        return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+        timing = ("seconds", "tokens_per_s", "time/")
+        return [{k: v for k, v in row.items() if not k.startswith(timing)} for row in rows]
 
     assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
     a, b = _params(straight / "final"), _params(resumed / "final")

@@ -1,6 +1,7 @@
 """The `vlmrl` command: parses arguments and calls one function per command; no logic of its own.
 
-A `VlmrlError` (bad input: a missing folder, a config mistake) prints one line and exits 2.
+A `VlmrlError` (bad input: a missing folder, a config mistake) prints one line and exits 2. A run
+stopped by SIGINT / SIGTERM after saving a checkpoint (`Interrupted`) exits 130 / 143.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import Interrupted, VlmrlError
 
 
 def _tiny_model(args: argparse.Namespace) -> None:
@@ -87,10 +88,19 @@ def _sft(args: argparse.Namespace) -> None:
           f"model.name_or_path={run_dir / 'final'})")
 
 
+def _check(args: argparse.Namespace) -> None:
+    from vlmrl.config import load_config
+    from vlmrl.preflight import check, memory_advice
+
+    report = check(load_config(*_config_and_overrides(args)), mode="sft" if args.sft else "train")
+    print("\n".join(report.lines()))
+    print("ok" if report.memory.fits is not False else f"ok, but {memory_advice(report.memory)}")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from vlmrl.demo import run_demo
 
-    run_demo(out_dir=args.out, n=args.n, size=args.size)
+    run_demo(out_dir=args.out, preset_name=args.preset)
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -106,6 +116,15 @@ def _attention(args: argparse.Namespace) -> None:
     maps = attention_maps(args.model, args.image, args.prompt, layer=args.layer, out_dir=args.out,
                           max_new_tokens=args.max_new_tokens, device=args.device)
     print(format_summary(maps))
+
+
+DEMO_PRESETS = ("shapes", "cryptogram")  # vlmrl.demo.PRESETS, without importing torch for --help
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
+    """The CONFIG file and KEY=VALUE overrides that every run command takes."""
+    parser.add_argument("config", nargs="?", default=None, help="YAML config (see configs/)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"dotted overrides, e.g. {example}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,9 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  vlmrl train configs/shapes_grpo_tiny.yaml output_dir=runs/a resume=true\n"
                "every key and its meaning: vlmrl config --docs",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("config", nargs="?", default=None, help="YAML config (see configs/)")
-    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                       help="dotted overrides, e.g. train.lr=1e-6 algorithm.beta=0")
+    add_config_arguments(train, "train.lr=1e-6 algorithm.beta=0")
     train.set_defaults(func=_train)
 
     sft = commands.add_parser(
@@ -164,10 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  vlmrl sft configs/shapes_sft_tiny.yaml\n"
                "  vlmrl train configs/shapes_grpo_tiny.yaml model.name_or_path=runs/shapes_sft_tiny/final",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sft.add_argument("config", nargs="?", default=None, help="YAML config (see configs/)")
-    sft.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                     help="dotted overrides, e.g. train.steps=200 sft.batch_size=16")
+    add_config_arguments(sft, "train.steps=200 sft.batch_size=16")
     sft.set_defaults(func=_sft)
+
+    check = commands.add_parser(
+        "check", help="preflight alone: first batches, prompt lengths, memory estimate",
+        description="Load the model and task of a config as `vlmrl train` (or `vlmrl sft`) would, then\n"
+                    "run the checks done before step 1, and print a short report: make and encode the\n"
+                    "first batch of every split the run uses (a task or processor error names the\n"
+                    "example), the longest prompt with its image tokens against\n"
+                    "rollout.max_prompt_length, and a rough peak-memory estimate (weights, gradients,\n"
+                    "AdamW, reference, generation, activations) against the device's free memory.\n"
+                    "Exits 2 with one line on a problem that would stop the run.",
+        epilog="examples:\n  vlmrl check configs/geometry_grpo_3b.yaml\n"
+               "  vlmrl check configs/shapes_sft_tiny.yaml --sft train.micro_batch_size=64",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(check, "train.micro_batch_size=64")
+    check.add_argument("--sft", action="store_true", help="check the `vlmrl sft` batch instead of RL rollouts")
+    check.set_defaults(func=_check)
 
     config = commands.add_parser("config", help="print a run config after overrides, with docs",
                                  description="Load a YAML config, apply key=value overrides, check "
@@ -211,12 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
     evaluate.set_defaults(func=_eval)
 
-    demo = commands.add_parser("demo", help="the embedded demo on the offline small model",
-                               description="Build the offline small model, make shape-counting "
-                                           "examples, generate answers and score them.")
-    demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    demo.add_argument("--n", type=int, default=16, help="held-out examples to answer (default 16)")
-    demo.add_argument("--size", choices=SIZES, default="small", help="model size (default small)")
+    demo = commands.add_parser(
+        "demo", help="SFT then GRPO on the offline small model, before/after table and report",
+        description="On a CPU, offline: build the small model, supervised warm start, evaluate, GRPO, "
+                    "evaluate again, write the report and print a before/after table (test and OOD "
+                    "accuracy, blind-image accuracy). Each phase is a run folder under --out; running "
+                    "again reuses finished phases and resumes an interrupted one.",
+        epilog="examples:\n  vlmrl demo                        # shapes (what `make demo` runs)\n"
+               "  vlmrl demo --preset cryptogram --out runs/demo-cryptogram",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
+    demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
     demo.set_defaults(func=_demo)
 
     report = commands.add_parser(
@@ -279,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     except VlmrlError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        print(f"interrupted: {stop}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

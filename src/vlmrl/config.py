@@ -87,6 +87,11 @@ class RolloutConfig:
     """Completions sampled per prompt (G); advantages compare completions of one prompt."""
     max_new_tokens: int = 64
     """Longest completion; a completion that reaches it without EOS is truncated."""
+    max_prompt_length: int = 4096
+    """Longest prompt in tokens, image tokens included. Checked before step 1 on the first batch
+    of every split the run uses (`vlmrl check` shows the longest); a longer prompt stops the run
+    there, since image tokens are never truncated (fewer image tokens than image features is the
+    classic crash). Lower the image resolution rather than raising this blindly."""
     temperature: float = 1.0
     """Sampling temperature (log-probs for the loss use the same temperature)."""
     top_p: float = 1.0
@@ -95,6 +100,10 @@ class RolloutConfig:
     """Prompts per generate call, at most one process's share of prompts_per_step, which it must
     divide. Each call is seeded from (seed, step, first prompt), so samples do not depend on the
     number of processes as long as this size is the same."""
+    shared_prefill: bool = True
+    """Encode each image and prefill each prompt once per group, then let its G samples continue
+    from copies of that KV cache (same sampling distribution). False repeats every prompt G times in
+    generation, as TRL does (for comparison). Model families not checked for it always repeat."""
 
 
 @dataclass
@@ -164,12 +173,27 @@ class TrainConfig:
     """Learning-rate schedule after warmup (cosine decays to 10% of lr)."""
     max_grad_norm: float = 1.0
     """Clip the gradient norm (0 = no clipping)."""
+    max_bad_steps: int = 3
+    """An update whose loss or gradient is NaN/inf is skipped (no optimizer step; the lr schedule
+    still advances) and counted as skipped_steps in the metrics; this many in a row stop the run
+    with a checkpoint and an error (0 = never stop, keep skipping)."""
     micro_batch_size: int = 16
-    """Completions per forward/backward pass; gradients accumulate over the whole rollout batch."""
+    """Completions per forward/backward pass; gradients accumulate over the whole rollout batch.
+    A multiple of rollout.group_size keeps each group in one pass (see shared_prefix)."""
+    shared_prefix: bool = True
+    """Log-prob passes (policy, old, reference) compute each prompt and image once per group: the
+    prompt and its completions are packed into one sequence under a block attention mask; exact
+    log-probs and gradients. False repeats the prompt for every completion, as TRL does (for
+    comparison). Needs eager or sdpa attention and a checked model family, else it falls back."""
+    logprob_chunk: int = 1024
+    """Completion positions per chunk of the output layer: log-softmax over the vocabulary is taken
+    this many positions at a time (and recomputed in backward), so full-vocabulary logits never
+    exist for the whole batch. 0 = all logits at once."""
     save_every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = 2
-    """How many step checkpoints to keep (the final model is always kept)."""
+    """How many step checkpoints to keep, newest first (0 = all; the final model is always kept).
+    Keep 2 or more: resume falls back to the one before when the newest is damaged."""
     log_rollouts_every: int = 10
     """Write the step's completions and rewards to rollouts/ every N steps (0 = never)."""
     attention_every: int = 0
@@ -187,6 +211,10 @@ class TrainConfig:
             raise VlmrlError("train.steps and train.micro_batch_size must be >= 1")
         if len(self.adam_betas) != 2:
             raise VlmrlError(f"train.adam_betas must be two numbers; got {self.adam_betas}")
+        if self.max_bad_steps < 0:
+            raise VlmrlError(f"train.max_bad_steps must be >= 0; got {self.max_bad_steps}")
+        if self.logprob_chunk < 0:
+            raise VlmrlError(f"train.logprob_chunk must be >= 0; got {self.logprob_chunk}")
 
 
 @dataclass

@@ -1,24 +1,72 @@
-"""`vlmrl demo` (`make demo`): the pipeline end to end on the offline small model.
+"""`vlmrl demo` (`make demo`): reinforcement learning that works on a laptop CPU, offline.
 
-Builds the small Qwen2.5-VL-architecture model (random weights, offline), makes held-out
-shape-counting examples, generates an answer for each and scores it with the task's reward.
-An untrained model answers at random; this shows every piece runs on your machine, and where the
-files go. Training on top of it comes with the trainer.
+The lesson of the scaling study, in minutes: SFT to learn the structure, then RL to generalise.
+
+1. build the small offline model (a Qwen2.5-VL architecture, random weights);
+2. supervised warm start on the task's reference completions (`vlmrl sft`);
+3. evaluate: held-out test accuracy, OOD accuracy, and the blind-image check;
+4. GRPO from the warm start (`vlmrl train`);
+5. evaluate again, write the report, print the before/after table.
+
+Each phase is an ordinary run directory under the demo folder (`sft/`, `grpo/`), made by the same
+code as `vlmrl sft` and `vlmrl train` with the preset below (printed as overrides, so every number
+can be reproduced by hand). Running the demo again reuses finished phases and resumes an
+interrupted one from its newest checkpoint; Ctrl-C saves a checkpoint and writes a partial report.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
+from vlmrl.checkpoint import latest_checkpoint
+from vlmrl.config import Config, load_config
+from vlmrl.evaluate import EvalSettings, evaluate, format_table, held_out_examples, save_evaluation
 from vlmrl.models import build_tiny_model, load_policy
-from vlmrl.rollout import GenerationSettings, generate_groups
 from vlmrl.tasks import get_task
 from vlmrl.tiny_model import model_summary
 
-DEMO_TASK = "shapes"
+
+@dataclass(frozen=True)
+class DemoPreset:
+    """One demo: the task and the overrides of each phase (applied to the default Config)."""
+
+    task: list[str]
+    """Overrides naming the task and its parameters, shared by every phase."""
+    sft: list[str]
+    """Overrides of the warm start."""
+    grpo: list[str]
+    """Overrides of the RL phase."""
+    eval_n: int
+    """Held-out examples per split in the before/after evaluation."""
+    max_new_tokens: int
+    """Longest completion, in every phase."""
+    size: str = "small"
+    """The offline model to build (`vlmrl tiny-model --size`)."""
+
+
+PRESETS = {
+    "shapes": DemoPreset(
+        task=["task.name=shapes", "task.params.targets=[circle]", "task.params.distractors=false"],
+        sft=["sft.batch_size=32", "train.steps=500", "train.lr=1e-3", "train.warmup_steps=30",
+             "train.micro_batch_size=32", "train.save_every=50", "eval.every=100", "eval.n=64"],
+        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.temperature=1.0",
+              "algorithm.beta=0", "algorithm.aggregation=token", "algorithm.eps_high=0.28",
+              "train.steps=40", "train.lr=2e-4", "train.micro_batch_size=64", "train.save_every=10",
+              "train.log_rollouts_every=5", "eval.every=20", "eval.n=64"],
+        eval_n=200, max_new_tokens=40),
+    "cryptogram": DemoPreset(
+        task=["task.name=cryptogram", "task.params.max_words=2", "task.params.vocab_size=100",
+              "task.params.image_size=168"],
+        sft=["sft.batch_size=16", "train.steps=150", "train.lr=1e-3", "train.warmup_steps=20",
+             "train.micro_batch_size=16", "train.save_every=50"],
+        grpo=["rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.temperature=1.0",
+              "algorithm.beta=0", "algorithm.aggregation=token", "algorithm.eps_high=0.28",
+              "train.steps=20", "train.lr=2e-4", "train.micro_batch_size=32", "train.save_every=10",
+              "train.log_rollouts_every=5"],
+        eval_n=64, max_new_tokens=128),
+}
 
 
 def ensure_tiny_model(folder: Path, size: str, seed: int = 0) -> Path:
@@ -30,31 +78,89 @@ def ensure_tiny_model(folder: Path, size: str, seed: int = 0) -> Path:
     return folder
 
 
-def run_demo(out_dir: str = "runs/demo", n: int = 16, size: str = "small", batch_size: int = 8) -> dict:
-    """Answer `n` test examples with the offline model; print and save the scores."""
+def phase_config(preset: DemoPreset, phase: str, model: Path, out: Path) -> Config:
+    """The Config of one phase ("sft" or "grpo"), resuming when the folder has a checkpoint."""
+    overrides = [f"model.name_or_path={model}", "model.device=cpu", f"output_dir={out}",
+                 f"rollout.max_new_tokens={preset.max_new_tokens}", *preset.task, *getattr(preset, phase)]
+    if latest_checkpoint(out) is not None:
+        overrides.append("resume=true")
+    return load_config(None, overrides)
+
+
+def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
+    """Test and OOD accuracy, with the blind-image check on test; eval JSON files into `out`."""
+    model, processor = load_policy(str(model_dir), device="cpu")
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    settings = EvalSettings(batch_size=32, max_new_tokens=config.rollout.max_new_tokens, blind_check=True)
+    results = {}
+    for split in ("test", "ood"):
+        if split not in task.splits:
+            continue
+        evaluation = evaluate(model, processor, task, held_out_examples(task, split, n), settings)
+        save_evaluation(evaluation, out, f"eval_{split}.json")
+        results[split] = evaluation.results
+    print(format_table(results["test"]))
+    return results
+
+
+def before_after_table(before: dict, after: dict) -> str:
+    """Test and OOD accuracy and the blind-image drop, before and after RL."""
+    def row(name: str, pick) -> str:
+        a, b = pick(before), pick(after)
+        if a is None or b is None:
+            return f"  {name:<30}{'n/a':>10}{'n/a':>10}"
+        return f"  {name:<30}{a:>10.1%}{b:>10.1%}{100 * (b - a):>+9.1f} pts"
+
+    def blind(results, kind):
+        summary = (results["test"].get("blind") or {}).get(kind)
+        return None if summary is None else summary["accuracy"]
+
+    lines = [f"  {'':<30}{'SFT':>10}{'+GRPO':>10}{'change':>13}",
+             row("test accuracy", lambda r: r["test"]["accuracy"]),
+             row("OOD accuracy", lambda r: r["ood"]["accuracy"] if "ood" in r else None),
+             row("test, blank image", lambda r: blind(r, "blank")),
+             row("test, shuffled image", lambda r: blind(r, "shuffled"))]
+    return "\n".join(lines)
+
+
+def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
+    """The whole demo; returns (and writes to summary.json) the before/after numbers."""
+    from vlmrl.sft import sft
+    from vlmrl.trainer import train
+
+    preset = PRESETS[preset_name]
     out = Path(out_dir)
-    model_dir = ensure_tiny_model(out / "model", size)
+    model_dir = ensure_tiny_model(out / "model", preset.size)
     print(model_summary(model_dir))
-    model, processor = load_policy(str(model_dir))
-    model.eval()
-    task = get_task(DEMO_TASK, seed=0)
-    examples = [task.example(i, split="test") for i in range(n)]
-    settings = GenerationSettings(group_size=1, max_new_tokens=32, greedy=True)
-    rows = []
-    for start in tqdm(range(0, n, batch_size), desc="generating", unit="batch"):
-        batch = examples[start:start + batch_size]
-        rollout = generate_groups(model, processor, batch, settings)
-        for example, text in zip(batch, rollout.texts):
-            rows.append({"prompt": example.prompt, "answer": example.answer, "completion": text,
-                         "scores": task.score(example, text)})
-    accuracy = sum(r["scores"]["accuracy"] for r in rows) / len(rows)
-    mean_reward = sum(r["scores"]["total"] for r in rows) / len(rows)
-    for r in rows[:4]:
-        print(f"\nQ: {r['prompt']}\ngold: {r['answer']}  model: {r['completion'][:80]!r}  "
-              f"reward {r['scores']['total']:.2f}")
-    (out / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = {"task": DEMO_TASK, "examples": len(rows), "accuracy": accuracy, "mean_reward": mean_reward}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\n{DEMO_TASK}: accuracy {accuracy:.1%}, mean reward {mean_reward:.2f} over {len(rows)} "
-          f"held-out examples (untrained model). Completions: {out / 'completions.jsonl'}")
+    summary: dict = {"preset": preset_name, "overrides": {"task": preset.task, "sft": preset.sft,
+                                                          "grpo": preset.grpo}}
+    try:
+        print("\n== 1/4 supervised warm start ==")
+        sft_config = phase_config(preset, "sft", model_dir, out / "sft")
+        warm = out / "sft" / "final"
+        if not warm.exists():
+            sft(sft_config)
+        print("\n== 2/4 evaluate the warm start ==")
+        summary["sft"] = evaluate_model(warm, sft_config, preset.eval_n, out / "sft")
+        print("\n== 3/4 GRPO ==")
+        grpo_config = phase_config(preset, "grpo", warm, out / "grpo")
+        if not (out / "grpo" / "final").exists():
+            train(grpo_config)
+        print("\n== 4/4 evaluate after GRPO ==")
+        summary["grpo"] = evaluate_model(out / "grpo" / "final", grpo_config, preset.eval_n, out / "grpo")
+    finally:
+        write_report(out / "grpo")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    table = before_after_table(summary["sft"], summary["grpo"])
+    print(f"\n{preset_name}: held-out accuracy before and after GRPO\n{table}\n\n"
+          f"report: {out / 'grpo' / 'report.html'}   numbers: {out / 'summary.json'}")
     return summary
+
+
+def write_report(run_dir: Path) -> None:
+    """The HTML report of a (possibly partial) run, when the run has metrics."""
+    if (run_dir / "metrics.jsonl").exists():
+        from vlmrl.report import write_report as write_html
+
+        path = write_html(run_dir)
+        print(f"report: {path}")

@@ -1,9 +1,30 @@
-"""The one exception type users see: a problem with their input, said in one line.
+"""What users see when something is wrong: one exception type, a stop by signal, and warnings.
 
 The CLI prints `error: <message>` and exits 2 for a `VlmrlError`; anything else is a bug in vlmrl
-and keeps its traceback.
+and keeps its traceback. A run stopped by SIGINT or SIGTERM (after saving a checkpoint) ends in
+`Interrupted`, which the CLI turns into exit status 128 + the signal number.
 """
+
+from __future__ import annotations
+
+import signal
+import sys
 
 
 class VlmrlError(Exception):
     """Bad user input (a missing folder, a config mistake, bad data): a clear one-line message."""
+
+
+class Interrupted(Exception):
+    """The run stopped at a signal after saving a checkpoint; `exit_code` is 128 + the signal."""
+
+    def __init__(self, signum: int, step: int, checkpoint):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.exit_code = 128 + signum
+        super().__init__(f"{signal.Signals(signum).name} received: stopped after step {step} with a checkpoint "
+                         f"in {checkpoint}; continue with resume=true")
+
+
+def warn(message: str) -> None:
+    """One line on stderr, `warning: <message>`: something the user should know, not a failure."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)

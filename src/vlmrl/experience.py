@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ class Experience:
     advantages: torch.Tensor  # (N,)
     groups_drawn: int  # groups generated this step, on this process
     groups_with_signal: int  # of those, groups whose rewards were not all equal
+    generate_seconds: float = 0.0  # wall time spent sampling this step, on this process
+    score_seconds: float = 0.0  # wall time spent in task.score
 
 
 def derive_seed(*parts) -> int:
@@ -72,18 +75,24 @@ def collect_experience(policy, processor, task, config: Config, step: int, posit
     per_process = settings.prompts_per_step // world
     group = settings.group_size
     generation = GenerationSettings(group_size=group, max_new_tokens=settings.max_new_tokens,
-                                    temperature=settings.temperature, top_p=settings.top_p)
+                                    temperature=settings.temperature, top_p=settings.top_p,
+                                    shared_prefill=settings.shared_prefill)
     with_signal: list[tuple[Rollout, dict]] = []
     without_signal: list[tuple[Rollout, dict]] = []
     rounds = drawn = 0
+    seconds = {"generate": 0.0, "score": 0.0}
     while True:
         first = position + rounds * settings.prompts_per_step + rank * per_process
         per_call = generation_batch(config, world)
         for start in range(first, first + per_process, per_call):
             examples = [task.example(i, split="train") for i in range(start, start + per_call)]
+            started = time.perf_counter()
             rollout = generate_groups(policy, processor, examples, generation,
                                       seed=derive_seed(config.seed, step, start))
+            scored = time.perf_counter()
             scores = score_completions(task, rollout)
+            seconds["generate"] += scored - started
+            seconds["score"] += time.perf_counter() - scored
             reward = shaped_reward(scores["total"], rollout, config)
             for g in range(len(examples)):
                 rows = list(range(g * group, (g + 1) * group))
@@ -102,7 +111,8 @@ def collect_experience(policy, processor, task, config: Config, step: int, posit
     advantages = compute_advantages(reward, group, algo.advantage_scale, algo.cubic_shaping, gather)
     n_signal = len(with_signal) if algo.dynamic_sampling else sum(
         bool(grpo.dynamic_sampling_mask(s["_reward"], group)[0]) for _, s in kept)
-    return (Experience(rollout, rewards, reward, advantages, drawn, n_signal),
+    return (Experience(rollout, rewards, reward, advantages, drawn, n_signal, seconds["generate"],
+                       seconds["score"]),
             position + rounds * settings.prompts_per_step)
 
 

@@ -72,6 +72,10 @@ class LossOutput(NamedTuple):
     """Scalar, detached: mean KL estimate over valid tokens (0 when no ref_logp)."""
     clip_fraction: Tensor
     """Scalar, detached: fraction of valid tokens whose gradient the clip removed."""
+    clip_low_fraction: Tensor
+    """Scalar, detached: the part of clip_fraction below: A < 0 and w < 1 - eps_low."""
+    clip_high_fraction: Tensor
+    """Scalar, detached: the part of clip_fraction above: A > 0 and w > 1 + eps_high."""
     ratio_mean: Tensor
     """Scalar, detached: mean importance ratio over valid tokens."""
 
@@ -241,7 +245,9 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ratio = importance_ratio(logp, old_logp.detach(), mask, ratio_level)  # (B, T)
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # (B, T)
     pg = torch.maximum(-ratio * adv, -clipped * adv)  # (B, T) = -min(w A, clip(w) A)
-    binds = ((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low))  # (B, T)
+    clip_high = (adv > 0) & (ratio > 1.0 + eps_high)  # (B, T)
+    clip_low = (adv < 0) & (ratio < 1.0 - eps_low)  # (B, T)
+    binds = clip_high | clip_low  # (B, T)
     if dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -dual_clip * adv), pg)  # (B, T)
         binds = binds | ((adv < 0) & (ratio > dual_clip))  # (B, T)
@@ -260,5 +266,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         pg_loss=aggregate(pg.detach(), valid, aggregation, max_len),
         kl=kl_mean,
         clip_fraction=masked_mean(binds.to(logp.dtype), valid),
+        clip_low_fraction=masked_mean(clip_low.to(logp.dtype), valid),
+        clip_high_fraction=masked_mean(clip_high.to(logp.dtype), valid),
         ratio_mean=masked_mean(ratio.detach(), valid),
     )

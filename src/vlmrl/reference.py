@@ -36,14 +36,14 @@ class ReferencePolicy:
             self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, policy, processor, rows, completion_ids, completion_mask,
-                 temperature: float) -> torch.Tensor:
-        """Reference log-probs (N, T) of the completion tokens."""
+    def logprobs(self, policy, processor, rows, completion_ids, completion_mask, temperature: float,
+                 shared_prefix: bool = True, chunk: int = 1024) -> torch.Tensor:
+        """Reference log-probs (N, T) of the completion tokens (see `completion_logprobs`)."""
         model = self.copy if self.copy is not None else policy
         switch_off = policy.disable_adapter() if self.copy is None else contextlib.nullcontext()
         with switch_off:
             logp, _ = completion_logprobs(model, processor, rows, completion_ids, completion_mask,
-                                          temperature)
+                                          temperature, shared_prefix=shared_prefix, chunk=chunk)
         return logp
 
     @torch.no_grad()

@@ -5,8 +5,9 @@ processor, so any image-text-to-text family works without per-architecture code.
 samples G completions per prompt with Hugging Face `generate` and returns everything the trainer
 needs: completion ids and masks, the sampling policy's per-token log-probs, texts and group ids.
 Completions end at the first end-of-turn token, which is kept (the model must learn to stop).
-Every prompt is encoded once per completion: simple and generic; `vlmrl.logprobs` rebuilds the
-same inputs for the training forward pass.
+By default each image is encoded and each prompt prefilled once per group, and the KV cache is
+shared by its G samples (`vlmrl.shared_prefix`); with `shared_prefill=False`, or for a model
+family not checked for it, every prompt is repeated G times in the batch, as TRL does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlmrl.shared_prefix import last_prompt_token_is_text, prefill_shared, prefill_unsupported, warn_once
 from vlmrl.tasks import Example
 
 
@@ -28,6 +30,7 @@ class GenerationSettings:
     top_p: float = 1.0
     min_new_tokens: int = 0  # > 0 forces length (benchmarks)
     greedy: bool = False
+    shared_prefill: bool = True  # image encoded and prompt prefilled once per group, KV cache shared
 
 
 @dataclass
@@ -120,12 +123,25 @@ def generate_groups(model, processor, examples: list[Example], settings: Generat
                     seed: int | None = None) -> Rollout:
     """Sample `settings.group_size` completions for each example.
 
-    Each prompt is repeated G times in the batch, so the prompt inputs of row i are exactly those
-    the trainer rebuilds for row i. With `seed`, sampling is reproducible for this batch alone.
+    Rows i*G .. i*G+G-1 answer example i. With `shared_prefill`, the vision encoder and the prefill
+    run once per example and `generate` continues G samples from the repeated KV cache; otherwise
+    each prompt is repeated G times in the batch. Same sampling distribution either way. With
+    `seed`, sampling is reproducible for this batch alone.
     """
     device = next(model.parameters()).device
-    rows = [example for example in examples for _ in range(settings.group_size)]
-    inputs = encode_prompts(processor, rows, device)
+    group = settings.group_size
+    rows = [example for example in examples for _ in range(group)]
+    inputs = None
+    if settings.shared_prefill and group > 1:
+        prompt = encode_prompts(processor, examples, device)
+        reason = prefill_unsupported(model) or (
+            None if last_prompt_token_is_text(model, prompt) else "a prompt ends with an image token")
+        if reason is None:
+            inputs = prefill_shared(model, prompt, group)  # input_ids (N, P), cache of P - 1 tokens, ...
+        else:
+            warn_once(f"vlmrl: shared prefill off ({reason}); every prompt is repeated {group} times")
+    if inputs is None:
+        inputs = encode_prompts(processor, rows, device)
     stop_ids = stop_token_ids(processor, model)
     sampling = {"do_sample": False} if settings.greedy else {
         "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
@@ -146,10 +162,10 @@ def generate_groups(model, processor, examples: list[Example], settings: Generat
     prompt_len = inputs["input_ids"].shape[1]
     ids = out.sequences[:, prompt_len:]  # (N, T)
     mask, truncated = completion_mask(ids, stop_ids)  # (N, T), (N,)
-    logits = torch.stack(out.logits, dim=1).float()  # (N, T, V)
-    if not settings.greedy:
-        logits = logits / settings.temperature
-    logprobs = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # (N, T)
+    temperature = 1.0 if settings.greedy else settings.temperature
+    logprobs = torch.stack([  # one step's (N, V) logits at a time
+        torch.log_softmax(step.float() / temperature, -1).gather(-1, ids[:, t, None]).squeeze(-1)
+        for t, step in enumerate(out.logits)], dim=1)  # (N, T)
     ids = torch.where(mask.bool(), ids, torch.full_like(ids, processor.tokenizer.pad_token_id))
     texts = processor.batch_decode(ids, skip_special_tokens=True)
     return Rollout(rows=rows, completion_ids=ids, completion_mask=mask, logprobs=logprobs * mask,

@@ -4,6 +4,11 @@ metrics log, checkpoints and the final model.
 `vlmrl train` (trainer.py) and `vlmrl sft` (sft.py) differ only in what one step does; both open a
 `TrainingSession`, run their steps, and close it. Processes come from accelerate (`accelerate
 launch`); on one process everything works the same.
+
+Faults (faults.py): optimizer updates go through `session.guard`, which skips a NaN/inf update;
+after each step `check_stop` ends the run with a checkpoint when a stop signal came (SIGINT,
+SIGTERM) or too many updates in a row were skipped. Resume starts from the newest whole
+checkpoint, passing over damaged ones with a warning.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlmrl.checkpoint import (latest_checkpoint, load_adapter_weights, load_trainer_state, save_checkpoint,
+from vlmrl.checkpoint import (find_resumable, load_adapter_weights, restore_trainer_state, save_checkpoint,
                               save_model)
 from vlmrl.config import Config, save_config
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
+from vlmrl.faults import NumericGuard, StopSignals
 from vlmrl.models import load_policy
 from vlmrl.optim import build_optimizer, build_scheduler
 from vlmrl.reference import ReferencePolicy, build_reference
@@ -32,7 +38,8 @@ class TrainingSession:
     Attributes used by the step code: accelerator, rank, world, main, policy (the bare model),
     model (the one to call forward/backward on: wrapped for several processes), processor,
     optimizer, scheduler, reference (None unless with_reference and beta > 0), start_step,
-    position (prompts consumed before start_step), run_dir.
+    position (prompts consumed before start_step), run_dir, guard (NumericGuard: make every
+    optimizer update through `guard.step`).
     """
 
     def __init__(self, config: Config, total_updates: int, with_reference: bool = False):
@@ -41,9 +48,10 @@ class TrainingSession:
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.main = self.accelerator.is_main_process
         self.run_dir = Path(config.output_dir)
-        checkpoint = latest_checkpoint(self.run_dir) if config.resume else None
-        if config.resume and checkpoint is None:
+        found = find_resumable(self.run_dir) if config.resume else None
+        if config.resume and found is None:
             raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
+        checkpoint, state = found if found is not None else (None, None)
         set_seed(config.seed)
 
         self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint)
@@ -52,9 +60,11 @@ class TrainingSession:
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.position = 0
+        self.guard = NumericGuard(config.train.max_bad_steps)
         if checkpoint is not None:
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
-            self.start_step, self.position = state["step"], state["data_position"]
+            restored = restore_trainer_state(state, self.optimizer, self.scheduler)
+            self.start_step, self.position = restored["step"], restored["data_position"]
+            self.guard.load_state_dict(restored["extra"].get("faults", {}))
             if self.reference is not None:
                 self.reference.load(checkpoint)
         self.model, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
@@ -64,6 +74,8 @@ class TrainingSession:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(config, self.run_dir / "config.yaml")
             self.log = build_trackers(config, self.run_dir, resume_step=self.start_step if checkpoint else None)
+        self.saved_step = self.start_step if checkpoint is not None else None
+        self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
 
     def any_process(self, flag: bool) -> bool:
         """True when `flag` is True on any process."""
@@ -80,10 +92,47 @@ class TrainingSession:
         every = self.config.train.save_every
         if not every or steps_done % every:
             return
+        self.save(steps_done, position)
+
+    def save(self, steps_done: int, position: int) -> Path:
+        """A checkpoint now (all processes call this); returns its folder."""
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         self.accelerator.wait_for_everyone()
         if self.main:
-            save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
-                            self.scheduler, position, self.reference, keep=self.config.train.keep_checkpoints)
+            folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
+                                     self.scheduler, position, self.reference,
+                                     keep=self.config.train.keep_checkpoints,
+                                     extra={"faults": self.guard.state_dict()})
+        self.saved_step = steps_done
+        return folder
+
+    def check_stop(self, steps_done: int, position: int) -> None:
+        """After a step: when a stop signal came (on any process) or train.max_bad_steps updates in
+        a row were skipped, save a checkpoint (unless this step has one), close the logs and raise
+        Interrupted or VlmrlError."""
+        signum = self.signals.received or 0
+        if self.world > 1:
+            signum = int(self.accelerator.gather(torch.tensor([signum], device=self.accelerator.device)).max())
+        if not signum and not self.guard.exhausted:
+            return
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        if self.saved_step != steps_done:
+            folder = self.save(steps_done, position)
+        self.close()
+        if signum:
+            raise Interrupted(signum, steps_done, folder)
+        raise VlmrlError(
+            f"the loss or gradient was NaN/inf in {self.guard.in_a_row} updates in a row (train.max_bad_steps="
+            f"{self.config.train.max_bad_steps}); stopped after step {steps_done} with a checkpoint in {folder} "
+            "holding the last good weights. Look for a reward or advantage that is not finite, too high a "
+            "train.lr, or fp16 overflow (try model.dtype=bfloat16); resume=true continues from it")
+
+    def close(self) -> None:
+        """Close the logs and give the signal handlers back (the model is not saved)."""
+        self.signals.restore()
+        if self.main:
+            self.log.close()
+        self.accelerator.end_training()
 
     def maybe_evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
         """Every eval.every steps and after the last: greedy accuracy and mean rewards on the fixed
@@ -112,8 +161,7 @@ class TrainingSession:
         self.accelerator.wait_for_everyone()
         if self.main:
             save_model(self.run_dir / "final", self.policy, self.processor)
-            self.log.close()
-        self.accelerator.end_training()
+        self.close()
         return self.run_dir
 
 

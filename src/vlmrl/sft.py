@@ -24,6 +24,7 @@ from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.experience import derive_seed
 from vlmrl.logprobs import completion_logprobs
+from vlmrl.preflight import run_preflight
 from vlmrl.rollout import chat_messages, stop_token_ids
 from vlmrl.session import TrainingSession
 from vlmrl.tasks import Example, get_task
@@ -67,6 +68,7 @@ def sft(config: Config) -> Path:
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device
+    run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="sft", unit="step", disable=not session.main,
@@ -81,11 +83,13 @@ def sft(config: Config) -> Path:
         torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
         metrics = sft_update(session, examples, ids, mask)
         metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
-                    "lr": session.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started}
+                    "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
+                    "seconds": time.perf_counter() - started}
         metrics |= session.maybe_evaluate(step + 1, task)
         session.record(metrics)
         progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
         session.maybe_save(step + 1, (step + 1) * batch)
+        session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
     return session.finish()
 
 
@@ -94,7 +98,8 @@ def sft_update(session: TrainingSession, examples: list[Example], ids: torch.Ten
     """One optimizer step of token-mean negative log-likelihood over the global batch.
 
     Logs loss (nats per token), confident_tokens (share of target tokens given p > 1/2, so surely
-    what greedy decoding picks) and grad_norm.
+    what greedy decoding picks) and grad_norm. An update whose loss or gradient is NaN/inf is
+    skipped (session.guard).
 
     ids, mask: (n, T) this process's completions. Micro-batches accumulate; every token of the
     global batch weighs the same, whatever process or micro-batch it is in.
@@ -115,12 +120,8 @@ def sft_update(session: TrainingSession, examples: list[Example], ids: torch.Ten
             accelerator.backward(loss)
         nll_sum += float(-logp.detach().sum())
         confident += float(((logp.detach() > -0.6931) * mask[rows]).sum())  # p > 1/2: surely the argmax
-    grad_norm = 0.0
-    if config.train.max_grad_norm > 0:
-        grad_norm = float(accelerator.clip_grad_norm_(session.model.parameters(), config.train.max_grad_norm))
-    session.optimizer.step()
-    session.scheduler.step()
-    session.optimizer.zero_grad(set_to_none=True)
+    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler,
+                                   config.train.max_grad_norm, nll_sum)
     stats = accelerator.reduce(torch.tensor([nll_sum, confident, float(tokens_here)], device=accelerator.device),
                                "sum")
     tokens = stats[2].clamp(min=1)

@@ -26,10 +26,13 @@ from accelerate.utils import gather_object
 from tqdm import tqdm
 
 from vlmrl import grpo
+from vlmrl.alarms import Alarms
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.experience import Experience, collect_experience, derive_seed, generation_batch
+from vlmrl.faults import NumericGuard
 from vlmrl.logprobs import completion_logprobs
+from vlmrl.preflight import run_preflight
 from vlmrl.report.attention import completion_image_attention
 from vlmrl.rollout_log import rollout_rows, write_rollouts
 from vlmrl.session import TrainingSession
@@ -43,7 +46,9 @@ def train(config: Config) -> Path:
     check_batch_layout(config, session.world)
     policy, processor, reference = session.policy, session.processor, session.reference
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
     position = session.position
+    alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="train", unit="step", disable=not session.main,
@@ -55,12 +60,16 @@ def train(config: Config) -> Path:
                                                   session.world, session.any_process, session.accelerator.gather)
         policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
+        update_started = time.perf_counter()
         update = update_policy(session.model, policy, processor, session.optimizer, session.scheduler,
-                               reference, experience, config, session.accelerator)
+                               reference, experience, config, session.accelerator, session.guard)
+        update["time/train"] = time.perf_counter() - update_started
         refreshed = reference is not None and reference.maybe_refresh(policy, step + 1)
         metrics = step_metrics(experience, session.accelerator) | update
         metrics |= {"step": step + 1, "prompts_seen": position, "lr": session.scheduler.get_last_lr()[0],
-                    "ref_refreshed": int(refreshed), "seconds": time.perf_counter() - started}
+                    "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
+                    "seconds": time.perf_counter() - started}
+        metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
         if config.train.log_rollouts_every and (step + 1) % config.train.log_rollouts_every == 0:
             log_rollouts(session, step + 1, experience)
         if config.train.attention_every and (step + 1) % config.train.attention_every == 0:
@@ -69,9 +78,13 @@ def train(config: Config) -> Path:
                 policy, processor, rollout.rows, rollout.completion_ids, rollout.completion_mask)
         metrics |= session.maybe_evaluate(step + 1, task)
         session.record(metrics)
+        if session.main:
+            for alarm in alarms.check(metrics):
+                tqdm.write(f"alarm at step {alarm['step']}: {alarm['kind']}: {alarm['message']}")
         progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                              loss=f"{metrics['loss']:.4f}")
         session.maybe_save(step + 1, position)
+        session.check_stop(step + 1, position)  # a stop signal, or too many NaN updates: checkpoint, stop
     return session.finish()
 
 
@@ -97,8 +110,9 @@ def check_batch_layout(config: Config, world: int) -> None:
 
 
 def update_policy(model, policy, processor, optimizer, scheduler, reference, experience: Experience,
-                  config: Config, accelerator: Accelerator) -> dict[str, float]:
-    """`updates_per_batch` optimizer steps on one batch of experience; returns loss statistics."""
+                  config: Config, accelerator: Accelerator, guard: NumericGuard) -> dict[str, float]:
+    """`updates_per_batch` optimizer steps on one batch of experience; returns loss statistics.
+    `guard` skips an update whose loss or gradient is not finite (faults.py)."""
     algo, temperature = config.algorithm, config.rollout.temperature
     rollout = experience.rollout
     device = accelerator.device
@@ -111,20 +125,23 @@ def update_policy(model, policy, processor, optimizer, scheduler, reference, exp
     weights = loss_mask.sum(-1).float() if algo.aggregation == "token" else torch.ones(len(ids), device=device)
     total_weight = accelerator.reduce(weights.sum(), "sum").clamp(min=1.0)
 
-    def logprobs_of(rows: list[int], net, with_entropy=False):
+    def logprobs_of(rows: list[int], net, with_entropy=False):  # each group's prompt once (shared_prefix.py)
         return completion_logprobs(net, processor, [rollout.rows[i] for i in rows], ids[rows], mask[rows],
-                                   temperature, with_entropy)
+                                   temperature, with_entropy, config.train.shared_prefix, config.train.logprob_chunk)
 
     ref_logp = old_logp = None
     if reference is not None:
         ref_logp = torch.cat([reference.logprobs(policy, processor, [rollout.rows[i] for i in rows], ids[rows],
-                                                 mask[rows], temperature) for rows in micro])  # (N, T)
+                                                 mask[rows], temperature, config.train.shared_prefix,
+                                                 config.train.logprob_chunk) for rows in micro])  # (N, T)
     if algo.updates_per_batch > 1:
         with torch.no_grad():
             old_logp = torch.cat([logprobs_of(rows, policy)[0] for rows in micro])  # (N, T)
 
-    sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    averaged = ("loss", "pg_loss", "kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction")
+    sums = dict.fromkeys(averaged + ("entropy", "grad_norm"), 0.0)
     for _ in range(algo.updates_per_batch):
+        update_loss = 0.0
         for i, rows in enumerate(micro):
             sync = contextlib.nullcontext() if i == len(micro) - 1 else accelerator.no_sync(model)
             with sync:
@@ -139,16 +156,12 @@ def update_policy(model, policy, processor, optimizer, scheduler, reference, exp
                 share = weights[rows].sum() / total_weight * accelerator.num_processes
                 accelerator.backward(out.loss * share)
             fraction = float(weights[rows].sum() / weights.sum().clamp(min=1.0))
-            sums["loss"] += float(out.loss.detach()) * fraction
-            sums["pg_loss"] += float(out.pg_loss) * fraction
-            sums["kl"] += float(out.kl) * fraction
-            sums["clip_fraction"] += float(out.clip_fraction) * fraction
+            for name in averaged:
+                sums[name] += float(getattr(out, name).detach()) * fraction
+            update_loss += float(out.loss.detach()) * fraction
             sums["entropy"] += float(entropy.sum() / mask[rows].sum().clamp(min=1)) * len(rows) / len(ids)
-        if config.train.max_grad_norm > 0:
-            sums["grad_norm"] += float(accelerator.clip_grad_norm_(model.parameters(), config.train.max_grad_norm))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        sums["grad_norm"] += guard.step(accelerator, model, optimizer, scheduler, config.train.max_grad_norm,
+                                        update_loss)  # norm before clipping; NaN/inf: update skipped
     return {k: v / algo.updates_per_batch for k, v in sums.items()}
 
 
@@ -162,10 +175,20 @@ def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, 
                "reward_std": float(accelerator.gather(experience.reward.to(accelerator.device)).std())}
     for name, values in experience.rewards.items():
         metrics["accuracy" if name == "accuracy" else f"reward/{name}"] = mean(values)
+        if name != "accuracy":
+            metrics[f"reward_std/{name}"] = float(accelerator.gather(values.float().to(accelerator.device)).std())
     metrics.setdefault("accuracy", float("nan"))
     metrics["completion_length"] = mean(rollout.lengths)
+    metrics["completion_length_max"] = float(accelerator.gather(rollout.lengths.to(accelerator.device)).max())
     metrics["truncated"] = mean(rollout.truncated)
+    advantages = accelerator.gather(experience.advantages.to(accelerator.device))  # (N * processes,)
+    metrics |= {"advantage/abs_mean": float(advantages.abs().mean()), "advantage/std": float(advantages.std()),
+                "advantage/min": float(advantages.min()), "advantage/max": float(advantages.max())}
     counts = accelerator.reduce(torch.tensor([experience.groups_drawn, experience.groups_with_signal],
                                              device=accelerator.device), "sum")
     metrics["groups_drawn"], metrics["groups_with_signal"] = int(counts[0]), int(counts[1])
+    metrics["zero_variance_groups"] = 1.0 - metrics["groups_with_signal"] / max(metrics["groups_drawn"], 1)
+    metrics["time/generate"] = experience.generate_seconds
+    metrics["time/score"] = experience.score_seconds
+    metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))
     return metrics

@@ -11,13 +11,24 @@ Adapters read three public schemas (column names as published on the hub):
 `auto` picks geometry3k when there is an `answer` column, else open_r1/geoqa when there is a
 `solution` column. `question` is accepted for `problem`; `image_column` overrides the image column.
 An image may be a PIL image, a dict with bytes or path, a list (first item), or a path relative to
-the data file.
+the data file. Every image becomes RGB: transparency is laid over white (diagrams are often black
+lines on a transparent background), 16-bit and float greys are scaled to 8 bits, CMYK, palette
+and the rest converted; one with more than max_pixels pixels is downscaled (aspect kept; a JPEG is
+decoded at a reduced scale in the first place).
 
 Splits are the dataset's: "train" is train_split; "test" is test_split, else the dataset's "test",
 else its "validation", else (test_fraction > 0) a held-out share of train chosen by a stable hash of
 problem + answer, so duplicates never straddle train and test. Other dataset splits keep their
-names. Rows without a problem, answer or image are skipped. `example(idx)` wraps around the split
-(idx modulo its size, one epoch after another).
+names. `example(idx)` wraps around the split (idx modulo its size, one epoch after another).
+
+Bad data is found when the dataset loads, before any training: every row of every split is
+checked (a problem, an answer, an image value; with check_images, the image decoded once). A bad
+row is an empty problem or answer, no image, a missing, unreadable, truncated or non-image file, a
+value in the image column that is no image at all, a mode that cannot become RGB, or an image too
+large to decode safely. By default the first one stops the run with a message naming the row, the
+data file and the problem (and how many more there are); with on_bad_row=skip they are left out,
+counted in a warning and listed in `task.bad_rows`. An empty data file, split or dataset is an
+error either way.
 
 Reward: "accuracy" (math_verify equivalence of the single <answer> with the gold, falling back to
 normalized strings; choice letters "A", "(A)", "A." agree) + format_weight x "format" (strict
@@ -28,18 +39,21 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, warn
 from vlmrl.rewards import Rubric, extract_tag, math_equal, think_answer_format
 from vlmrl.tasks.base import Example, Task, TaskParams, check, register_task, stable_unit
 
 SCHEMAS = ("auto", "open_r1", "geometry3k", "geoqa")
+ON_BAD_ROW = ("error", "skip")
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 INSTRUCTION = "Think step by step inside <think> </think>, then give the final answer inside <answer> </answer>."
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -95,6 +109,18 @@ class GeometryParams(TaskParams):
     """Column holding the image(s); empty: "image" or "images"."""
     max_image_side: int = 0
     """Downscale images whose longer side exceeds this many pixels (0 keeps them as they are)."""
+    max_pixels: int = 4_194_304
+    """Downscale images with more pixels than this (2048 x 2048), aspect ratio kept, before the
+    model's processor sees them (0 = no limit). Keeps a huge scan from filling memory."""
+    on_bad_row: str = "error"
+    """A bad row (no problem or answer, no image, a missing, unreadable, truncated or non-image
+    file, an image too large to decode): "error" stops before training with a message naming the
+    row, the file and the problem; "skip" leaves such rows out and counts them (a warning at load,
+    task.bad_rows, the preflight report)."""
+    check_images: bool = True
+    """Decode every image once when the dataset loads, so a bad one is found before training
+    (about a millisecond per small image). false: only the presence of an image value is checked
+    then, and a bad image stops the run at the step that reaches it."""
     format_weight: float = 0.5
     """Weight of the format component in the total."""
 
@@ -105,6 +131,8 @@ class GeometryParams(TaskParams):
         check(self.schema in SCHEMAS, f"schema must be one of {', '.join(SCHEMAS)}, got {self.schema!r}")
         check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
         check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
+        check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
+        check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
         check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         looks_local = self.source.startswith(("/", ".", "~")) or Path(self.source).suffix in DATA_SUFFIXES
         check(not looks_local or Path(self.source).expanduser().exists(),
@@ -116,6 +144,9 @@ def _local_files(path: Path) -> tuple[str, dict[str, list[str]]]:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
     if not files:
         raise VlmrlError(f"no .json, .jsonl or .parquet files in {str(path)!r}")
+    empty = [p for p in files if _holds_no_rows(p)]
+    if empty:
+        raise VlmrlError(f"data file {str(empty[0])!r} is empty: it holds no rows")
     builders = {DATA_SUFFIXES.get(p.suffix) for p in files}
     if len(builders) != 1 or None in builders:
         raise VlmrlError(f"{str(path)!r}: use one format (.json/.jsonl or .parquet), "
@@ -128,10 +159,23 @@ def _local_files(path: Path) -> tuple[str, dict[str, list[str]]]:
     return builders.pop(), by_split
 
 
+def _holds_no_rows(path: Path) -> bool:
+    """An empty file, whitespace or [] alone, or a parquet file of 0 rows (read from its footer)."""
+    size = path.stat().st_size
+    if path.suffix == ".parquet" and size:
+        import pyarrow.parquet
+
+        try:
+            return pyarrow.parquet.read_metadata(path).num_rows == 0
+        except Exception:  # noqa: BLE001 - an unreadable file: the loader says why
+            return False
+    return size == 0 or (size < 64 and path.read_text(errors="replace").strip() in ("", "[]"))
+
+
 @functools.lru_cache(maxsize=4)
-def load_source(source: str) -> tuple[dict[str, Any], dict[str, tuple[Path, ...]]]:
+def load_source(source: str) -> tuple[dict[str, Any], dict[str, tuple[Path, ...]], dict[str, list[str]]]:
     """({split: datasets.Dataset}, {split: folders where relative image paths are looked up: the
-    data file's, then the source folder}), loaded once."""
+    data file's, then the source folder}, {split: its data files}), loaded once."""
     import datasets
 
     path = Path(source).expanduser()
@@ -143,32 +187,132 @@ def load_source(source: str) -> tuple[dict[str, Any], dict[str, tuple[Path, ...]
             folders = {split: (Path(files[0]).parent, root) for split, files in data_files.items()}
         else:
             loaded = datasets.load_dataset(source)
-            folders = {}
+            folders, data_files = {}, {}
     except VlmrlError:
         raise
     except Exception as error:  # noqa: BLE001 - any loader failure is a problem with the user's data
         raise VlmrlError(f"cannot load geometry source {source!r}: {type(error).__name__}: {error}") from error
-    return dict(loaded), folders
+    return dict(loaded), folders, data_files
 
 
-def _to_image(value: Any, folders: tuple[Path, ...] = ()) -> Image.Image | None:
-    """A PIL RGB image from the forms datasets hand back (see the module docstring), or None."""
+class BadImage(VlmrlError):
+    """An image value that cannot become the RGB image the model sees; the message says why."""
+
+
+class NoImage(BadImage):
+    """No image at all: null, empty, an empty list, a dict with neither bytes nor path."""
+
+
+def _open_image(value: Any, folders: tuple[Path, ...] = ()) -> Image.Image:
+    """A PIL image, not yet decoded, from the forms datasets hand back (see the module docstring)."""
     if isinstance(value, (list, tuple)):
-        return _to_image(value[0], folders) if value else None
+        if not value:
+            raise NoImage("no image (an empty list)")
+        return _open_image(value[0], folders)
+    if isinstance(value, Image.Image):
+        return value
     if isinstance(value, dict):
         if value.get("bytes"):
-            return Image.open(io.BytesIO(value["bytes"])).convert("RGB")
-        return _to_image(value.get("path"), folders)
-    if isinstance(value, Image.Image):
-        return value.convert("RGB")
-    if isinstance(value, str) and value:
+            try:
+                return Image.open(io.BytesIO(value["bytes"]))
+            except Image.DecompressionBombError as error:
+                raise BadImage(f"the image is too large to decode safely ({error})") from error
+            except (UnidentifiedImageError, OSError, ValueError) as error:
+                raise BadImage(f"the image bytes are not an image PIL can read ({error})") from error
+        if value.get("path"):
+            return _open_image(value["path"], folders)
+        raise NoImage("no image (neither bytes nor a path)")
+    if value is None or value == "":
+        raise NoImage("no image")
+    if isinstance(value, str):
         path = Path(value)
         if not path.is_absolute():
             path = next((f / path for f in folders if (f / path).exists()), folders[0] / path if folders else path)
-        if not path.exists():
-            raise VlmrlError(f"image file {str(path)!r} does not exist")
-        return Image.open(path).convert("RGB")
-    return None
+        if not path.is_file():
+            raise BadImage(f"image file {str(path)!r} does not exist")
+        try:
+            return Image.open(path)
+        except Image.DecompressionBombError as error:
+            raise BadImage(f"image file {str(path)!r} is too large to decode safely ({error})") from error
+        except (UnidentifiedImageError, OSError, ValueError) as error:
+            raise BadImage(f"{str(path)!r} is not an image file PIL can read ({type(error).__name__})") from error
+    raise BadImage(f"the image column holds {type(value).__name__} {str(value)[:40]!r}, not an image, "
+                   "image bytes or a path")
+
+
+def fit_size(size: tuple[int, int], max_pixels: int = 0, max_side: int = 0) -> tuple[int, int]:
+    """`size` scaled down (aspect kept) to at most max_pixels pixels and max_side per side (0: no limit)."""
+    width, height = size
+    scale = 1.0
+    if max_side and max(width, height) > max_side:
+        scale = max_side / max(width, height)
+    if max_pixels and width * height * scale * scale > max_pixels:
+        scale = math.sqrt(max_pixels / (width * height))
+    if scale >= 1.0:
+        return size
+    return max(1, int(width * scale + 1e-6)), max(1, int(height * scale + 1e-6))
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB from any PIL mode: transparency laid over white, 16-bit and float greys scaled to 8 bits."""
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in ("I", "F") or mode.startswith("I;16"):
+        low, high = image.getextrema()
+        if mode.startswith("I;16"):
+            low, high = 0, 65535
+        elif mode == "F" and low >= 0 and high <= 1:
+            low, high = 0.0, 1.0
+        elif low >= 0 and high <= 255:
+            low, high = 0, 255
+        scale = 255.0 / (high - low) if high > low else 0.0
+        return image.convert("F").point(lambda v: v * scale - low * scale).convert("L").convert("RGB")
+    try:
+        if "A" in mode or "a" in mode or "transparency" in image.info:
+            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+        return image.convert("RGB")
+    except ValueError as error:
+        raise BadImage(f"image mode {mode} cannot be converted to RGB ({error})") from error
+
+
+def load_image(value: Any, folders: tuple[Path, ...] = (), max_pixels: int = 0, max_side: int = 0) -> Image.Image:
+    """The RGB image the model sees, from a row's image value: decoded, converted, downscaled to fit
+    max_pixels and max_side. BadImage (NoImage when there is none) saying what is wrong."""
+    with warnings.catch_warnings():  # big images are downscaled here; too big ones raise below
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        image = _open_image(value, folders)
+        name = getattr(image, "filename", "") or ""
+        what = f"image file {name!r}" if name else "the image"
+        try:
+            target = fit_size(image.size, max_pixels, max_side)
+            if target != image.size and image.format == "JPEG":
+                image.draft(None, target)  # decode at 1/2, 1/4 or 1/8 scale, no smaller than target
+            image.load()
+        except Image.DecompressionBombError as error:
+            raise BadImage(f"{what} is too large to decode safely ({error})") from error
+        except (OSError, SyntaxError, ValueError, EOFError) as error:
+            raise BadImage(f"{what} cannot be decoded, truncated or corrupt "
+                           f"({type(error).__name__}: {error})") from error
+    image = to_rgb(image)
+    target = fit_size(image.size, max_pixels, max_side)
+    return image.resize(target) if target != image.size else image
+
+
+def _to_image(value: Any, folders: tuple[Path, ...] = ()) -> Image.Image | None:
+    """`load_image` without size limits; None when the value holds no image at all."""
+    try:
+        return load_image(value, folders)
+    except NoImage:
+        return None
+
+
+def _raw_values(ds: Any, column: str, chunk: int = 256):
+    """The values of one column, undecoded: images as {bytes, path} dicts, lists of them, or paths."""
+    table = ds.select_columns([column]).with_format("arrow")
+    for start in range(0, len(ds), chunk):
+        yield from table[start:start + chunk].column(column).to_pylist()
 
 
 @dataclass
@@ -183,6 +327,12 @@ class _Loaded:
     """Task split -> usable row indices."""
     source_of: dict[str, str]
     """Task split -> dataset split its rows come from."""
+    rows: dict[str, Any]
+    """Dataset split name -> the dataset without its image column (rows read without decoding)."""
+    images: dict[str, Any]
+    """Dataset split name -> its image column in arrow format (values undecoded)."""
+    bad_rows: list[tuple[str, int, str]]
+    """(dataset split, row, what is wrong) of the rows left out (on_bad_row=skip)."""
 
 
 @register_task
@@ -199,14 +349,26 @@ class GeometryTask(Task):
     def _data(self) -> _Loaded:
         """The dataset, its columns and the rows each task split serves; built on first use."""
         p = self.params
-        splits, folders = load_source(p.source)
+        splits, folders, files = load_source(p.source)
         for wanted in (p.train_split, p.test_split):
             if wanted and wanted not in splits:
                 raise VlmrlError(f"geometry source has no split {wanted!r}; it has {', '.join(splits)}")
+        if not len(splits[p.train_split]):
+            raise VlmrlError(f"geometry source {p.source!r} has no rows in split {p.train_split!r}")
         columns = self._columns(list(splits[p.train_split].column_names))
         texts = {name: self._texts(ds, columns) for name, ds in splits.items()}
-        usable = {name: [i for i, (problem, gold) in enumerate(rows) if problem and gold]
-                  for name, rows in texts.items()}
+        bad: list[tuple[str, int, str]] = []
+        usable = {name: self._good_rows(name, ds, texts[name], columns, folders.get(name, ()), files.get(name, []), bad)
+                  for name, ds in splits.items()}
+        if bad:
+            more = f" (and {len(bad) - 1} more bad rows)" if len(bad) > 1 else ""
+            if p.on_bad_row == "error":
+                raise VlmrlError(f"bad geometry data: {bad[0][2]}{more}; fix the data, or set "
+                                 "task.params.on_bad_row=skip to leave bad rows out")
+            total = sum(len(ds) for ds in splits.values())
+            warn(f"geometry: skipped {len(bad)} bad rows of {total} (on_bad_row=skip); first: {bad[0][2]}")
+        if not usable[p.train_split]:
+            raise VlmrlError(f"geometry source {p.source!r} has no usable rows in split {p.train_split!r}")
         served = {name: rows for name, rows in usable.items() if name != p.train_split}
         source_of = {name: name for name in served}
         served["train"], source_of["train"] = usable[p.train_split], p.train_split
@@ -218,7 +380,42 @@ class GeometryTask(Task):
             served["test"] = [i for i in served["train"] if stable_unit(keys[i]) < p.test_fraction]
             served["train"] = [i for i in served["train"] if stable_unit(keys[i]) >= p.test_fraction]
             source_of["test"] = p.train_split
-        return _Loaded(splits, folders, columns, served, source_of)
+        rows = {name: ds.remove_columns([columns["image"]]) for name, ds in splits.items()}
+        images = {name: ds.select_columns([columns["image"]]).with_format("arrow") for name, ds in splits.items()}
+        return _Loaded(splits, folders, columns, served, source_of, rows, images, bad)
+
+    def _good_rows(self, split: str, ds: Any, texts: list[tuple[str, str]], columns: dict[str, str],
+                   folders: tuple[Path, ...], files: list[str], bad: list[tuple[str, int, str]]) -> list[int]:
+        """Indices of the rows of `split` with a problem, an answer and an image (decoded once when
+        check_images); the others go to `bad` as (split, row, message naming the row and file)."""
+        p = self.params
+        source = (f" ({files[0]})" if len(files) == 1 else f" ({len(files)} files in {Path(files[0]).parent})"
+                  if files else f" of {p.source}")
+        if columns["answer"] == "solution":
+            no_answer = "its solution has no <answer> or \\boxed{} answer" + (
+                " and original_answer is empty" if "original_answer" in ds.column_names else "")
+        else:
+            no_answer = f"column {columns['answer']!r} is empty"
+        good = []
+        for i, ((problem, gold), value) in enumerate(zip(texts, _raw_values(ds, columns["image"]))):
+            try:
+                if not problem:
+                    raise VlmrlError(f"column {columns['problem']!r} is empty")
+                if not gold:
+                    raise VlmrlError(no_answer)
+                if p.check_images:
+                    load_image(value, folders, p.max_pixels, p.max_image_side)
+                elif value is None or value in ("", []) or value == {"bytes": None, "path": None}:
+                    raise NoImage("no image")
+                good.append(i)
+            except VlmrlError as error:
+                bad.append((split, i, f"row {i} of split {split!r}{source}: {error}"))
+        return good
+
+    @property
+    def bad_rows(self) -> list[tuple[str, int, str]]:
+        """(dataset split, row, what is wrong) of every row left out with on_bad_row=skip."""
+        return self._data.bad_rows
 
     def _columns(self, names: list[str]) -> dict[str, str]:
         """Which column holds the image, the problem, and the answer (or the solution)."""
@@ -264,14 +461,13 @@ class GeometryTask(Task):
             raise VlmrlError(f"geometry split {split!r} has no usable rows")
         source_split = data.source_of[split]
         row_index = rows[idx % len(rows)]
-        row = data.splits[source_split][row_index]
-        image = _to_image(row.get(columns["image"]), data.folders.get(source_split, ()))
-        if image is None:
-            raise VlmrlError(f"row {row_index} of split {source_split!r} has no image in column {columns['image']!r}")
-        side = self.params.max_image_side
-        if side and max(image.size) > side:
-            scale = side / max(image.size)
-            image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+        row = data.rows[source_split][row_index]
+        value = data.images[source_split][row_index:row_index + 1].column(columns["image"]).to_pylist()[0]
+        try:
+            image = load_image(value, data.folders.get(source_split, ()), self.params.max_pixels,
+                               self.params.max_image_side)
+        except BadImage as error:  # only with check_images=false: the rows were not decoded at load
+            raise VlmrlError(f"row {row_index} of split {source_split!r}: {error}") from error
         problem = " ".join(str(row[columns["problem"]]).replace("<image>", " ").split())
         gold = _TAGS.sub(" ", self._gold(row, columns)).strip()
         reasoning = ""

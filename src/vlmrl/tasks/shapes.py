@@ -108,7 +108,10 @@ class ShapesParams(TaskParams):
     """Reward: "chapter" (last number, shape keyword, reasoning phrase; total 0..1.7) or "strict"
     (<think>/<answer> format + exact count; total 0..2)."""
     targets: tuple[str, ...] = KINDS
-    """Kinds the question may ask about (all three kinds are always drawn)."""
+    """Kinds the question may ask about."""
+    distractors: bool = True
+    """Also draw min_count..max_count shapes of each other kind (False: only the asked-about kind,
+    an easier image)."""
     min_size: float = 0.08
     """Smallest shape side as a fraction of the image side."""
     max_size: float = 0.13
@@ -157,6 +160,8 @@ class ShapesTask(Task):
         counts = {kind: rng.randint(p.min_count, p.max_count) for kind in KINDS}
         if split == "ood":
             counts[target] = rng.randint(p.ood_min, p.ood_max)
+        if not p.distractors:
+            counts = {kind: count if kind == target else 0 for kind, count in counts.items()}
         kinds = [kind for kind in KINDS for _ in range(counts[kind])]
         rng.shuffle(kinds)
         lo, hi = round(p.min_size * p.image_size), round(p.max_size * p.image_size)
@@ -180,8 +185,8 @@ class ShapesTask(Task):
         count, plural, color = counts[target], PLURALS[target], SHAPE_COLORS[target]
         prompt = (f"How many {plural} are in the image? Think step by step inside <think> </think>, "
                   "then give the number inside <answer> </answer>.")
-        reference = (f"<think> I look for the {color} {plural} and count them one by one. There are {count} "
-                     f"of them, so the total number of {plural} is {count}. </think> <answer> {count} </answer>")
+        reference = (f"<think> I count the {color} {plural}: there are {count}, so the answer is {count}. </think> "
+                     f"<answer> {count} </answer>")
         meta = {"idx": idx, "split": split, "target": target, "count": count, "counts": counts,
                 "shapes": [list(s) for s in shapes], "image_size": [p.image_size, p.image_size]}
         return Example(image=image, prompt=prompt, answer=str(count), meta=meta, reference_completion=reference)

@@ -1,0 +1,442 @@
+"""vlmrl against TRL's GRPOTrainer on the same model, batch and settings, in one process.
+
+Run: `python benchmarks/bench_vs_trl.py [--prompts 2 --group 8 --image 448 --tokens 32 ...]`
+(needs the `bench` extra: `pip install -c constraints-cpu.txt -e '.[bench]'`).
+
+Both sides train the same offline tiny Qwen2.5-VL (random weights, saved to a temporary folder, so
+TRL can reload its reference from `config._name_or_path`) on the same prompts: one square image
+(448x448 by default: 256 image tokens) and a short question. Same G, same completion length
+(min = max new tokens, so no completion stops early), same beta (both keep a reference model),
+same gradient checkpointing, same dtype (fp32 by default: no autocast on the TRL side), same
+micro-batch, learning rate and clip range, one optimizer step per rollout batch, the same reward.
+
+The two trainers run alternately: each TRL optimizer step (driven by `trainer.train()`) is
+followed, from a callback, by one vlmrl step (`collect_experience` + `update_policy`, the body
+of `vlmrl.trainer.train`). The first `--warmup` steps of each are dropped; the figures are
+medians over the next `--steps`. Per step:
+- vision rows: rows given to the vision tower (image patches), counted by a forward hook on the
+  policy's and the reference's vision tower;
+- step time; generation (prompt processing, sampling, decoding), reward, and the training phase:
+  the rest (reference and old log-probs, forward/backward, optimizer);
+- peak memory: on a GPU, torch's peak allocated memory during the step; on a CPU, the peak rise
+  of the process's resident memory during the step (sampled every millisecond; the script re-runs
+  itself with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the system).
+Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results FILE` appends
+the table in Markdown with date, machine and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # so `bench_vs_trl:CircleTask` imports
+
+from vlmrl.tasks import Example, Task
+from vlmrl.tasks.base import TaskParams
+
+QUESTION = "How many circles are in the image? Think, then answer inside <answer> </answer>."
+
+
+def circle_image(idx: int, size: int) -> Image.Image:
+    """1-5 blue circles on white, placed from idx."""
+    image = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(image)
+    r = size // 12
+    for k in range(1 + idx % 5):
+        x = (37 * (idx + 3 * k)) % (size - 2 * r) + r
+        y = (53 * (idx + 5 * k)) % (size - 2 * r) + r
+        draw.ellipse((x - r, y - r, x + r, y + r), fill="blue")
+    return image
+
+
+def reward_of(text: str) -> float:
+    """The same reward on both sides: the share of the letter 'a' among the letters (a signal from
+    step 1 even for a random model)."""
+    letters = [c for c in text if c.isalpha()]
+    return sum(c == "a" for c in letters) / len(letters) if letters else 0.0
+
+
+@dataclasses.dataclass
+class CircleParams(TaskParams):
+    image: int = 448
+    """Image side in pixels."""
+
+
+class CircleTask(Task):
+    """Example idx: circle_image(idx) and QUESTION, for vlmrl's trainer (the TRL dataset holds the same)."""
+
+    name = "bench_circles"
+    description = "Benchmark prompts: circles at --image pixels."
+    Params = CircleParams
+
+    def _example(self, idx: int, split: str) -> Example:
+        return Example(image=circle_image(idx, self.params.image), prompt=QUESTION, answer=str(1 + idx % 5))
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        value = reward_of(completion)
+        return {"total": value, "accuracy": float(value == 1.0)}
+
+
+def qwen25vl_3b_folder(out: Path, image: int, text_layers: int = 36, vision_depth: int = 32) -> str:
+    """A folder with the Qwen2.5-VL-3B architecture (random weights, bf16), the tiny model's
+    tokenizer and an image processor that keeps `image`-pixel squares whole (896: 1024 image
+    tokens). Fewer layers (`text_layers`, `vision_depth`) give a quick smoke test of the same path."""
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig, Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
+
+    from vlmrl.processing import image_text_processor_class
+    from vlmrl.tiny_model import build_tokenizer
+
+    tok = build_tokenizer(512, "qwen2_5_vl")
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=text_layers,
+                num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                tie_word_embeddings=True, **ids)
+    vision = dict(depth=vision_depth, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=112,
+                  fullatt_block_indexes=[i for i in (7, 15, 23, 31) if i < vision_depth], tokens_per_second=2)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    images = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=image * image, patch_size=14, merge_size=2,
+                                      temporal_patch_size=2)
+    image_text_processor_class(Qwen2_5_VLProcessor)(image_processor=images, tokenizer=tok,
+                                                    chat_template=tok.chat_template).save_pretrained(out)
+    return str(out)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+class MemoryPeak:
+    """Peak memory during a window: CUDA peak allocated, or the peak rise of resident memory."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.base = self.peak = 0
+        self.running = not self.cuda
+        if self.running:
+            threading.Thread(target=self._poll, daemon=True).start()
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _poll(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.001)
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            self.base = self.peak = self.rss()
+
+    def stop(self) -> float:
+        """Peak bytes above the start of the window, in MiB."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return (torch.cuda.max_memory_allocated() - self.base) / 2 ** 20
+        self.peak = max(self.peak, self.rss())
+        return (self.peak - self.base) / 2 ** 20
+
+
+class Timer:
+    """Seconds spent inside wrapped functions since the last reset."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+
+@dataclasses.dataclass
+class Side:
+    """One trainer's per-step measurements."""
+
+    name: str
+    steps: list[dict] = dataclasses.field(default_factory=list)
+
+    def median(self, key: str, skip: int) -> float:
+        return statistics.median(s[key] for s in self.steps[skip:])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- the two trainers
+
+
+def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side):
+    """A function that runs one vlmrl training step and records it in `side`."""
+    from vlmrl import experience as experience_module
+    from vlmrl.config import load_config
+    from vlmrl.experience import collect_experience, derive_seed
+    from vlmrl.session import TrainingSession
+    from vlmrl.shared_prefix import counting_vision_rows
+    from vlmrl.tasks import get_task
+    from vlmrl.trainer import update_policy
+
+    config = load_config(None, [
+        f"model.name_or_path={model_dir}", f"model.device={args.device}", f"model.dtype={args.dtype}",
+        f"model.gradient_checkpointing={str(args.checkpointing).lower()}",
+        f"model.attn_implementation={args.attn}",
+        "task.name=bench_vs_trl:CircleTask", f"task.params={{image: {args.image}}}", f"output_dir={out_dir}",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.generation_batch_size={args.prompts}",
+        f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.tokens}",
+        f"rollout.shared_prefill={str(not args.vlmrl_plain).lower()}",
+        f"train.shared_prefix={str(not args.vlmrl_plain).lower()}",
+        f"train.steps={args.warmup + args.steps}", f"train.lr={args.lr}", f"train.micro_batch_size={args.micro}",
+        "train.log_rollouts_every=0", "train.trackers=[]", f"algorithm.beta={args.beta}", "seed=0"])
+    session = TrainingSession(config, config.train.steps, with_reference=True)
+    task = get_task(config.task.name, **config.task.params)
+    generate, score = Timer(), Timer()
+    plain_generate = experience_module.generate_groups
+
+    def forced_length(model, processor, examples, settings, seed=None):  # min = max new tokens
+        settings = dataclasses.replace(settings, min_new_tokens=settings.max_new_tokens)
+        return plain_generate(model, processor, examples, settings, seed)
+
+    experience_module.generate_groups = generate.wrap(forced_length)
+    experience_module.score_completions = score.wrap(experience_module.score_completions)
+    towers = [session.policy] + ([session.reference.copy] if session.reference and session.reference.copy else [])
+    state = {"step": 0, "position": 0}
+
+    def step() -> None:
+        generate.seconds = score.seconds = 0.0
+        policy = session.policy
+        with counting_vision_rows(towers[0]) as rows, counting_vision_rows(towers[-1]) as ref_rows:
+            memory.start()
+            sync(session.accelerator.device)
+            start = time.perf_counter()
+            policy.eval()
+            experience, state["position"] = collect_experience(
+                policy, session.processor, task, config, state["step"], state["position"], session.rank,
+                session.world, session.any_process, session.accelerator.gather)
+            policy.train()
+            torch.manual_seed(derive_seed(config.seed, state["step"], "update"))
+            update = update_policy(session.model, policy, session.processor, session.optimizer, session.scheduler,
+                                   session.reference, experience, config, session.accelerator, session.guard)
+            sync(session.accelerator.device)
+            seconds = time.perf_counter() - start
+            peak = memory.stop()
+        state["step"] += 1
+        lengths = experience.rollout.lengths
+        side.steps.append({"step": seconds, "generate": generate.seconds, "reward": score.seconds,
+                           "train": seconds - generate.seconds - score.seconds, "memory": peak,
+                           "vision_rows": sum(rows) + (sum(ref_rows) if len(towers) > 1 else 0),
+                           "completion_tokens": float(lengths.float().mean()), "loss": update["loss"]})
+
+    return step, session
+
+
+def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side, after_step):
+    """TRL's GRPOTrainer on the same model and prompts; `after_step()` runs after each of its steps."""
+    import datasets
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vlmrl.models import load_policy
+    from vlmrl.shared_prefix import counting_vision_rows
+
+    datasets.disable_progress_bars()
+    n = args.prompts * (args.warmup + args.steps)
+    dataset = datasets.Dataset.from_dict({
+        "prompt": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]] * n,
+        "image": [circle_image(i, args.image) for i in range(n)],
+    })
+
+    def reward(prompts, completions, **kwargs) -> list[float]:
+        return [reward_of(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    model, processor = load_policy(model_dir, device=args.device, dtype=args.dtype, attn_implementation=args.attn)
+    rows_per_step = args.prompts * args.group
+    config = GRPOConfig(
+        output_dir=str(out_dir), max_steps=args.warmup + args.steps, learning_rate=args.lr,
+        per_device_train_batch_size=args.micro, gradient_accumulation_steps=rows_per_step // args.micro,
+        num_generations=args.group, max_completion_length=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_p=1.0, top_k=0,
+        beta=args.beta, epsilon=0.2, loss_type="grpo", scale_rewards="group", num_iterations=1,
+        bf16=False, fp16=False, gradient_checkpointing=args.checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False}, use_cpu=args.device == "cpu",
+        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, adam_beta2=0.99, weight_decay=0.0,
+        report_to="none", logging_steps=10 ** 6, save_strategy="no", log_completions=False,
+        dataloader_num_workers=0, seed=0, disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
+                          processing_class=processor)
+    generate, score = Timer(), Timer()
+    trainer._generate = generate.wrap(trainer._generate)
+    trainer._calculate_rewards = score.wrap(trainer._calculate_rewards)
+    ref = trainer.ref_model
+    device = torch.device(args.device)
+
+    class Measure(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            generate.seconds = score.seconds = 0.0
+            self.hooks = [counting_vision_rows(trainer.model)] + ([counting_vision_rows(ref)] if ref else [])
+            self.rows = [h.__enter__() for h in self.hooks]
+            memory.start()
+            sync(device)
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            sync(device)
+            seconds = time.perf_counter() - self.start
+            peak = memory.stop()
+            for h in self.hooks:
+                h.__exit__(None, None, None)
+            side.steps.append({"step": seconds, "generate": generate.seconds, "reward": score.seconds,
+                               "train": seconds - generate.seconds - score.seconds, "memory": peak,
+                               "vision_rows": sum(sum(r) for r in self.rows), "completion_tokens": float("nan"),
+                               "loss": float("nan")})
+            after_step()
+
+    trainer.add_callback(Measure())
+    return trainer
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(args, trl: Side, ours: Side) -> list[str]:
+    skip = args.warmup
+    rows = [("vision rows / step", "vision_rows", "{:.0f}"), ("step (s)", "step", "{:.3f}"),
+            ("generation (s)", "generate", "{:.3f}"), ("training phase (s)", "train", "{:.3f}"),
+            ("peak memory (MiB)", "memory", "{:.0f}")]
+    lines = ["| per step (median of %d after %d warm-up) | TRL | vlmrl | vlmrl / TRL |" % (args.steps, skip),
+             "|---|---:|---:|---:|"]
+    for label, key, fmt in rows:
+        a, b = trl.median(key, skip), ours.median(key, skip)
+        ratio = f"{b / a:.3f}" if a > 0 else "n/a"
+        lines.append(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
+    return lines
+
+
+def model_name(args) -> str:
+    if args.model:
+        return args.model
+    if args.arch_3b:
+        return f"Qwen2.5-VL-3B architecture ({args.layers} text layers, {args.vision_depth} vision blocks)"
+    return f"tiny-model {args.size}"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}, {platform.platform()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step (B)")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    parser.add_argument("--image", type=int, default=448, help="image side in pixels (448: 256 image tokens)")
+    parser.add_argument("--tokens", type=int, default=32, help="completion length (min = max new tokens)")
+    parser.add_argument("--micro", type=int, default=16, help="completions per forward/backward (both sides)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps (median)")
+    parser.add_argument("--size", default="tiny", help="tiny-model size (tiny, small)")
+    parser.add_argument("--model", default=None, help="a saved model folder instead of a tiny model")
+    parser.add_argument("--arch-3b", action="store_true",
+                        help="the Qwen2.5-VL-3B architecture with random weights instead of a tiny model (GPU)")
+    parser.add_argument("--layers", type=int, default=36, help="with --arch-3b: text layers (36 = the real one)")
+    parser.add_argument("--vision-depth", type=int, default=32, help="with --arch-3b: vision blocks (32)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
+                        help="gradient checkpointing off on both sides (default: on, TRL's default)")
+    parser.add_argument("--beta", type=float, default=0.04, help="KL weight on both sides (> 0: a reference)")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--vlmrl-plain", action="store_true", help="vlmrl with shared prefix off (control)")
+    parser.add_argument("--results", default=None, help="append the Markdown table to this file")
+    args = parser.parse_args()
+    if args.device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors return to the system: RSS = live memory
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    if (args.prompts * args.group) % args.micro:
+        parser.error("--micro must divide prompts x group")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    from vlmrl.models import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model:
+            model_dir = args.model
+        elif args.arch_3b:
+            model_dir = qwen25vl_3b_folder(Path(tmp) / "model", args.image, args.layers, args.vision_depth)
+        else:
+            model_dir = str(build_tiny_model(Path(tmp) / "model", size=args.size, arch="qwen2_5_vl"))
+        memory = MemoryPeak(torch.device(args.device))
+        trl, ours = Side("TRL"), Side("vlmrl")
+        step, session = vlmrl_stepper(args, model_dir, Path(tmp) / "vlmrl", memory, ours)
+        trainer = trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step)
+        started = time.perf_counter()
+        trainer.train()
+        session.close()
+        memory.running = False
+    assert len(trl.steps) == len(ours.steps) == args.warmup + args.steps, (len(trl.steps), len(ours.steps))
+    tokens = ours.median("completion_tokens", args.warmup)
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_vs_trl.py"] + sys.argv[1:])
+    header = [f"## {datetime.date.today().isoformat()}: {args.prompts} prompts x G={args.group}, "
+              f"{args.image}x{args.image} images, {args.tokens} completion tokens, {args.dtype}, "
+              f"gradient checkpointing {'on' if args.checkpointing else 'off'}, beta {args.beta}",
+              "", f"- machine: {machine()}", f"- command: `{command}`",
+              f"- model: {model_name(args)} (Qwen2.5-VL, random weights); "
+              f"micro-batch {args.micro}; torch threads {torch.get_num_threads()}; "
+              f"vlmrl shared prefix {'off' if args.vlmrl_plain else 'on'}; "
+              f"vlmrl completion length {tokens:.0f}; wall {time.perf_counter() - started:.0f} s", ""]
+    lines = header + table(args, trl, ours) + [""]
+    print("\n".join(lines))
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""What a run does when something goes wrong mid-way: a non-finite loss or gradient, a stop signal.
+
+Numerical faults. One NaN or inf in the loss or the gradient (a bad batch, an fp16 overflow, a
+log-prob of a token the model gives probability 0) would poison the weights and AdamW's moments
+for good. `NumericGuard.step` checks every optimizer update: when the loss or the gradient norm is
+not finite on any process, the update is skipped (gradients zeroed, no optimizer step) and counted
+(`skipped_steps` in the metrics, cumulative over the run). The learning-rate schedule still
+advances, on purpose: the learning rate stays a function of the step number, as in a run that
+never skipped, and a skipped update is simply an update of zero. `train.max_bad_steps` skipped
+updates in a row stop the run with a checkpoint and a VlmrlError: something upstream is broken,
+and the checkpoint holds the last good weights (skipped updates change nothing).
+
+Stop signals. `StopSignals` turns the first SIGINT (Ctrl-C) or SIGTERM (a scheduler pre-empting
+the job) into a request: the step in progress finishes, a checkpoint is saved and the run ends
+with `Interrupted` (exit status 130 for SIGINT, 143 for SIGTERM from the CLI). A second signal
+acts as it would without vlmrl (KeyboardInterrupt, or the default kill) and saves nothing; the
+last checkpoint stays whole, since checkpoints are renamed into place.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import signal
+import threading
+import warnings
+import weakref
+
+import torch
+
+from vlmrl.errors import warn
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class NumericGuard:
+    """Skips optimizer updates whose loss or gradient norm is NaN/inf, and counts them.
+
+    `skipped` (updates skipped since the run began) and `in_a_row` are saved in checkpoints, so
+    a resumed run counts on as an uninterrupted one.
+    """
+
+    def __init__(self, max_in_a_row: int):
+        self.max_in_a_row = max_in_a_row
+        self.skipped = 0
+        self.in_a_row = 0
+
+    def step(self, accelerator, model: torch.nn.Module, optimizer, scheduler, max_grad_norm: float,
+             loss: float) -> float:
+        """Clip the accumulated gradients, then step the optimizer unless `loss` (this process's,
+        of this update) or the gradient norm is not finite on some process. The scheduler steps
+        and the gradients are zeroed either way. Returns the gradient norm before clipping."""
+        norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
+        grad_norm = float(norm) if norm is not None else 0.0  # None: DeepSpeed clips on its own
+        bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        bad = bool(accelerator.reduce(torch.tensor([float(bad)], device=accelerator.device), "sum") > 0)
+        if bad:
+            self.skipped += 1
+            self.in_a_row += 1
+        else:
+            optimizer.step()
+            self.in_a_row = 0
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()" after a skip
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    @property
+    def exhausted(self) -> bool:
+        """True when max_in_a_row (> 0) updates in a row were skipped: time to stop."""
+        return self.max_in_a_row > 0 and self.in_a_row >= self.max_in_a_row
+
+    def state_dict(self) -> dict[str, int]:
+        return {"skipped": self.skipped, "in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.skipped, self.in_a_row = int(state.get("skipped", 0)), int(state.get("in_a_row", 0))
+
+
+class StopSignals:
+    """While installed, the first SIGINT or SIGTERM sets `received` (the signal number) instead of
+    stopping the process; the training loop checks it after each step.
+
+    Installed only from the main thread (Python delivers signals there). `restore()` puts the
+    previous handlers back; a handler left behind by a session that died without restoring hands
+    every signal to the previous handler.
+    """
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        this = weakref.ref(self)
+        for signum in STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            self._previous[signum] = previous
+            signal.signal(signum, functools.partial(_on_signal, this, previous))
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+def _on_signal(stops_ref, previous, signum, frame) -> None:
+    stops = stops_ref()
+    if stops is not None and stops._previous and stops.received is None:
+        stops.received = signum
+        warn(f"{signal.Signals(signum).name} received: stopping after this step with a checkpoint "
+             "(send it again to stop at once, without one)")
+        return
+    if stops is not None:
+        stops.restore()
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

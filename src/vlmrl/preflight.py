@@ -1,0 +1,342 @@
+"""Preflight: the checks that make a run fail in seconds, before step 1, rather than at hour three.
+
+`vlmrl train` and `vlmrl sft` run them once the model is loaded; `vlmrl check CONFIG` runs them
+alone and prints the report. They:
+- make the first batch of every split the run uses (train, and eval.splits when eval.every > 0)
+  and encode each prompt with the model's own processor, so a task error, a bad image, a processor
+  error or an unknown split shows now, naming the split and the example (the geometry task checks
+  every row of its dataset when it loads: see its on_bad_row);
+- check each prompt: no special token (an image placeholder) written into the question, which
+  breaks the match between image tokens and image features, and prompt plus image tokens within
+  rollout.max_prompt_length. Image tokens are never truncated: a longer prompt is an error that
+  says how many of its tokens are image tokens;
+- estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
+  moments, the reference copy, the generation KV cache and logits, training activations) and warn
+  when it exceeds what the device has free. The estimate is rough (allocator overhead, fused
+  kernels and framework buffers are not counted): a warning to heed, not a guarantee either way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from vlmrl.config import Config
+from vlmrl.errors import VlmrlError, warn
+from vlmrl.models import is_vision_parameter
+from vlmrl.rollout import encode_prompts
+from vlmrl.tasks import Example, Task
+
+ACTIVATION_VALUES = 26
+"""Values kept for backward per token, per layer, per hidden unit without checkpointing: attention
+inputs and outputs, the MLP's wider intermediates, norms. Korthikanti et al. count 34 bytes in 16
+bits (~17 values) for a 4x MLP; the gated MLPs of current VLMs are wider. Calibrated on the small
+offline model (fp32, CPU, sdpa): with micro-batches of 8 and 32 completions of 64 tokens after an
+81-token prompt, activations plus gradients came within 3% of the measured peak-RSS growth of a
+forward and backward."""
+
+
+@dataclass
+class SplitCheck:
+    """The first batch of one split, encoded."""
+
+    split: str
+    prompts: int
+    longest: int
+    """Tokens of the longest prompt, image tokens included."""
+    image_tokens: int
+    """Image tokens in that prompt."""
+    example: int
+    """Index of that example in the split."""
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak memory of one process, in bytes, and what its device has free."""
+
+    device: str
+    weights: int
+    gradients: int
+    optimizer: int
+    reference: int
+    generation: int
+    """KV cache and logits of the largest generate call (rollouts, or evaluation)."""
+    activations: int
+    """What one training micro-batch keeps for backward, logits included."""
+    loaded: int
+    """Of the above, already in memory when the device's free memory was read."""
+    free: int | None
+    """Free memory of the device (RAM on a CPU), None when unknown."""
+    sharers: int = 1
+    """Processes sharing that memory (several CPU processes share the RAM)."""
+
+    @property
+    def peak(self) -> int:
+        # Generation runs before the update, under no_grad: the two are never alive together.
+        return self.weights + self.gradients + self.optimizer + self.reference + max(self.generation, self.activations)
+
+    @property
+    def needed(self) -> int:
+        """Memory still to be taken, over all processes sharing the device."""
+        return max(0, self.peak - self.loaded) * self.sharers
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.free is None else self.needed <= self.free
+
+
+@dataclass
+class PreflightReport:
+    mode: str
+    splits: list[SplitCheck]
+    memory: MemoryEstimate
+    parameters: int
+    trainable: int
+    dtype: str
+    max_prompt_length: int
+    bad_rows: list = field(default_factory=list)
+    """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
+
+    def lines(self) -> list[str]:
+        m = self.memory
+        out = [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
+               f"{self.dtype}"]
+        for s in self.splits:
+            label = s.split if s.split == "train" else f"eval/{s.split}"
+            out.append(f"{label:<10} {s.prompts} prompts; longest {s.longest} tokens ({s.image_tokens} image tokens, "
+                       f"example {s.example}) of rollout.max_prompt_length={self.max_prompt_length}")
+        parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"AdamW {gib(m.optimizer)}"]
+        if m.reference:
+            parts.append(f"reference {gib(m.reference)}")
+        parts.append(f"then the larger of generation {gib(m.generation)} and training activations {gib(m.activations)}")
+        if m.free is None:
+            verdict = "free memory unknown"
+        else:
+            shared = f" for {m.sharers} processes" if m.sharers > 1 else ""
+            verdict = (f"{gib(m.needed)} more needed{shared}, {gib(m.free)} free on {m.device}: "
+                       + ("fits" if m.fits else "DOES NOT FIT"))
+        out.append(f"memory     about {gib(m.peak)} per process at peak; {verdict}")
+        out.append(f"           ({', '.join(parts)})")
+        if self.bad_rows:
+            split, row, problem = self.bad_rows[0]
+            out.append(f"data       {len(self.bad_rows)} bad rows skipped (first: {problem})")
+        return out
+
+
+def gib(n: int) -> str:
+    """Bytes in the unit that reads best."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2 ** 10:.0f} KiB"
+
+
+def preflight(config: Config, policy, processor, task: Task, mode: str, world: int = 1, start: int = 0,
+              loaded: int | None = None) -> PreflightReport:
+    """Check the first batches and estimate memory; VlmrlError on a problem that would crash the run.
+
+    mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
+    (its data position). `loaded`: bytes already in memory (default: the policy's weights).
+    """
+    limit = config.rollout.max_prompt_length
+    checks = []
+    completion = config.rollout.max_new_tokens
+    for split, indices in first_batches(config, task, mode, world, start).items():
+        examples = [make_example(task, i, split) for i in indices]
+        checks.append(check_prompts(processor, examples, indices, split, limit))
+        if mode == "sft" and split == "train":
+            completion = max(len(processor.tokenizer(ex.reference_completion, add_special_tokens=False).input_ids)
+                             for ex in examples) + 2  # end-of-turn tokens
+    longest = max(check.longest for check in checks)
+    image_tokens = max(check.image_tokens for check in checks)
+    memory = estimate_memory(config, policy, mode, world, longest, completion, image_tokens, loaded)
+    params = list(policy.parameters())
+    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
+    trainable = sum(p.numel() for name, p in policy.named_parameters()
+                    if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+    return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
+                           trainable=trainable, dtype=str(params[0].dtype).replace("torch.", ""),
+                           max_prompt_length=limit, bad_rows=list(getattr(task, "bad_rows", ())))
+
+
+def first_batches(config: Config, task: Task, mode: str, world: int, start: int) -> dict[str, list[int]]:
+    """Example indices of the first batch of each split the run uses: one process's share of a
+    step from `start` for train, the first eval batch of each eval split."""
+    per_process = (config.rollout.prompts_per_step if mode == "train" else config.sft.batch_size) // max(world, 1)
+    batches = {"train": list(range(start, start + max(per_process, 1)))}
+    if config.eval.every > 0:
+        for split in config.eval.splits:
+            if split not in task.splits:
+                raise VlmrlError(f"eval.splits names {split!r}, which task {task.name!r} does not have; "
+                                 f"valid: {', '.join(task.splits)}")
+            batches[split] = list(range(min(config.eval.n, config.eval.batch_size)))
+    return batches
+
+
+def make_example(task: Task, idx: int, split: str) -> Example:
+    """task.example(idx, split); a failure other than a VlmrlError is told with the split and index."""
+    try:
+        return task.example(idx, split)
+    except VlmrlError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a task of the user's own: say where it failed
+        raise VlmrlError(f"task {task.name!r} cannot make {split} example {idx}: "
+                         f"{type(error).__name__}: {error}") from error
+
+
+def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int) -> SplitCheck:
+    """Encode each example's prompt alone: no special token in the question, and within `limit`."""
+    specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
+    image_id = image_token_id(processor)
+    best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
+    for idx, example in zip(indices, examples):
+        written = [token for token in specials if token in example.prompt]
+        if written:
+            raise VlmrlError(f"the question of {split} example {idx} contains the special token {written[0]!r}: "
+                             "image tokens would no longer match image features; remove it from the data")
+        try:
+            ids = encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]  # (P,)
+        except Exception as error:  # noqa: BLE001 - the processor's own message, with where it happened
+            image = example.image
+            raise VlmrlError(f"the processor cannot encode {split} example {idx} (image {image.width}x"
+                             f"{image.height} {image.mode}): {type(error).__name__}: {error}") from error
+        n_image = int((ids == image_id).sum()) if image_id is not None else 0
+        if len(ids) > limit:
+            raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({n_image} of them image "
+                             f"tokens) > rollout.max_prompt_length={limit}; image tokens are never truncated: "
+                             "use smaller images (the task's max_pixels or max_image_side, or the processor's "
+                             "max_pixels) or raise rollout.max_prompt_length")
+        if len(ids) > best.longest:
+            best = SplitCheck(split, len(examples), len(ids), n_image, idx)
+    return best
+
+
+def image_token_id(processor) -> int | None:
+    """The id of the image placeholder token, when the processor names one."""
+    token_id = getattr(processor, "image_token_id", None)
+    if token_id is None and getattr(processor, "image_token", None):
+        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    return token_id
+
+
+def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
+                    image_tokens: int, loaded: int | None = None) -> MemoryEstimate:
+    """A rough per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate)."""
+    from vlmrl.experience import generation_batch
+
+    params = list(policy.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
+    gradients = sum(p.numel() * p.element_size() for name, p in policy.named_parameters()
+                    if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+    algo = config.algorithm
+    adapter_off = config.model.lora.enabled and algo.ref_refresh_steps == 0  # reference = adapter switched off
+    copy_reference = mode == "train" and algo.beta > 0 and not adapter_off
+    text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+    hidden, layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    size = params[0].element_size()  # bytes per activation value (the compute dtype)
+
+    def generate_bytes(rows: int, new_tokens: int) -> int:
+        length = prompt + new_tokens
+        kv_cache = 2 * layers * rows * length * kv_heads * head_dim * size
+        logits = rows * new_tokens * vocab * (size + 8)  # kept per step, then a float copy and log-softmax
+        return kv_cache + logits
+
+    generation = 0
+    if mode == "train":
+        generation = generate_bytes(generation_batch(config, world) * config.rollout.group_size, completion)
+    if config.eval.every > 0:
+        generation = max(generation, generate_bytes(config.eval.batch_size,
+                                                    config.eval.max_new_tokens or config.rollout.max_new_tokens))
+
+    micro = config.train.micro_batch_size
+    length = prompt + completion
+    per_layer = ACTIVATION_VALUES * micro * length * hidden * size
+    if config.model.gradient_checkpointing:  # only each layer's input is kept; one layer is recomputed at a time
+        text_activations = layers * micro * length * hidden * size + per_layer
+    else:
+        text_activations = layers * per_layer
+    attention = getattr(policy.config, "_attn_implementation", None) or config.model.attn_implementation
+    if attention == "eager":  # the (L, L) attention weights of every head are kept too
+        text_activations += layers * micro * heads * length * length * size * 2
+    logits = micro * completion * vocab * (size + 20)  # logits, scaled copy, log-softmax, their gradients
+    vision = 0
+    vision_config = getattr(policy.config, "vision_config", None)
+    if vision_config is not None and not config.model.freeze_vision and not frozen_vision:
+        merge = getattr(vision_config, "spatial_merge_size", 1) or 1
+        depth = getattr(vision_config, "depth", None) or getattr(vision_config, "num_hidden_layers", 0)
+        width = getattr(vision_config, "hidden_size", None) or getattr(vision_config, "embed_dim", 0)
+        vision = ACTIVATION_VALUES * depth * micro * image_tokens * merge * merge * width * size
+    activations = text_activations + logits + vision
+
+    device = next(iter(params)).device
+    return MemoryEstimate(
+        device=str(device), weights=weights, gradients=gradients, optimizer=2 * gradients,
+        reference=weights if copy_reference else 0, generation=generation, activations=activations,
+        loaded=weights if loaded is None else loaded, free=free_memory(device),
+        sharers=world if device.type == "cpu" else 1)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on `device`: torch.cuda.mem_get_info on a GPU, available RAM on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def run_preflight(session, task: Task, mode: str) -> PreflightReport:
+    """The preflight of a training session: prints the report (main process), warns when the run
+    will not fit in memory, raises VlmrlError on a batch that would crash it."""
+    config = session.config
+    if mode == "train":
+        per_process = config.rollout.prompts_per_step // session.world
+        start = session.position + session.rank * per_process
+    else:
+        per_process = config.sft.batch_size // session.world
+        start = session.start_step * config.sft.batch_size + session.rank * per_process
+    reference = getattr(session.reference, "copy", None)
+    loaded = sum(p.numel() * p.element_size() for p in session.policy.parameters())
+    if reference is not None:
+        loaded += sum(p.numel() * p.element_size() for p in reference.parameters())
+    report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
+    if session.main:
+        for line in report.lines():
+            print(f"preflight: {line}", flush=True)
+        if report.memory.fits is False:
+            warn(memory_advice(report.memory))
+    return report
+
+
+def memory_advice(memory: MemoryEstimate) -> str:
+    return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "
+            f"{gib(memory.free or 0)} free. Lower train.micro_batch_size or rollout.generation_batch_size, "
+            "turn on model.gradient_checkpointing, or train a LoRA adapter (model.lora.enabled=true)")
+
+
+def check(config: Config, mode: str = "train") -> PreflightReport:
+    """`vlmrl check`: load the model and task as a run would (one process, no checkpoint) and run
+    the preflight alone."""
+    from vlmrl.models import resolve_device
+    from vlmrl.session import load_trainable_policy
+    from vlmrl.tasks import get_task
+    from vlmrl.trainer import check_batch_layout
+
+    if mode == "train":
+        check_batch_layout(config, 1)
+    policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    return preflight(config, policy, processor, task, mode)

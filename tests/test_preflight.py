@@ -1,0 +1,134 @@
+"""Preflight: first batches encoded, prompt lengths against max_prompt_length, a memory estimate
+whose parts add up, and `vlmrl check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vlmrl import preflight as preflight_module
+from vlmrl.cli import main
+from vlmrl.config import load_config
+from vlmrl.errors import VlmrlError
+from vlmrl.models import load_policy
+from vlmrl.preflight import check, preflight
+from vlmrl.tasks import Example, get_task
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def letter_task(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def overrides(model_dir: str, *extra: str) -> list[str]:
+    return [f"model.name_or_path={model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
+            "rollout.generation_batch_size=2", "train.micro_batch_size=8", *extra]
+
+
+def test_check_reports_the_longest_prompt_and_a_memory_estimate(tiny_model_dir, letter_task):
+    report = check(load_config(None, overrides(tiny_model_dir, "eval.every=5", "eval.splits=[test]",
+                                               "eval.batch_size=3")))
+    train, test = report.splits
+    assert (train.split, train.prompts, test.split, test.prompts) == ("train", 4, "test", 3)
+    assert 0 < train.image_tokens < train.longest <= 4096  # 56x56 images: a few image tokens
+    m = report.memory
+    policy, _ = load_policy(tiny_model_dir, device="cpu")
+    weights = sum(p.numel() * p.element_size() for p in policy.parameters())
+    assert m.weights == weights and m.gradients == weights and m.optimizer == 2 * weights  # all trainable, fp32
+    assert m.reference == weights  # beta > 0 by default: a frozen copy
+    assert m.peak == 5 * weights + max(m.generation, m.activations) and m.activations > 0 and m.generation > 0
+    assert m.free > 0 and m.fits
+    text = "\n".join(report.lines())
+    assert "longest" in text and f"{train.image_tokens} image tokens" in text and "fits" in text
+
+
+def test_memory_estimate_follows_the_settings(tiny_model_dir, letter_task):
+    def memory(*extra):
+        return check(load_config(None, overrides(tiny_model_dir, *extra))).memory
+
+    base = memory()
+    assert memory("train.micro_batch_size=16").activations > 1.9 * base.activations
+    assert memory("rollout.group_size=8").generation > 1.9 * base.generation
+    assert memory("model.gradient_checkpointing=true").activations < base.activations
+    assert memory("algorithm.beta=0").reference == 0
+    frozen = memory("model.freeze_vision=true")
+    assert frozen.gradients < base.gradients and frozen.optimizer == 2 * frozen.gradients
+
+
+def test_a_prompt_longer_than_max_prompt_length_is_an_error(tiny_model_dir, letter_task):
+    with pytest.raises(VlmrlError, match=r"prompt of train example 0 is \d+ tokens \(\d+ of them image tokens\) > "
+                                         r"rollout.max_prompt_length=10; image tokens are never truncated"):
+        check(load_config(None, overrides(tiny_model_dir, "rollout.max_prompt_length=10")))
+
+
+class PlaceholderTask:
+    """A task whose question carries an image placeholder of its own (a common data bug)."""
+
+    name = "placeholder"
+    splits = ("train", "test")
+
+    def example(self, idx, split="train"):
+        from PIL import Image
+
+        return Example(image=Image.new("RGB", (56, 56)), prompt="What is in <|image_pad|> this?", answer="a")
+
+
+def test_a_special_token_in_the_question_is_an_error(tiny_model_dir):
+    config = load_config(None, overrides(tiny_model_dir))
+    policy, processor = load_policy(tiny_model_dir, device="cpu")
+    with pytest.raises(VlmrlError, match=r"question of train example 0 contains the special token '<\|image_pad\|>'"):
+        preflight(config, policy, processor, PlaceholderTask(), "train")
+
+
+def test_an_unknown_eval_split_is_an_error_before_training(tiny_model_dir, letter_task):
+    with pytest.raises(VlmrlError, match=r"eval.splits names 'ood', which task 'letters' does not have; "
+                                         r"valid: train, test"):
+        check(load_config(None, overrides(tiny_model_dir, "eval.every=1", "eval.splits=[ood]")))
+
+
+def test_a_task_that_fails_is_named_with_split_and_index(tiny_model_dir):
+    class Broken(PlaceholderTask):
+        def example(self, idx, split="train"):
+            raise KeyError("image")
+
+    config = load_config(None, overrides(tiny_model_dir))
+    policy, processor = load_policy(tiny_model_dir, device="cpu")
+    with pytest.raises(VlmrlError, match=r"task 'placeholder' cannot make train example 0: KeyError: 'image'"):
+        preflight(config, policy, processor, Broken(), "train")
+
+
+def test_sft_preflight_measures_the_reference_completions(tiny_model_dir):
+    config = load_config(None, overrides(tiny_model_dir, "task.name=shapes", "sft.batch_size=6"))
+    policy, processor = load_policy(tiny_model_dir, device="cpu")
+    task = get_task("shapes")
+    report = preflight(config, policy, processor, task, "sft")
+    assert report.splits[0].prompts == 6 and report.memory.generation == 0 and report.memory.reference == 0
+
+
+def test_vlmrl_check_prints_the_report_and_warns_when_it_will_not_fit(tiny_model_dir, letter_task, capsys,
+                                                                      monkeypatch):
+    assert main(["check", *overrides(tiny_model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("model ") and "train " in out and out.strip().endswith("ok")
+    monkeypatch.setattr(preflight_module, "free_memory", lambda device: 1024)
+    assert main(["check", *overrides(tiny_model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "ok, but this run may not fit" in out and "gradient_checkpointing" in out
+    assert main(["check", *overrides(tiny_model_dir, "rollout.max_prompt_length=5")]) == 2
+    assert "error: the prompt of train example 0" in capsys.readouterr().err
+
+
+def test_training_warns_before_step_one_when_memory_is_short(tmp_path, tiny_model_dir, letter_task, capsys,
+                                                             monkeypatch):
+    from vlmrl.trainer import train
+
+    monkeypatch.setattr(preflight_module, "free_memory", lambda device: 1024)
+    train(load_config(None, overrides(tiny_model_dir, f"output_dir={tmp_path / 'run'}", "train.steps=1",
+                                      "train.trackers=[]", "train.log_rollouts_every=0")))
+    captured = capsys.readouterr()
+    assert "preflight: train " in captured.out and "preflight: memory" in captured.out
+    assert "warning: this run may not fit" in captured.err
