@@ -31,7 +31,8 @@ def test_demo_runs_every_phase_and_writes_the_summary(tmp_path, smoke_preset, ca
         assert saved[phase]["test"]["n"] == 3 and 0 <= saved[phase]["ood"]["accuracy"] <= 1
         assert saved[phase]["test"]["blind"]["blank"] is not None
         assert (tmp_path / "demo" / phase / "final" / "config.json").exists()
-    assert (tmp_path / "demo" / "grpo" / "report.html").exists()
+    assert all((tmp_path / "demo" / phase / "report.html").exists() for phase in ("sft", "grpo"))
+    assert set(saved["seconds"]) == {"sft", "eval_sft", "grpo", "eval_grpo"}
     assert summary["sft"]["test"]["accuracy"] == saved["sft"]["test"]["accuracy"]
 
     # A second run reuses the finished phases: same numbers, no training.

@@ -17,6 +17,7 @@ interrupted one from its newest checkpoint; Ctrl-C saves a checkpoint and writes
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,25 +135,39 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
     print(model_summary(model_dir))
     summary: dict = {"preset": preset_name, "overrides": {"task": preset.task, "sft": preset.sft,
                                                           "grpo": preset.grpo}}
+    seconds = summary["seconds"] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        seconds[name] = round(time.perf_counter() - clock, 1)
+        clock = time.perf_counter()
+
     try:
         print("\n== 1/4 supervised warm start ==")
         sft_config = phase_config(preset, "sft", model_dir, out / "sft")
         warm = out / "sft" / "final"
         if not warm.exists():
             sft(sft_config)
+        lap("sft")
         print("\n== 2/4 evaluate the warm start ==")
         summary["sft"] = evaluate_model(warm, sft_config, preset.eval_n, out / "sft")
+        lap("eval_sft")
         print("\n== 3/4 GRPO ==")
         grpo_config = phase_config(preset, "grpo", warm, out / "grpo")
         if not (out / "grpo" / "final").exists():
             train(grpo_config)
+        lap("grpo")
         print("\n== 4/4 evaluate after GRPO ==")
         summary["grpo"] = evaluate_model(out / "grpo" / "final", grpo_config, preset.eval_n, out / "grpo")
+        lap("eval_grpo")
     finally:
-        write_report(out / "grpo")
+        for phase in ("sft", "grpo"):
+            write_report(out / phase)
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     table = before_after_table(summary["sft"], summary["grpo"])
-    print(f"\n{preset_name}: held-out accuracy before and after GRPO\n{table}\n\n"
+    print(f"\n{preset_name}: held-out accuracy before and after GRPO ({sum(seconds.values()) / 60:.1f} min of "
+          f"training and evaluation)\n{table}\n\n"
           f"report: {out / 'grpo' / 'report.html'}   numbers: {out / 'summary.json'}")
     return summary
 
