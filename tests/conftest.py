@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from PIL import Image, ImageDraw
+
+TESTS = Path(__file__).parent
+"""This folder: tests/letter_task.py lives here (the trainer tests' tasks, loaded by import path)."""
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +41,9 @@ def circle_image() -> Image.Image:
     draw.ellipse((10, 10, 40, 40), fill="blue")
     draw.ellipse((60, 60, 100, 100), fill="blue")
     return image
+
+
+@pytest.fixture
+def letter_task(monkeypatch):
+    """Make `letter_task:LetterTask` / `letter_task:ColorTask` importable as task names."""
+    monkeypatch.syspath_prepend(str(TESTS))

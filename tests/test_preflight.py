@@ -3,7 +3,6 @@ whose parts add up, and `vlmrl check`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -15,12 +14,7 @@ from vlmrl.models import load_policy
 from vlmrl.preflight import check, preflight
 from vlmrl.tasks import Example, get_task
 
-TESTS = Path(__file__).parent
 
-
-@pytest.fixture
-def letter_task(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
 
 
 def overrides(model_dir: str, *extra: str) -> list[str]:

@@ -31,10 +31,6 @@ LETTER_TASK = "letter_task:LetterTask"  # tests/letter_task.py, loaded by import
 TIMING = ("seconds", "tokens_per_s", "time/")
 
 
-@pytest.fixture
-def letter_task(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
-
 
 def overrides(run: Path, model_dir: str, *extra: str) -> list[str]:
     return [f"model.name_or_path={model_dir}", "model.device=cpu", f"task.name={LETTER_TASK}", f"output_dir={run}",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
 from vlmrl.config import load_config
 from vlmrl.models import load_policy
@@ -13,12 +11,7 @@ from vlmrl.sft import completion_tokens, sft
 from vlmrl.tasks import get_task
 from vlmrl.tracking import read_metrics
 
-TESTS = Path(__file__).parent
 
-
-@pytest.fixture
-def letter_task(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
 
 
 def test_targets_are_the_completion_and_its_end_token_only(tiny_model_dir):

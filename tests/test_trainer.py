@@ -23,10 +23,6 @@ TESTS = Path(__file__).parent
 LETTER_TASK = "letter_task:LetterTask"  # tests/letter_task.py, loaded by import path
 
 
-@pytest.fixture
-def letter_task(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
-
 
 def _config(tmp_path, model_dir, *overrides):
     base = [f"model.name_or_path={model_dir}", "model.device=cpu", f"task.name={LETTER_TASK}",

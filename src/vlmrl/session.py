@@ -75,6 +75,7 @@ class TrainingSession:
             save_config(config, self.run_dir / "config.yaml")
             self.log = build_trackers(config, self.run_dir, resume_step=self.start_step if checkpoint else None)
         self.saved_step = self.start_step if checkpoint is not None else None
+        self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
         self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
 
     def any_process(self, flag: bool) -> bool:
@@ -148,7 +149,9 @@ class TrainingSession:
             eval_settings = EvalSettings(batch_size=settings.batch_size, max_new_tokens=max_new_tokens,
                                          seed=self.config.seed)
             for split in settings.splits:
-                examples = held_out_examples(task, split, settings.n)
+                if split not in self.held_out:  # the same fixed set at every evaluation: make it once
+                    self.held_out[split] = held_out_examples(task, split, settings.n)
+                examples = self.held_out[split]
                 evaluation = evaluate(self.policy, self.processor, task, examples, eval_settings,
                                       show_progress=False)
                 save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
