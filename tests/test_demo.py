@@ -12,7 +12,7 @@ import vlmrl.demo as demo
 @pytest.fixture
 def smoke_preset(monkeypatch, tiny_model_dir):
     preset = demo.DemoPreset(
-        task=["task.name=shapes", "task.params.targets=[circle]", "task.params.distractors=false"],
+        shared=["task.name=shapes", "task.params.targets=[circle]", "task.params.distractors=false"],
         sft=["sft.batch_size=4", "train.steps=2", "train.lr=1e-3", "train.micro_batch_size=4",
              "train.trackers=[]"],
         grpo=["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.generation_batch_size=2",

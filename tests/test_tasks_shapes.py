@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
 from vlmrl.tasks.shapes import RGB, SHAPE_COLORS
 
@@ -50,6 +51,14 @@ def test_without_distractors_only_the_asked_about_kind_is_drawn():
         others = [k for k in ("circle", "square", "triangle") if k != meta["target"]]
         assert all(meta["counts"][k] == 0 for k in others) and 1 <= meta["counts"][meta["target"]] <= 5
         assert {s[0] for s in meta["shapes"]} == {meta["target"]} and len(meta["shapes"]) == meta["count"]
+
+
+def test_without_distractors_larger_shapes_fit():
+    """Only the asked-about kind needs room: the demo's large circles pass, OOD counts included."""
+    task = get_task("shapes", distractors=False, min_size=0.17, max_size=0.2)
+    assert task.example(0, "ood").meta["count"] in (6, 7)
+    with pytest.raises(VlmrlError, match="do not fit"):
+        get_task("shapes", min_size=0.17, max_size=0.2)  # with the other kinds drawn too
 
 
 # --- chapter rubric ----------------------------------------------------------------------------

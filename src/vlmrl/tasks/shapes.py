@@ -135,7 +135,7 @@ class ShapesParams(TaskParams):
         check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
         check(round(self.min_size * self.image_size) >= 4, "shapes would be smaller than 4 pixels: "
               "raise min_size or image_size")
-        most = max(self.ood_max, self.max_count) + 2 * self.max_count
+        most = max(self.ood_max, self.max_count) + (2 * self.max_count if self.distractors else 0)
         check(fits(most, round(self.max_size * self.image_size), self.gap, self.image_size),
               f"{most} shapes of up to {self.max_size:g} of the side do not fit a {self.image_size}px image "
               "with room to spare; lower the counts or max_size, or raise image_size")
