@@ -7,7 +7,7 @@ import typing
 
 import pytest
 
-from vlmrl.config import Config, all_keys, describe, field_docs, load_config, save_config
+from vlmrl.config import RENAMED_KEYS, Config, all_keys, describe, field_docs, from_dict, load_config, save_config
 from vlmrl.errors import VlmrlError
 
 
@@ -55,6 +55,46 @@ def test_wrong_type_names_the_field_and_the_value():
         load_config(None, ["model.dtype=fp8"])
     with pytest.raises(VlmrlError, match=r"model must be a mapping"):
         load_config(None, ["model=3"])
+
+
+def test_values_follow_one_rule_from_yaml_overrides_and_python(tmp_path):
+    # Text is read as YAML first (also when quoted in the file), then the type is checked strictly.
+    path = _write(tmp_path, "model:\n  freeze_vision: 'yes'\n  lora:\n    r: '8'\ntrain:\n  lr: 1e-6\n")
+    config = load_config(path, ["model.lora.alpha=64"])
+    assert config.model.freeze_vision is True and config.model.lora.r == 8 and config.model.lora.alpha == 64
+    assert config.train.lr == 1e-6 and isinstance(config.train.lr, float)
+    assert from_dict(Config, {"train": {"steps": "7"}}).train.steps == 7
+    assert from_dict(Config, {"output_dir": 5}).output_dir == "5"
+    assert from_dict(Config, {"model": {"attn_implementation": "null"}}).model.attn_implementation == "null"
+    assert load_config(None, ["model.attn_implementation=null"]).model.attn_implementation is None
+    with pytest.raises(VlmrlError, match=r"^train\.steps must be int; got 3\.0 \(float\)$"):
+        from_dict(Config, {"train": {"steps": 3.0}})
+    with pytest.raises(VlmrlError, match=r"^model\.freeze_vision must be bool; got 1 \(int\)$"):
+        load_config(None, ["model.freeze_vision=1"])
+    with pytest.raises(VlmrlError, match=r"^output_dir must be str; got True \(bool\)$"):
+        load_config(None, ["output_dir=true"])
+    with pytest.raises(VlmrlError, match=r"^train\.adam_betas\[1\] must be float; got 'x' \(str\)$"):
+        load_config(None, ["train.adam_betas=[0.9, x]"])
+
+
+def test_a_renamed_key_names_its_new_name(tmp_path, monkeypatch):
+    monkeypatch.setitem(RENAMED_KEYS, "train.learning_rate", "train.lr")
+    message = r"^config key 'train\.learning_rate' was renamed to 'train\.lr'; use the new name$"
+    with pytest.raises(VlmrlError, match=message):
+        load_config(_write(tmp_path, "train:\n  learning_rate: 0.1\n"))
+    with pytest.raises(VlmrlError, match=message):
+        load_config(None, ["train.learning_rate=0.1"])
+    monkeypatch.setitem(RENAMED_KEYS, "sampling", "rollout")
+    with pytest.raises(VlmrlError, match=r"^config key 'sampling' was renamed to 'rollout'; use the new name$"):
+        load_config(None, ["sampling.group_size=4"])
+
+
+def test_renamed_keys_lead_from_an_old_key_to_a_current_one():
+    assert RENAMED_KEYS["train.shared_prefix"] == "train.pack_groups"
+    keys = set(all_keys(Config))
+    for old, new in RENAMED_KEYS.items():
+        # Until the rename lands only the old key exists; after it only the new one does.
+        assert (old in keys) != (new in keys), (old, new)
 
 
 def test_yaml_syntax_error_gives_the_position(tmp_path):

@@ -2,19 +2,15 @@
 
 Every field has a docstring (the string under it), which `vlmrl config --docs` prints. A config
 file sets any subset of fields; `section.field=value` arguments override it
-(`vlmrl train configs/x.yaml train.lr=1e-6`). An unknown key is an error naming the closest valid
-keys, and a value of the wrong type is an error naming the field.
+(`vlmrl train configs/x.yaml train.lr=1e-6`). Values are read and checked by the rule of
+`vlmrl.fields`, the same one task parameters follow. An unknown key is an error naming the closest
+valid keys (or the new name of a renamed key, RENAMED_KEYS), and a value of the wrong type is an
+error naming the field and the type.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import difflib
-import functools
-import inspect
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +18,15 @@ from typing import Any, Literal
 import yaml
 
 from vlmrl.errors import VlmrlError
+from vlmrl.fields import Naming, build, read_text
+from vlmrl.fields import all_keys, field_docs  # noqa: F401  (also public names of this module)
+
+RENAMED_KEYS: dict[str, str] = {
+    "rollout.shared_prefill": "rollout.share_prompt_cache",
+    "train.shared_prefix": "train.pack_groups",
+    "algorithm.cubic_shaping": "algorithm.advantage_shaping",
+}
+"""Old dotted key -> its new name: a config that still uses an old key gets an error saying so."""
 
 
 @dataclass
@@ -280,6 +285,10 @@ class Config:
 # --------------------------------------------------------------------------- reading and writing
 
 
+_NAMING = Naming(noun="config key", renamed=RENAMED_KEYS)
+"""Errors name config fields by their dotted key ("train.lr")."""
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = (), cls: type = Config):
     """Build a `cls` from an optional YAML file, then `key.sub=value` overrides."""
     data: dict[str, Any] = {}
@@ -311,15 +320,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """`train.lr=1e-6` -> ("train.lr", 1e-6); the value is read as YAML."""
+    """`train.lr=1e-6` -> ("train.lr", 1e-6); the value is read as YAML (`vlmrl.fields.read_text`:
+    "1e-6" is a float; text that is not YAML stays text; an empty value is "")."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise VlmrlError(f"override {item!r} is not of the form section.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
+    return key.strip(), read_text(raw) if raw.strip() else ""
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -335,20 +341,9 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = ""):
-    """Build dataclass `cls` from a nested mapping, checking every key and type."""
-    if not isinstance(data, dict):
-        raise VlmrlError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in data.items():
-        if key not in names:
-            raise VlmrlError(_unknown_key_message(prefix + str(key), cls, prefix))
-        values[key] = _coerce(hints[key], value, prefix + key)
-    config = cls(**values)
-    if hasattr(config, "validate"):
-        config.validate()
-    return config
+    """Build dataclass `cls` from a nested mapping, checking every key and type (the rule is in
+    `vlmrl.fields`); a key of RENAMED_KEYS says its new name."""
+    return build(cls, data, _NAMING, prefix)
 
 
 def to_dict(config) -> dict[str, Any]:
@@ -361,102 +356,7 @@ def save_config(config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
-def all_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of a config class, depth first."""
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        keys.append(prefix + f.name)
-        if dataclasses.is_dataclass(hints[f.name]):
-            keys.extend(all_keys(hints[f.name], prefix + f.name + "."))
-    return keys
-
-
-def _unknown_key_message(key: str, cls: type, prefix: str) -> str:
-    root_keys = all_keys(Config) if cls is Config or prefix else all_keys(cls)
-    close = difflib.get_close_matches(key, root_keys, n=3, cutoff=0.5)
-    local = [prefix + f.name for f in dataclasses.fields(cls)]
-    hint = f"did you mean {', '.join(close)}?" if close else f"valid keys here: {', '.join(local)}"
-    return f"unknown config key {key!r}; {hint}"
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    """`value` as type `hint`, or a VlmrlError naming `key`."""
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
-        return from_dict(hint, value if value is not None else {}, key + ".")
-    if hint is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        for option in (o for o in options if o is not type(None)):
-            try:
-                return _coerce(option, value, key)
-            except VlmrlError:
-                continue
-        raise _type_error(key, hint, value)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices:
-            raise VlmrlError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise _type_error(key, hint, value)
-        (item,) = typing.get_args(hint)
-        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _type_error(key, hint, value)
-        return dict(value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise _type_error(key, hint, value)
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _type_error(key, hint, value)
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _type_error(key, hint, value)
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _type_error(key, hint, value)
-    raise _type_error(key, hint, value)
-
-
-def _type_error(key: str, hint: Any, value: Any) -> VlmrlError:
-    name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-    return VlmrlError(f"{key} must be {name}; got {value!r} ({type(value).__name__})")
-
-
-# --------------------------------------------------------------------------- field docs
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal written under it in the class body)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for node, following in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
-            docs[node.target.id] = following.value.value.strip()
-    return docs
+# --------------------------------------------------------------------------- describing
 
 
 def describe(config, prefix: str = "") -> list[str]:

@@ -1,6 +1,9 @@
 """What every task shares: the Example record, the Task base class, parameter dataclasses that check
 and coerce their values, stable per-example randomness, split membership, and the registry.
 
+Parameters are read by the rule of `vlmrl.fields`, the same as the run config: from YAML, from
+`key=value` on the command line or from Python, "3" is 3 and 3.0 is not an int.
+
 A task is deterministic from (seed, split, idx): `Task.rng(split, idx)` seeds `random.Random` with
 the string "name:seed:split:idx" (Python hashes str seeds with SHA-512, never with `hash()`), so any
 worker can make example 12345 without making the first 12344. Procedural tasks keep train and test
@@ -11,11 +14,8 @@ belongs to the requested split. No torch here.
 
 from __future__ import annotations
 
-import ast
-import difflib
 import hashlib
 import importlib
-import inspect
 import operator
 import random
 import typing
@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
+from vlmrl.fields import Naming, build, closest, field_docs, type_name
 
 TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
@@ -65,86 +66,12 @@ def check(condition: bool, message: str) -> None:
         raise VlmrlError(message)
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each dataclass field, from the source of `cls` and its bases."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if klass is object:
-            continue
-        try:
-            tree = ast.parse(inspect.getsource(klass))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, following in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                    and isinstance(following.value.value, str)):
-                docs[node.target.id] = " ".join(following.value.value.split())
-    return docs
-
-
-def _coerce(name: str, hint: Any, value: Any) -> Any:
-    """`value` as the field's type; strings from the command line are parsed."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.strip("()[]").split(",") if part.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise VlmrlError(f"parameter {name} must be a list, got {value!r}")
-        item_type = (typing.get_args(hint) or (str,))[0]
-        return tuple(_coerce(name, item_type, item) for item in value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("true", "yes", "1", "on"):
-            return True
-        if text in ("false", "no", "0", "off"):
-            return False
-        raise VlmrlError(f"parameter {name} must be true or false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-        raise VlmrlError(f"parameter {name} must be an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise VlmrlError(f"parameter {name} must be a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool) or hasattr(value, "__fspath__"):
-            return str(value)
-        raise VlmrlError(f"parameter {name} must be a string, got {value!r}")
-    return value
-
-
 def build_params(cls: type[TaskParams], values: dict[str, Any], task: str = "") -> TaskParams:
-    """`cls(**values)` with unknown names reported (closest valid names first), types coerced and
-    the result validated."""
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in fields(cls)]
-    where = f" of task {task!r}" if task else ""
-    for name in values:
-        if name not in valid:
-            close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(close)}? " if close else ""
-            raise VlmrlError(f"unknown parameter {name!r}{where}; {hint}valid: {', '.join(valid)}")
-    coerced = {name: _coerce(name, hints[name], value) for name, value in values.items()}
-    params = cls(**coerced)
-    params.validate()
-    return params
+    """`cls(**values)` with unknown names reported (closest valid names first), values coerced to
+    the field types (`vlmrl.fields`: "3" -> 3, "yes" -> True, "red,blue" -> a tuple) and the result
+    validated; errors name `parameter NAME of task 'task'`."""
+    owner = f" of task {task!r}" if task else ""
+    return build(cls, values, Naming(noun="parameter", label="parameter {key}" + owner, owner=owner))
 
 
 def param_table(cls: type[TaskParams]) -> list[tuple[str, str, Any, str]]:
@@ -155,9 +82,7 @@ def param_table(cls: type[TaskParams]) -> list[tuple[str, str, Any, str]]:
     for f in fields(cls):
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else None)
-        hint = hints[f.name]
-        type_name = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
-        rows.append((f.name, type_name or str(hint).replace("typing.", ""), default, docs.get(f.name, "")))
+        rows.append((f.name, type_name(hints[f.name]), default, docs.get(f.name, "")))
     return rows
 
 
@@ -247,7 +172,7 @@ def task_class(name: str) -> type[Task]:
     if ":" in name:
         return _import_task(name)
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
+        close = closest(name, _REGISTRY)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise VlmrlError(f"unknown task {name!r}; {hint}registered: {', '.join(list_tasks())}")
     return _REGISTRY[name]

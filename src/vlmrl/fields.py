@@ -1,0 +1,281 @@
+"""Dataclass fields from outside: their docstrings, one rule for coercing values, and building.
+
+The run config (`vlmrl.config`) and the task parameters (`vlmrl.tasks.base`) are both dataclasses
+filled from YAML, from `key=value` on the command line, or from Python keyword arguments. They read
+their values here, so a value means the same thing in both:
+
+- a string is first read as YAML ("3" -> 3, "yes"/"true" -> True as YAML 1.1 does, "1e-6" -> 1e-06,
+  "[a, b]" -> a list), except where the field takes text as it is (str, Any);
+- then the type is checked strictly: bool only from a bool; int only from an integer (not a bool,
+  not 3.0); float from an int or a float; str from a str (numbers and paths are written as text);
+  list and tuple from a list or tuple (a tuple also from comma-separated text, "red,blue"); a
+  Literal must be one of its choices; a union tries each option in turn; a dataclass is built from
+  a mapping, recursively; a dict stays a dict; Any passes through.
+
+A wrong value is a one-line VlmrlError naming the field and the type it must have; an unknown name
+is one naming the closest valid names. `Naming` says how a caller's messages name things
+("train.lr", "parameter max_words of task 'cryptogram'"). No torch here: tasks import this module.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import numbers
+import os
+import re
+import textwrap
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import yaml
+
+from vlmrl.errors import VlmrlError
+
+
+class FieldTypeError(VlmrlError):
+    """A value that does not fit its field's type (a union goes on to its next option on this)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+    """How errors about the fields of a dataclass name things; one per caller (config, tasks)."""
+
+    noun: str = "key"
+    """What a name is called in `unknown NOUN 'x'`: "config key", "parameter"."""
+    label: str = "{key}"
+    """How a value error names its field; {key} becomes the path ("train.lr", "targets[1]")."""
+    owner: str = ""
+    """Said after an unknown name, e.g. " of task 'shapes'"."""
+    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Old name -> new name: an unknown name found here says what it is called now."""
+    candidates: tuple[str, ...] = ()
+    """Names to suggest from; empty = every dotted key of the class `build` starts from."""
+
+    def name(self, key: str) -> str:
+        """The field `key` as value errors name it."""
+        return self.label.replace("{key}", key)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 as PyYAML reads it, except that 1e-6 (no dot) is a float, as in YAML 1.2."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
+
+
+def read_text(text: str) -> Any:
+    """`text` read as one YAML value ("3" -> 3, "yes" -> True, "1e-6" -> 1e-06, "[a, b]" -> a
+    list, "" -> None); text that is not valid YAML is returned as it is."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return text
+
+
+# --------------------------------------------------------------------------- docs and names
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of dataclass `cls` or of one of its bases (the
+    subclass's own wins), on one line; a class whose source cannot be read adds nothing."""
+    return dict(_field_docs(cls))
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object:
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(klass: type) -> dict[str, str]:
+    """Field docstrings in the body of `klass` itself: a string literal right after `name: hint`."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def type_name(hint: Any) -> str:
+    """A type hint as messages and tables write it: int, list[str], tuple[str, ...], str | None."""
+    if isinstance(hint, type) and typing.get_origin(hint) is None:
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of dataclass `cls` (nested dataclass fields included), depth first."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(all_keys(hints[f.name], prefix + f.name + "."))
+    return keys
+
+
+def closest(name: str, candidates: typing.Iterable[str]) -> list[str]:
+    """Up to three of `candidates` that look like `name`, closest first ("did you mean ...?")."""
+    return difflib.get_close_matches(str(name), list(candidates), n=3, cutoff=0.5)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build(cls: type, data: Mapping[str, Any], naming: Naming = Naming(), prefix: str = "") -> Any:
+    """`cls(**data)` for dataclass `cls`, each value coerced to its field's type hint, then the
+    instance's `validate()` (when it has one) called. Keys are named `prefix + name` in errors; an
+    unknown one is a VlmrlError with the closest valid keys (or its new name, see Naming.renamed)."""
+    if not isinstance(data, Mapping):
+        raise VlmrlError(f"{cls.__name__} needs a mapping of field names to values, got {data!r}")
+    if not naming.candidates:
+        naming = dataclasses.replace(naming, candidates=tuple(all_keys(cls, prefix)))
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    values = {}
+    for name, value in data.items():
+        if name not in names:
+            raise _unknown(prefix + str(name), [prefix + n for n in names], naming)
+        values[name] = coerce(hints[name], value, prefix + name, naming)
+    instance = cls(**values)
+    validate = getattr(instance, "validate", None)
+    if callable(validate):
+        validate()
+    return instance
+
+
+def _unknown(key: str, valid: list[str], naming: Naming) -> VlmrlError:
+    """The error for unknown name `key`: its new name when it was renamed, else the closest names
+    (or, when none is close, the `valid` names at its level)."""
+    if key in naming.renamed:
+        return VlmrlError(f"{naming.noun} {key!r}{naming.owner} was renamed to {naming.renamed[key]!r}; "
+                          "use the new name")
+    close = closest(key, naming.candidates)
+    hint = f"did you mean {', '.join(close)}?" if close else f"valid: {', '.join(valid)}"
+    return VlmrlError(f"unknown {naming.noun} {key!r}{naming.owner}; {hint}")
+
+
+def coerce(hint: Any, value: Any, key: str, naming: Naming = Naming()) -> Any:
+    """`value` as type `hint` by the rule in this module's docstring, or a one-line VlmrlError
+    naming field `key` (FieldTypeError when the value does not fit the type)."""
+    origin = typing.get_origin(hint) or hint
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _coerce_dataclass(hint, value, key, naming)
+    if origin in (typing.Union, types.UnionType):
+        return _coerce_union(hint, value, key, naming)
+    if origin is Literal:
+        return _coerce_literal(hint, value, key, naming)
+    if origin in (list, tuple):
+        return _coerce_sequence(hint, value, key, naming)
+    if hint is str:
+        return _coerce_str(value, key, naming)
+    return _coerce_plain(hint, value, key, naming)
+
+
+def _mismatch(naming: Naming, key: str, expected: str, value: Any) -> FieldTypeError:
+    return FieldTypeError(f"{naming.name(key)} must be {expected}; got {value!r} ({type(value).__name__})")
+
+
+def _coerce_dataclass(hint: type, value: Any, key: str, naming: Naming) -> Any:
+    """A nested dataclass from a mapping (None, an empty YAML section, gives the defaults)."""
+    read = read_text(value) if isinstance(value, str) else value
+    if read is None:
+        read = {}
+    if not isinstance(read, Mapping):
+        raise _mismatch(naming, key, "a mapping", value)
+    return build(hint, read, naming, key + ".")
+
+
+def _coerce_union(hint: Any, value: Any, key: str, naming: Naming) -> Any:
+    """The value as the first option of the union it fits, in the order written."""
+    for option in typing.get_args(hint):
+        try:
+            return coerce(option, value, key, naming)
+        except FieldTypeError:
+            continue
+    raise _mismatch(naming, key, type_name(hint), value)
+
+
+def _coerce_literal(hint: Any, value: Any, key: str, naming: Naming) -> Any:
+    """The choice equal to the value (or to the value's text read as YAML); True is not 1."""
+    choices = typing.get_args(hint)
+    candidates = [value, read_text(value)] if isinstance(value, str) else [value]
+    for candidate in candidates:
+        for choice in choices:
+            if candidate == choice and isinstance(candidate, bool) == isinstance(choice, bool):
+                return choice
+    raise _mismatch(naming, key, f"one of {', '.join(map(str, choices))}", value)
+
+
+def _coerce_sequence(hint: Any, value: Any, key: str, naming: Naming) -> list | tuple:
+    """A list or tuple with each item coerced; a tuple also from comma-separated text."""
+    origin = typing.get_origin(hint) or hint
+    items = value
+    if isinstance(value, str):
+        items = read_text(value)
+        if origin is tuple and not isinstance(items, (list, tuple)):
+            items = [part.strip() for part in value.strip("()[]").split(",") if part.strip()]
+    if not isinstance(items, (list, tuple)):
+        raise _mismatch(naming, key, type_name(hint), value)
+    args = typing.get_args(hint)
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(args) != len(items):
+            raise _mismatch(naming, key, type_name(hint), value)
+        item_hints = list(args)
+    else:
+        item_hints = [args[0] if args else Any] * len(items)
+    coerced = [coerce(h, item, f"{key}[{i}]", naming) for i, (h, item) in enumerate(zip(item_hints, items))]
+    return tuple(coerced) if origin is tuple else coerced
+
+
+def _coerce_str(value: Any, key: str, naming: Naming) -> str:
+    """Text as it is; a number or a path written as text; nothing else (not a bool)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+        return os.fspath(value)
+    raise _mismatch(naming, key, "str", value)
+
+
+def _coerce_plain(hint: Any, value: Any, key: str, naming: Naming) -> Any:
+    """bool, int, float, dict, None or any other class; text is read as YAML first."""
+    read = read_text(value) if isinstance(value, str) else value
+    origin = typing.get_origin(hint) or hint
+    if hint is bool:
+        fits = isinstance(read, bool)
+    elif hint is int:
+        fits = isinstance(read, numbers.Integral) and not isinstance(read, bool)
+    elif hint is float:
+        fits = isinstance(read, numbers.Real) and not isinstance(read, bool)
+    elif origin is dict:
+        fits = isinstance(read, Mapping)
+    else:
+        fits = isinstance(origin, type) and isinstance(read, origin)
+    if not fits:
+        raise _mismatch(naming, key, type_name(hint), value)
+    if origin in (int, float, dict):
+        return origin(read)
+    return read
