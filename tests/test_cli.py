@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
-from vlmrl.cli import build_parser, main
+import vlmrl.eval_settings
+import vlmrl.evaluate
+from vlmrl.cli import EVAL_CLI_DEFAULTS, build_parser, main
+from vlmrl.config import EvalConfig
+from vlmrl.errors import VlmrlError
+from vlmrl.eval_settings import EvalSettings
 
 
 def _commands(parser, prefix=()):
@@ -71,3 +77,58 @@ def test_key_value_items_may_follow_options(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["tasks", "show", "cryptogram", "--bogus"])
     assert exit_.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    code = ("import sys\nfrom vlmrl.cli import build_parser, main\n"
+            "for name in [*build_parser()._subparsers._group_actions[0].choices, 'tasks show']:\n"
+            "    try:\n        main([*name.split(), '--help'])\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "usage: vlmrl eval" in result.stdout and "usage: vlmrl tiny-model" in result.stdout
+    assert result.stderr.strip() == "False False"
+
+
+def test_eval_flag_defaults_are_eval_settings_defaults():
+    args = build_parser().parse_args(["eval", "runs/a/final", "--task", "shapes"])
+    settings = EvalSettings()
+    assert (args.batch_size, args.max_new_tokens, args.temperature, args.seed) == (
+        settings.batch_size, settings.max_new_tokens, settings.temperature, settings.seed) == (32, 128, 1.0, 0)
+    assert EVAL_CLI_DEFAULTS == {"k": 8, "blind_check": True}  # where `vlmrl eval` departs, on purpose
+    assert (args.k, args.no_blind, args.n) == (8, False, 64) and (settings.k, settings.blind_check) == (0, False)
+    assert EvalConfig().batch_size == settings.batch_size == 32
+    assert vlmrl.evaluate.EvalSettings is EvalSettings  # re-exported
+
+
+def test_eval_flag_defaults_are_read_not_written_twice(monkeypatch, capsys):
+    @dataclasses.dataclass
+    class Changed(EvalSettings):
+        batch_size: int = 5
+        max_new_tokens: int = 7
+        seed: int = 3
+
+    monkeypatch.setattr(vlmrl.eval_settings, "EvalSettings", Changed)
+    args = build_parser().parse_args(["eval", "m", "--task", "shapes"])
+    assert (args.batch_size, args.max_new_tokens, args.seed, args.k) == (5, 7, 3, 8)
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "completions per generate call (default 5)" in out and "longest completion (default 7)" in out
+    assert "image shuffle (default 3)" in out
+
+
+def test_eval_command_runs_with_the_settings_its_flags_give(monkeypatch, capsys):
+    seen = []
+
+    def fake_run_eval(model_dir, task_name, task_params, split, n, settings, out_dir, dtype, device):
+        seen.append((model_dir, task_name, task_params, split, n, settings))
+        raise VlmrlError("stop here")
+
+    monkeypatch.setattr(vlmrl.evaluate, "run_eval", fake_run_eval)
+    assert main(["eval", "m", "--task", "shapes"]) == 2
+    assert main(["eval", "m", "--task", "shapes", "--batch-size", "4", "--k", "0", "--no-blind", "--seed", "2",
+                 "--n", "3", "image_size=112"]) == 2
+    assert capsys.readouterr().err == "error: stop here\n" * 2
+    assert seen == [("m", "shapes", {}, "test", 64, EvalSettings(k=8, blind_check=True)),
+                    ("m", "shapes", {"image_size": 112}, "test", 3,
+                     EvalSettings(batch_size=4, k=0, blind_check=False, seed=2))]

@@ -7,6 +7,7 @@ stopped by SIGINT / SIGTERM after saving a checkpoint (`Interrupted`) exits 130 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from vlmrl.errors import Interrupted, VlmrlError
 
 
 def _tiny_model(args: argparse.Namespace) -> None:
+    """`vlmrl tiny-model`: build and save the offline random-weight model, print its summary."""
     from vlmrl.models import build_tiny_model
     from vlmrl.tiny_model import model_summary
 
@@ -22,12 +24,14 @@ def _tiny_model(args: argparse.Namespace) -> None:
 
 
 def _tasks_list(args: argparse.Namespace) -> None:
+    """`vlmrl tasks list`: print the registered tasks and their parameters."""
     from vlmrl.tasks.inspect import format_task_list
 
     print(format_task_list())
 
 
 def _tasks_show(args: argparse.Namespace) -> None:
+    """`vlmrl tasks show`: print examples of a task, save their images under --out."""
     from vlmrl.config import parse_override
     from vlmrl.tasks.inspect import show_task
 
@@ -43,6 +47,7 @@ def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
 
 
 def _config(args: argparse.Namespace) -> None:
+    """`vlmrl config`: print the resolved config as YAML (or with --docs, every field's docs)."""
     from vlmrl.config import describe, load_config, save_config
 
     config = load_config(*_config_and_overrides(args))
@@ -59,6 +64,7 @@ def _config(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
+    """`vlmrl train`: the RL run; prints where the final model and the metrics are."""
     from vlmrl.config import load_config
     from vlmrl.trainer import train
 
@@ -67,6 +73,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    """`vlmrl eval`: evaluate a model folder with the flags' settings, print the table, write JSON."""
     from vlmrl.config import parse_override
     from vlmrl.evaluate import EvalSettings, format_table, run_eval
 
@@ -80,6 +87,7 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _sft(args: argparse.Namespace) -> None:
+    """`vlmrl sft`: the supervised warm start; prints how to start RL from its model."""
     from vlmrl.config import load_config
     from vlmrl.sft import sft
 
@@ -89,6 +97,7 @@ def _sft(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    """`vlmrl check`: the preflight checks alone; prints the report and a memory verdict."""
     from vlmrl.config import load_config
     from vlmrl.preflight import check, memory_advice
 
@@ -98,12 +107,14 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
+    """`vlmrl demo`: SFT then GRPO on the offline small model, with a before/after table."""
     from vlmrl.demo import run_demo
 
     run_demo(out_dir=args.out, preset_name=args.preset)
 
 
 def _report(args: argparse.Namespace) -> None:
+    """`vlmrl report`: write the run's self-contained HTML page."""
     from vlmrl.report import write_report
 
     path = write_report(args.run_dir, out=args.out)
@@ -111,6 +122,7 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _attention(args: argparse.Namespace) -> None:
+    """`vlmrl attention`: attention heatmaps of each generated token over the image."""
     from vlmrl.report.attention import attention_maps, format_summary
 
     maps = attention_maps(args.model, args.image, args.prompt, layer=args.layer, out_dir=args.out,
@@ -120,6 +132,19 @@ def _attention(args: argparse.Namespace) -> None:
 
 DEMO_PRESETS = ("shapes", "cryptogram")  # vlmrl.demo.PRESETS, without importing torch for --help
 
+EVAL_CLI_DEFAULTS = {"k": 8, "blind_check": True}
+"""Where `vlmrl eval` departs from EvalSettings' defaults, which are the trainer's cheap periodic
+check (greedy only): a person asking for an evaluation gets pass@8 and the blind-image check
+(`--k 0 --no-blind` gives the trainer's). Every other `vlmrl eval` default is EvalSettings'."""
+
+
+def eval_defaults() -> dict:
+    """The settings `vlmrl eval` runs with when no flag is given: EvalSettings' field defaults
+    updated with EVAL_CLI_DEFAULTS, by field name."""
+    from vlmrl.eval_settings import EvalSettings
+
+    return {field.name: field.default for field in dataclasses.fields(EvalSettings)} | EVAL_CLI_DEFAULTS
+
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
     """The CONFIG file and KEY=VALUE overrides that every run command takes."""
@@ -127,14 +152,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"dotted overrides, e.g. {example}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl tiny-model OUT [--size] [--arch] [--seed]`."""
     from vlmrl.tiny_model import ARCHES, SIZES
-
-    parser = argparse.ArgumentParser(
-        prog="vlmrl",
-        description="Teach vision-language models to reason about images with GRPO and its variants.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tiny = commands.add_parser(
         "tiny-model", help="build an offline random-weight VLM of a real architecture",
@@ -148,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     tiny.set_defaults(func=_tiny_model)
 
+
+def _add_tasks(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl tasks list` and `vlmrl tasks show NAME [--split] [--n] [--out] [KEY=VALUE ...]`."""
     tasks = commands.add_parser("tasks", help="list the built-in tasks or look at examples",
                                 description="List the tasks, or write example images and print "
                                             "prompts, answers and reference-completion scores.")
@@ -162,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
     show.set_defaults(func=_tasks_show)
 
+
+def _add_train(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl train CONFIG [KEY=VALUE ...]`."""
     train = commands.add_parser(
         "train", help="train a policy with GRPO / DAPO / Dr. GRPO / GSPO",
         description="Train with reinforcement learning from the task's verifiable rewards. Several "
@@ -173,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(train, "train.lr=1e-6 algorithm.beta=0")
     train.set_defaults(func=_train)
 
+
+def _add_sft(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl sft CONFIG [KEY=VALUE ...]`."""
     sft = commands.add_parser(
         "sft", help="supervised warm start on the task's reference completions",
         description="Fine-tune on each example's reference completion (loss on completion tokens only), "
@@ -184,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(sft, "train.steps=200 sft.batch_size=16")
     sft.set_defaults(func=_sft)
 
+
+def _add_check(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl check CONFIG [--sft] [KEY=VALUE ...]`."""
     check = commands.add_parser(
         "check", help="preflight alone: first batches, prompt lengths, memory estimate",
         description="Load the model and task of a config as `vlmrl train` (or `vlmrl sft`) would, then\n"
@@ -200,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--sft", action="store_true", help="check the `vlmrl sft` batch instead of RL rollouts")
     check.set_defaults(func=_check)
 
+
+def _add_config(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl config [CONFIG] [KEY=VALUE ...] [--docs] [--save FILE]`."""
     config = commands.add_parser("config", help="print a run config after overrides, with docs",
                                  description="Load a YAML config, apply key=value overrides, check "
                                              "every key and type, and print the result.")
@@ -210,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--save", default=None, metavar="FILE", help="also write the result as YAML")
     config.set_defaults(func=_config)
 
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl eval MODEL --task NAME [...] [KEY=VALUE ...]`; defaults from `eval_defaults()`."""
+    default = eval_defaults()
     evaluate = commands.add_parser(
         "eval", help="accuracy, pass@k, reward components, length buckets, blind-image check",
         description="Evaluate a model folder on N held-out examples of a task: greedy accuracy,\n"
@@ -225,23 +264,28 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--task", required=True, help="task name (see `vlmrl tasks list`)")
     evaluate.add_argument("--split", default="test", help="held-out split: test or ood (default test)")
     evaluate.add_argument("--n", type=int, default=64, help="examples 0..N-1 of the split (default 64)")
-    evaluate.add_argument("--k", type=int, default=8,
-                          help="samples per example for pass@k; 0 skips sampling (default 8)")
-    evaluate.add_argument("--temperature", type=float, default=1.0,
-                          help="sampling temperature for pass@k (default 1.0)")
-    evaluate.add_argument("--no-blind", action="store_true", help="skip the blank/shuffled-image check")
+    evaluate.add_argument("--k", type=int, default=default["k"],
+                          help=f"samples per example for pass@k; 0 skips sampling (default {default['k']})")
+    evaluate.add_argument("--temperature", type=float, default=default["temperature"],
+                          help=f"sampling temperature for pass@k (default {default['temperature']})")
+    evaluate.add_argument("--no-blind", action="store_true", default=not default["blind_check"],
+                          help="skip the blank/shuffled-image check")
     evaluate.add_argument("--out", default=None, metavar="DIR",
                           help="write DIR/eval.json (default MODEL/eval_<task>_<split>.json)")
-    evaluate.add_argument("--batch-size", type=int, default=16,
-                          help="completions per generate call (default 16)")
-    evaluate.add_argument("--max-new-tokens", type=int, default=128, help="longest completion (default 128)")
-    evaluate.add_argument("--seed", type=int, default=0,
-                          help="seed of the samples and the image shuffle (default 0)")
+    evaluate.add_argument("--batch-size", type=int, default=default["batch_size"],
+                          help=f"completions per generate call (default {default['batch_size']})")
+    evaluate.add_argument("--max-new-tokens", type=int, default=default["max_new_tokens"],
+                          help=f"longest completion (default {default['max_new_tokens']})")
+    evaluate.add_argument("--seed", type=int, default=default["seed"],
+                          help=f"seed of the samples and the image shuffle (default {default['seed']})")
     evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
     evaluate.set_defaults(func=_eval)
 
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl demo [--preset] [--out]`."""
     demo = commands.add_parser(
         "demo", help="SFT then GRPO on the offline small model, before/after table and report",
         description="On a CPU, offline: build the small model, supervised warm start, evaluate, GRPO, "
@@ -255,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
     demo.set_defaults(func=_demo)
 
+
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl report RUN_DIR [--out FILE]`."""
     report = commands.add_parser(
         "report", help="one self-contained HTML page: plots, rollout viewer, config",
         description="Write one HTML file about a run directory that opens offline from disk (no\n"
@@ -271,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to write the page (default RUN_DIR/report.html)")
     report.set_defaults(func=_report)
 
+
+def _add_attention(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl attention MODEL --image FILE --prompt TEXT [--layer] [--out] [...]`."""
     attention = commands.add_parser(
         "attention", help="heatmaps of where each generated token looks in the image",
         description="Generate greedily from an image and a prompt (built as training builds it), "
@@ -293,6 +343,22 @@ def build_parser() -> argparse.ArgumentParser:
                            help="longest completion, one heatmap per token (default 32)")
     attention.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda:0, ...")
     attention.set_defaults(func=_attention)
+
+
+COMMANDS = (_add_tiny_model, _add_tasks, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
+            _add_report, _add_attention)
+"""One function per command, each adding its subparser; in this order in `vlmrl --help`."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `vlmrl` parser: every command in COMMANDS; imports nothing heavy, so --help is fast."""
+    parser = argparse.ArgumentParser(
+        prog="vlmrl",
+        description="Teach vision-language models to reason about images with GRPO and its variants.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in COMMANDS:
+        add_command(commands)
     return parser
 
 
@@ -309,6 +375,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0, 2 on bad input, 128 + signal on a stop)."""
     args = parse(build_parser(), argv)
     try:
         args.func(args)

@@ -225,7 +225,8 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     """Held-out evaluation while training (`vlmrl train` and `vlmrl sft`): greedy accuracy and the
-    mean reward components on a fixed set, logged as eval/<split>/<metric> in metrics.jsonl."""
+    mean reward components on a fixed set, logged as eval/<split>/<metric> in metrics.jsonl. Seeded
+    with the run's seed; other settings are EvalSettings' defaults (no pass@k, no blind check)."""
 
     every: int = 0
     """Evaluate every N steps and after the last one (0 = never)."""
@@ -236,7 +237,7 @@ class EvalConfig:
     max_new_tokens: int = 0
     """Longest completion; 0 = rollout.max_new_tokens."""
     batch_size: int = 32
-    """Prompts per generate call."""
+    """Prompts per generate call; the same default as EvalSettings.batch_size and `vlmrl eval --batch-size`."""
 
     def validate(self) -> None:
         if self.every < 0 or self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 0:

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import torch
-
 from vlmrl.errors import VlmrlError
 
 ARCHES = ("qwen2_5_vl", "qwen2_vl", "idefics3")
@@ -217,6 +215,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
 
     Returns the folder. The same (size, arch, seed) always gives the same weights and tokenizer.
     """
+    import torch  # here, not at the top: `vlmrl --help` reads ARCHES and SIZES without torch
     from transformers import AutoModelForImageTextToText
 
     if size not in SPECS:
