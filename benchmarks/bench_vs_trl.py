@@ -205,11 +205,13 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
     """A function that runs one vlmrl training step and records it in `side`."""
     from vlmrl import experience as experience_module
     from vlmrl.config import load_config
-    from vlmrl.experience import collect_experience, derive_seed
+    from vlmrl.experience import collect_experience
+    from vlmrl.logprobs import LogprobScorer
+    from vlmrl.models import counting_vision_rows
+    from vlmrl.policy_update import update_policy
+    from vlmrl.seeds import derive_seed
     from vlmrl.session import TrainingSession
-    from vlmrl.shared_prefix import counting_vision_rows
     from vlmrl.tasks import get_task
-    from vlmrl.trainer import update_policy
 
     config = load_config(None, [
         f"model.name_or_path={model_dir}", f"model.device={args.device}", f"model.dtype={args.dtype}",
@@ -218,23 +220,25 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         "task.name=bench_vs_trl:CircleTask", f"task.params={{image: {args.image}}}", f"output_dir={out_dir}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.generation_batch_size={args.prompts}",
         f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.tokens}",
-        f"rollout.shared_prefill={str(not args.vlmrl_plain).lower()}",
-        f"train.shared_prefix={str(not args.vlmrl_plain).lower()}",
+        f"rollout.share_prompt_cache={str(not args.vlmrl_plain).lower()}",
+        f"train.pack_groups={str(not args.vlmrl_plain).lower()}",
         f"train.steps={args.warmup + args.steps}", f"train.lr={args.lr}", f"train.micro_batch_size={args.micro}",
         "train.log_rollouts_every=0", "train.trackers=[]", f"algorithm.beta={args.beta}", "seed=0"])
     session = TrainingSession(config, config.train.steps, with_reference=True)
     task = get_task(config.task.name, **config.task.params)
+    scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
+                           config.train.logprob_chunk)
     generate, score = Timer(), Timer()
-    plain_generate = experience_module.generate_groups
+    plain_generate = session.policy.generate
 
-    def forced_length(model, processor, examples, settings, seed=None):  # min = max new tokens
-        settings = dataclasses.replace(settings, min_new_tokens=settings.max_new_tokens)
-        return plain_generate(model, processor, examples, settings, seed)
+    def forced_length(**kwargs):  # every completion runs to max_new_tokens, as TRL's is made to
+        return plain_generate(**kwargs, min_new_tokens=kwargs["max_new_tokens"])
 
-    experience_module.generate_groups = generate.wrap(forced_length)
+    session.policy.generate = forced_length
+    experience_module.generate_groups = generate.wrap(experience_module.generate_groups)
     experience_module.score_completions = score.wrap(experience_module.score_completions)
     towers = [session.policy] + ([session.reference.copy] if session.reference and session.reference.copy else [])
-    state = {"step": 0, "position": 0}
+    state = {"step": 0, "cursor": 0}
 
     def step() -> None:
         generate.seconds = score.seconds = 0.0
@@ -244,13 +248,10 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
             sync(session.accelerator.device)
             start = time.perf_counter()
             policy.eval()
-            experience, state["position"] = collect_experience(
-                policy, session.processor, task, config, state["step"], state["position"], session.rank,
-                session.world, session.any_process, session.accelerator.gather)
+            experience, state["cursor"] = collect_experience(session, task, state["step"], state["cursor"])
             policy.train()
             torch.manual_seed(derive_seed(config.seed, state["step"], "update"))
-            update = update_policy(session.model, policy, session.processor, session.optimizer, session.scheduler,
-                                   session.reference, experience, config, session.accelerator, session.guard)
+            update = update_policy(session, scorer, experience)
             sync(session.accelerator.device)
             seconds = time.perf_counter() - start
             peak = memory.stop()
@@ -271,7 +272,7 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
     from trl import GRPOConfig, GRPOTrainer
 
     from vlmrl.models import load_policy
-    from vlmrl.shared_prefix import counting_vision_rows
+    from vlmrl.models import counting_vision_rows
 
     datasets.disable_progress_bars()
     n = args.prompts * (args.warmup + args.steps)

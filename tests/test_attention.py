@@ -12,12 +12,12 @@ import torch
 from PIL import Image
 from transformers import PretrainedConfig
 
+from vlmrl.attention import completion_image_attention, image_attention_share, resolve_layer
 from vlmrl.cli import main
+from vlmrl.completions import Completions
 from vlmrl.errors import VlmrlError
-from vlmrl.report.attention import (
-    attention_maps, colormap, completion_image_attention, heatmap_frame, image_attention_share,
-    image_heatmaps, image_token_id, resolve_layer, safe_name, token_grid,
-)
+from vlmrl.prompts import image_token_id
+from vlmrl.report.attention import attention_maps, colormap, heatmap_frame, image_heatmaps, safe_name, token_grid
 from vlmrl.tasks import Example
 
 
@@ -76,7 +76,7 @@ def test_model_without_image_token_is_a_clear_error():
     model = SimpleNamespace(config=PretrainedConfig())
     processor = SimpleNamespace(tokenizer=SimpleNamespace())
     with pytest.raises(VlmrlError, match="has no image token"):
-        image_token_id(model, processor)
+        image_token_id(processor, model.config)
 
 
 def test_heatmap_frame_colours_the_right_block():
@@ -116,10 +116,11 @@ def test_attention_command_writes_a_png_per_token_and_a_gif(tiny_model_dir, circ
     before = model.config._attn_implementation
     ids = torch.tensor([[t["token_id"] for t in tokens]])  # (1, T)
     example = Example(image=circle_image, prompt="How many circles?", answer="")
-    share = completion_image_attention(model, processor, [example], ids, torch.ones_like(ids), layer=-1)
+    completions = Completions([example], ids, torch.ones_like(ids))
+    share = completion_image_attention(model, processor, completions, layer=-1)
     assert share == pytest.approx(sum(shares) / len(shares), abs=1e-5)
     assert model.config._attn_implementation == before  # switched to eager and back
-    assert 0.0 < completion_image_attention(model, processor, [example], ids, torch.ones_like(ids)) <= 1.0
+    assert 0.0 < completion_image_attention(model, processor, completions) <= 1.0
 
 
 def test_qwen2_vl_family_works_too(tiny_model_factory, circle_image, tmp_path):

@@ -55,11 +55,19 @@ def test_group_advantages_scale_none_is_reward_minus_group_mean():
                  torch.tensor([0.5, -0.5, -0.5, 0.5, -0.75, -0.75, -0.75, 2.25]))
 
 
+def test_group_advantages_scale_batch_divides_by_one_std_for_the_batch():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    # centred: [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]; sum of squares 1, sample std sqrt(1 / 7).
+    a = 0.5 / (math.sqrt(1 / 7) + 1e-6)
+    assert_close(grpo.group_advantages(rewards, 4, scale="batch"),
+                 torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0, 0.0]))
+
+
 def test_group_advantages_rejects_ragged_groups_and_unknown_scale():
     with pytest.raises(ValueError, match="multiple of group_size"):
         grpo.group_advantages(torch.zeros(7), 4)
     with pytest.raises(ValueError, match="scale"):
-        grpo.group_advantages(torch.zeros(4), 4, scale="batch")
+        grpo.group_advantages(torch.zeros(4), 4, scale="std")
 
 
 @settings(max_examples=50, deadline=None)
@@ -87,6 +95,16 @@ def test_cubic_shaping_per_group_keeps_rms():
     out = grpo.cubic_shaping(torch.tensor([3.0, -1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0]), group_size=4)
     assert_close(out, torch.tensor([27 * s, -s, -s, -s, 0.0, 0.0, 0.0, 0.0]))
     assert_close(out[0], scalar(3.4569957))
+
+
+def test_shape_advantages_names_each_shaping():
+    adv = torch.tensor([3.0, -1.0, -1.0, -1.0])
+    assert torch.equal(grpo.shape_advantages(adv, 4, "none"), adv)
+    assert_close(grpo.shape_advantages(adv, 4, "cubic"), torch.tensor([27.0, -1.0, -1.0, -1.0]))
+    s = 1 / math.sqrt(61)  # as in the test above
+    assert_close(grpo.shape_advantages(adv, 4, "cubic_rescaled"), torch.tensor([27 * s, -s, -s, -s]))
+    with pytest.raises(ValueError, match="shaping"):
+        grpo.shape_advantages(adv, 4, "square")
 
 
 # ---------------------------------------------------------------- DAPO reward shaping and sampling
@@ -183,7 +201,7 @@ def test_masked_mean():
 
 def test_ratio_e_positive_advantage_is_clipped_to_1_2():
     logp, old, mask = one_token(1.0)
-    out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask)
+    out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([1.0]), mask))
     # min(e * 1, clip(e, 0.8, 1.2) * 1) = 1.2
     assert_close(out.loss, scalar(-1.2))
     assert_close(out.pg_loss, scalar(-1.2))
@@ -197,7 +215,7 @@ def test_ratio_e_positive_advantage_is_clipped_to_1_2():
 
 def test_ratio_inverse_e_positive_advantage_is_not_clipped():
     logp, old, mask = one_token(-1.0)
-    out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask)
+    out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([1.0]), mask))
     # min(0.3679, 0.8) = 0.3679
     assert_close(out.loss, scalar(-0.3678794))
     assert_close(out.clip_fraction, scalar(0.0))
@@ -207,7 +225,7 @@ def test_ratio_inverse_e_positive_advantage_is_not_clipped():
 
 def test_negative_advantage_ratio_e_is_not_clipped():
     logp, old, mask = one_token(1.0)
-    out = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask)
+    out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([-1.0]), mask))
     # -min(-e, -1.2) = e: a worse action made more likely is penalised in full
     assert_close(out.loss, scalar(E))
     assert_close(out.clip_fraction, scalar(0.0))
@@ -217,7 +235,7 @@ def test_negative_advantage_ratio_e_is_not_clipped():
 
 def test_negative_advantage_ratio_inverse_e_is_clipped_to_0_8():
     logp, old, mask = one_token(-1.0)
-    out = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask)
+    out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([-1.0]), mask))
     # -min(-0.3679, -0.8) = 0.8
     assert_close(out.loss, scalar(0.8))
     assert_close(out.clip_fraction, scalar(1.0))
@@ -229,36 +247,36 @@ def test_negative_advantage_ratio_inverse_e_is_clipped_to_0_8():
 
 def test_dual_clip_caps_negative_advantage_loss():
     logp, old, mask = one_token(1.0)
-    loose = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask, dual_clip=3.0)
+    loose = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([-1.0]), mask), grpo.LossSettings(dual_clip=3.0))
     assert_close(loose.loss, scalar(E))  # e < 3: untouched
     assert_close(loose.clip_fraction, scalar(0.0))
-    tight = grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask, dual_clip=2.0)
+    tight = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([-1.0]), mask), grpo.LossSettings(dual_clip=2.0))
     assert_close(tight.loss, scalar(2.0))  # min(e, 2 * |A|)
     assert_close(tight.clip_fraction, scalar(1.0))
     tight.loss.backward()
     assert_close(logp.grad, torch.zeros(1, 1))
     with pytest.raises(ValueError, match="dual_clip"):
-        grpo.policy_loss(logp, old, torch.tensor([-1.0]), mask, dual_clip=1.0)
+        grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([-1.0]), mask), grpo.LossSettings(dual_clip=1.0))
 
 
 def test_clip_higher_changes_the_answer():
     logp, old, mask = one_token(math.log(1.25))
-    grpo_out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask, eps_high=0.2)
-    dapo_out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask, eps_high=0.28)
+    grpo_out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([1.0]), mask), grpo.LossSettings(eps_high=0.2))
+    dapo_out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([1.0]), mask), grpo.LossSettings(eps_high=0.28))
     assert_close(grpo_out.loss, scalar(-1.2))   # 1.25 clipped to 1.2
     assert_close(dapo_out.loss, scalar(-1.25))  # 1.25 < 1.28: unclipped
     assert_close(grpo_out.clip_fraction, scalar(1.0))
     assert_close(dapo_out.clip_fraction, scalar(0.0))
     # eps_low is separate: ratio 0.75 with A < 0 clips at 0.8 whatever eps_high is
     logp_low, _, _ = one_token(math.log(0.75))
-    low = grpo.policy_loss(logp_low, old, torch.tensor([-1.0]), mask, eps_low=0.2, eps_high=0.28)
+    low = grpo.policy_loss(logp_low, grpo.LossInputs(old, torch.tensor([-1.0]), mask), grpo.LossSettings(eps_low=0.2, eps_high=0.28))
     assert_close(low.loss, scalar(0.8))
 
 
 def test_clip_fraction_counts_valid_tokens_only():
     # tokens: ratio e (clipped), ratio 1, ratio e^-1 (not clipped for A > 0), padding with ratio e^5
     logp = torch.tensor([[1.0, 0.0, -1.0, 5.0]], requires_grad=True)
-    out = grpo.policy_loss(logp, torch.zeros(1, 4), torch.tensor([1.0]), torch.tensor([[1, 1, 1, 0]]))
+    out = grpo.policy_loss(logp, grpo.LossInputs(torch.zeros(1, 4), torch.tensor([1.0]), torch.tensor([[1, 1, 1, 0]])))
     assert_close(out.clip_fraction, scalar(1 / 3))
     assert_close(out.ratio_mean, scalar((E + 1 + math.exp(-1)) / 3))
     # sequence mean: -(1.2 + 1 + e^-1) / 3
@@ -279,7 +297,7 @@ ADV = torch.tensor([1.5, -0.5])
 ])
 def test_ratio_one_gives_reinforce_gradient(aggregation, normaliser):
     logp = LOGP.clone().requires_grad_(True)
-    out = grpo.policy_loss(logp, logp.detach(), ADV, RAGGED, aggregation=aggregation, max_len=4)
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), ADV, RAGGED), grpo.LossSettings(aggregation=aggregation, max_len=4))
     out.loss.backward()
     expected = -ADV.unsqueeze(-1) * RAGGED / normaliser  # (2, 3)
     assert_close(logp.grad, expected)
@@ -294,9 +312,7 @@ def test_all_zero_mask_gives_zero_loss_and_finite_gradient():
     logp = torch.tensor([[-0.5, float("-inf")], [0.3, 2.0]], requires_grad=True)
     for aggregation in ("token", "sequence", "constant"):
         for level in ("token", "sequence"):
-            out = grpo.policy_loss(logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.zeros(2, 2),
-                                   aggregation=aggregation, max_len=2, ratio_level=level,
-                                   ref_logp=torch.zeros(2, 2), beta=0.1)
+            out = grpo.policy_loss(logp, grpo.LossInputs(torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.zeros(2, 2), ref_logp=torch.zeros(2, 2)), grpo.LossSettings(aggregation=aggregation, max_len=2, ratio_level=level, beta=0.1))
             for value in out:
                 assert torch.isfinite(value).all() and float(value.detach()) == 0.0
             logp.grad = None
@@ -306,7 +322,7 @@ def test_all_zero_mask_gives_zero_loss_and_finite_gradient():
 
 def test_stats_are_detached():
     logp, old, mask = one_token(0.3)
-    out = grpo.policy_loss(logp, old, torch.tensor([1.0]), mask, ref_logp=torch.zeros(1, 1), beta=0.1)
+    out = grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([1.0]), mask, ref_logp=torch.zeros(1, 1)), grpo.LossSettings(beta=0.1))
     assert out.loss.requires_grad
     assert not any(t.requires_grad for t in (out.pg_loss, out.kl, out.clip_fraction, out.ratio_mean))
 
@@ -317,8 +333,7 @@ def test_beta_adds_beta_times_kl_exactly():
     logp = torch.zeros(1, 2, requires_grad=True)
     ref = torch.full((1, 2), math.log(0.5))
     k3 = 0.5 + math.log(2) - 1  # 0.193147 per token
-    out = grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2),
-                           ref_logp=ref, beta=0.1, kl_kind="k3")
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logp=ref), grpo.LossSettings(beta=0.1, kl_kind="k3"))
     assert_close(out.pg_loss, scalar(-1.0))
     assert_close(out.kl, scalar(k3))
     assert_close(out.loss, scalar(-1.0 + 0.1 * k3))  # -0.9806853
@@ -330,14 +345,13 @@ def test_beta_adds_beta_times_kl_exactly():
 def test_reference_without_beta_only_reports_kl():
     logp = torch.zeros(1, 2, requires_grad=True)
     ref = torch.full((1, 2), math.log(0.5))
-    out = grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logp=ref,
-                           kl_kind="k1")
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logp=ref), grpo.LossSettings(kl_kind="k1"))
     assert_close(out.loss, scalar(-1.0))
     assert_close(out.kl, scalar(math.log(2)))
-    no_ref = grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2))
+    no_ref = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), torch.tensor([1.0]), torch.ones(1, 2)))
     assert_close(no_ref.kl, scalar(0.0))
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), beta=0.1)
+        grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), torch.tensor([1.0]), torch.ones(1, 2)), grpo.LossSettings(beta=0.1))
 
 
 # ---------------------------------------------------------------- GSPO: sequence-level ratio
@@ -352,20 +366,18 @@ def test_sequence_ratio_is_exp_of_mean_token_log_ratio():
 
 def test_sequence_level_gradient_at_ratio_one_is_advantage_over_length():
     logp = LOGP.clone().requires_grad_(True)
-    out = grpo.policy_loss(logp, logp.detach(), ADV, RAGGED, ratio_level="sequence")
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), ADV, RAGGED), grpo.LossSettings(ratio_level="sequence"))
     out.loss.backward()
     # -(1/B) * A_i / len_i per valid token: -1.5 / 6 = -0.25, +0.5 / 4 = 0.125
     assert_close(logp.grad, torch.tensor([[-0.25, -0.25, -0.25], [0.125, 0.125, 0.0]]))
     single = LOGP[:1].clone().requires_grad_(True)
-    grpo.policy_loss(single, single.detach(), torch.tensor([3.0]), torch.ones(1, 3),
-                     ratio_level="sequence").loss.backward()
+    grpo.policy_loss(single, grpo.LossInputs(single.detach(), torch.tensor([3.0]), torch.ones(1, 3)), grpo.LossSettings(ratio_level="sequence")).loss.backward()
     assert_close(single.grad, torch.full((1, 3), -1.0))  # -A / len = -3 / 3
 
 
 def test_sequence_level_gradient_off_policy_is_s_times_advantage_over_length():
     logp = torch.tensor([[0.1, 0.2, 0.6]], requires_grad=True)
-    out = grpo.policy_loss(logp, torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3),
-                           ratio_level="sequence", eps_high=0.5)
+    out = grpo.policy_loss(logp, grpo.LossInputs(torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3)), grpo.LossSettings(ratio_level="sequence", eps_high=0.5))
     s = math.exp(0.3)  # 1.3499 < 1.5: unclipped
     assert_close(out.loss, scalar(-2.0 * s))
     out.loss.backward()
@@ -374,13 +386,13 @@ def test_sequence_level_gradient_off_policy_is_s_times_advantage_over_length():
 
 def test_sequence_level_clips_the_whole_sequence():
     logp = torch.tensor([[0.1, 0.2, 0.6]], requires_grad=True)
-    args = (torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    inputs = grpo.LossInputs(torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
     # token level, eps 0.2: e^0.1 = 1.105 kept, e^0.2 = 1.221 and e^0.6 = 1.822 clipped to 1.2
-    token = grpo.policy_loss(logp, *args)
+    token = grpo.policy_loss(logp, inputs)
     assert_close(token.clip_fraction, scalar(2 / 3))
     assert_close(token.loss, scalar(-(math.exp(0.1) + 1.2 + 1.2) / 3))
     # GSPO clip ranges: s = e^0.3 > 1 + 4e-4 -> every token clipped to 1.0004
-    seq = grpo.policy_loss(logp, *args, ratio_level="sequence", eps_low=3e-4, eps_high=4e-4)
+    seq = grpo.policy_loss(logp, inputs, grpo.LossSettings(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4))
     assert_close(seq.clip_fraction, scalar(1.0))
     assert_close(seq.loss, scalar(-1.0004))
     seq.loss.backward()
@@ -396,8 +408,7 @@ def test_gspo_token_with_per_token_advantages_routes_gradient_per_token():
     # GSPO-token: w_t = sg[s] * exp(logp_t - sg[logp_t]), so d loss / d logp_t = -s * A_t / len.
     # (A plain broadcast of s would spread the gradient evenly: -s * mean(A) / len = -1/3 each.)
     logp = torch.zeros(1, 3, requires_grad=True)
-    out = grpo.policy_loss(logp, logp.detach(), torch.tensor([[3.0, 0.0, 0.0]]), torch.ones(1, 3),
-                           ratio_level="sequence")
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), torch.tensor([[3.0, 0.0, 0.0]]), torch.ones(1, 3)), grpo.LossSettings(ratio_level="sequence"))
     assert_close(out.loss, scalar(-1.0))  # -(3 + 0 + 0) / 3
     out.loss.backward()
     assert_close(logp.grad, torch.tensor([[-1.0, 0.0, 0.0]]))

@@ -20,7 +20,7 @@ from vlmrl import grpo
 from vlmrl.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
 from vlmrl.config import load_config
 from vlmrl.errors import Interrupted, VlmrlError
-from vlmrl.experience import score_completions
+from vlmrl.scoring import score_completions
 from vlmrl.models import load_policy
 from vlmrl.tasks import Example
 from vlmrl.tracking import read_metrics
@@ -124,14 +124,15 @@ def test_nan_gradients_in_a_row_stop_the_run_with_a_checkpoint(tmp_path, tiny_mo
 
 def test_sft_skips_nan_updates(tmp_path, tiny_model_dir, letter_task, monkeypatch):
     from vlmrl import sft as sft_module
+    from vlmrl.logprobs import LogprobScorer
 
-    real = sft_module.completion_logprobs
+    real = LogprobScorer.__call__
 
     def nan_logprobs(*args, **kwargs):
         logp, entropy = real(*args, **kwargs)
         return logp * float("nan"), entropy
 
-    monkeypatch.setattr(sft_module, "completion_logprobs", nan_logprobs)
+    monkeypatch.setattr(LogprobScorer, "__call__", nan_logprobs)
     run = sft_module.sft(config(tmp_path / "run", tiny_model_dir, "train.steps=2", "sft.batch_size=4",
                                 "train.max_bad_steps=0"))
     assert [r["skipped_steps"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]

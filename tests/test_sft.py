@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from vlmrl.config import load_config
 from vlmrl.models import load_policy
-from vlmrl.rollout import GenerationSettings, generate_groups, stop_token_ids
+from vlmrl.config import GenerationSettings
+from vlmrl.rollout import generate_groups, stop_token_ids
 from vlmrl.sft import completion_tokens, sft
 from vlmrl.tasks import get_task
 from vlmrl.tracking import read_metrics
@@ -46,7 +47,7 @@ def test_sft_teaches_the_reference_and_logs_evaluations(tmp_path, tiny_model_dir
     model, processor = load_policy(str(run / "final"))
     task = get_task("letter_task:LetterTask")
     rollout = generate_groups(model, processor, [task.example(99)], GenerationSettings(
-        group_size=1, max_new_tokens=10, greedy=True))
+        group_size=1, max_new_tokens=10, temperature=0))
     assert rollout.texts == ["a a a a"] and not rollout.truncated.any()
 
 

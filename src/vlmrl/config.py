@@ -83,32 +83,63 @@ class TaskConfig:
 
 
 @dataclass
-class RolloutConfig:
-    """How completions are sampled each step."""
+class GenerationSettings:
+    """How one generate call samples completions: rollouts, evaluation, attention maps."""
 
-    prompts_per_step: int = 8
-    """Prompts (images + questions) per optimizer step, over all processes."""
     group_size: int = 8
     """Completions sampled per prompt (G); advantages compare completions of one prompt."""
     max_new_tokens: int = 64
     """Longest completion; a completion that reaches it without EOS is truncated."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs for the loss use the same temperature); 0 = greedy, for
+    evaluation only (training needs samples)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    share_prompt_cache: bool = True
+    """Encode each image and prefill each prompt once per group, then let its G samples continue
+    from copies of that KV cache (same sampling distribution). False repeats every prompt G times in
+    generation, as TRL does (for comparison). Model families not checked for it always repeat."""
+
+
+@dataclass
+class RolloutConfig(GenerationSettings):
+    """How completions are sampled each step (the generation settings above, and the batch)."""
+
+    prompts_per_step: int = 8
+    """Prompts (images + questions) per optimizer step, over all processes."""
     max_prompt_length: int = 4096
     """Longest prompt in tokens, image tokens included. Checked before step 1 on the first batch
     of every split the run uses (`vlmrl check` shows the longest); a longer prompt stops the run
     there, since image tokens are never truncated (fewer image tokens than image features is the
     classic crash). Lower the image resolution rather than raising this blindly."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs for the loss use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold (1.0 = off)."""
     generation_batch_size: int = 8
     """Prompts per generate call, at most one process's share of prompts_per_step, which it must
     divide. Each call is seeded from (seed, step, first prompt), so samples do not depend on the
     number of processes as long as this size is the same."""
-    shared_prefill: bool = True
-    """Encode each image and prefill each prompt once per group, then let its G samples continue
-    from copies of that KV cache (same sampling distribution). False repeats every prompt G times in
-    generation, as TRL does (for comparison). Model families not checked for it always repeat."""
+
+    def validate(self) -> None:
+        if self.temperature <= 0:
+            raise VlmrlError(f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}")
+        if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.generation_batch_size) < 1:
+            raise VlmrlError("rollout.prompts_per_step, group_size, max_new_tokens and generation_batch_size "
+                             "must be >= 1")
+
+    def per_process(self, world: int) -> int:
+        """Prompts each of `world` processes handles per step."""
+        return self.prompts_per_step // world
+
+    def per_call(self, world: int) -> int:
+        """Prompts per generate call: the configured size, at most one process's share."""
+        return min(self.generation_batch_size, self.per_process(world))
+
+    def check_layout(self, world: int) -> None:
+        """Prompts split evenly over processes, and each process's share over generate calls."""
+        if self.prompts_per_step % world:
+            raise VlmrlError(f"rollout.prompts_per_step={self.prompts_per_step} must be divisible by the "
+                             f"{world} processes")
+        if self.per_process(world) % self.per_call(world):
+            raise VlmrlError(f"rollout.generation_batch_size={self.generation_batch_size} must divide the "
+                             f"{self.per_process(world)} prompts each process handles per step")
 
 
 @dataclass
@@ -117,12 +148,16 @@ class AlgorithmConfig:
 
     advantage_scale: Literal["group", "batch", "none"] = "group"
     """Divide (reward - group mean) by the group's std (GRPO), the batch's std, or nothing (Dr. GRPO)."""
-    cubic_shaping: bool = False
-    """Cube the advantages (sign kept) to weight surprising completions more."""
+    advantage_shaping: Literal["none", "cubic", "cubic_rescaled"] = "none"
+    """Reshape the advantages: cubic = A**3 (sign kept), so surprising completions weigh more;
+    cubic_rescaled = the same, each group rescaled to the root-mean-square it had before."""
     eps_low: float = 0.2
     """Lower clip range of the importance ratio: ratio >= 1 - eps_low."""
     eps_high: float = 0.2
     """Upper clip range: ratio <= 1 + eps_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float = 0.0
+    """Dual-clip PPO: the loss of a negative-advantage token is capped at dual_clip * |A| (a value
+    c > 1, commonly 3; 0 = off). Only binds when ratios move (updates_per_batch > 1)."""
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or per sequence, length-normalised (GSPO)."""
     aggregation: Literal["token", "sequence", "constant"] = "sequence"
@@ -158,6 +193,8 @@ class AlgorithmConfig:
             raise VlmrlError(f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}")
         if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
             raise VlmrlError("algorithm.eps_low, eps_high and beta must be >= 0")
+        if self.dual_clip != 0 and self.dual_clip <= 1:
+            raise VlmrlError(f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}")
 
 
 @dataclass
@@ -184,8 +221,8 @@ class TrainConfig:
     with a checkpoint and an error (0 = never stop, keep skipping)."""
     micro_batch_size: int = 16
     """Completions per forward/backward pass; gradients accumulate over the whole rollout batch.
-    A multiple of rollout.group_size keeps each group in one pass (see shared_prefix)."""
-    shared_prefix: bool = True
+    A multiple of rollout.group_size keeps each group in one pass (see pack_groups)."""
+    pack_groups: bool = True
     """Log-prob passes (policy, old, reference) compute each prompt and image once per group: the
     prompt and its completions are packed into one sequence under a block attention mask; exact
     log-probs and gradients. False repeats the prompt for every completion, as TRL does (for

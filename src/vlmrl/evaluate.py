@@ -33,10 +33,12 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from vlmrl.config import GenerationSettings
 from vlmrl.errors import VlmrlError
 from vlmrl.eval_settings import EvalSettings  # re-exported: `from vlmrl.evaluate import EvalSettings`
-from vlmrl.experience import derive_seed, score_completions
-from vlmrl.rollout import GenerationSettings, generate_groups
+from vlmrl.rollout import generate_groups
+from vlmrl.scoring import score_completions
+from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
 
 BLANK_COLOR = "white"
@@ -218,7 +220,7 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
                      show_progress: bool) -> _Passes:
     """Run the greedy, sampled and blind passes under one progress bar and a forked random state."""
     n, k, batch = len(examples), settings.k, settings.batch_size
-    greedy = GenerationSettings(group_size=1, max_new_tokens=settings.max_new_tokens, greedy=True)
+    greedy = GenerationSettings(group_size=1, max_new_tokens=settings.max_new_tokens, temperature=0)
     sampled = GenerationSettings(group_size=max(k, 1), max_new_tokens=settings.max_new_tokens,
                                  temperature=settings.temperature, top_p=settings.top_p)
     sampling_batch = max(1, batch // max(k, 1))  # prompts per call, k completions each

@@ -41,17 +41,18 @@ class NumericGuard:
     a resumed run counts on as an uninterrupted one.
     """
 
-    def __init__(self, max_in_a_row: int):
+    def __init__(self, max_in_a_row: int, max_grad_norm: float = 0.0):
         self.max_in_a_row = max_in_a_row
+        self.max_grad_norm = max_grad_norm  # clip to this norm; 0 = no clipping
         self.skipped = 0
         self.in_a_row = 0
 
-    def step(self, accelerator, model: torch.nn.Module, optimizer, scheduler, max_grad_norm: float,
-             loss: float) -> float:
+    def step(self, accelerator, model: torch.nn.Module, optimizer, scheduler, loss: float) -> float:
         """Clip the accumulated gradients, then step the optimizer unless `loss` (this process's,
         of this update) or the gradient norm is not finite on some process. The scheduler steps
         and the gradients are zeroed either way. Returns the gradient norm before clipping."""
-        norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
+        limit = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
+        norm = accelerator.clip_grad_norm_(model.parameters(), limit)
         grad_norm = float(norm) if norm is not None else 0.0  # None: DeepSpeed clips on its own
         bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
         bad = bool(accelerator.reduce(torch.tensor([float(bad)], device=accelerator.device), "sum") > 0)

@@ -6,12 +6,15 @@ scalar loss and a few detached statistics. Every variant is a setting of the sam
 The objective. For a prompt, sample a group of G completions y_1..y_G and score them with rewards
 r_i. Each completion's advantage compares it with its own group:
 
-    A_i = (r_i - mean_j r_j) / (std_j r_j + eps)      scale="std"   (GRPO, DAPO, GSPO)
-    A_i =  r_i - mean_j r_j                           scale="none"  (Dr. GRPO)
+    A_i = (r_i - mean_j r_j) / (std_j r_j + eps)      scale="group"  (GRPO, DAPO, GSPO)
+    A_i = (r_i - mean_j r_j) / (std_batch + eps)      scale="batch"  (one scale for the whole batch)
+    A_i =  r_i - mean_j r_j                           scale="none"   (Dr. GRPO)
 
-The std is the population std of the group (divide by G, `unbiased=False`): the G completions are
-the whole group, and z-scores then have a root-mean-square of exactly 1. TRL's GRPOTrainer uses
-the sample std (divide by G - 1); its advantages are ours times sqrt((G - 1) / G).
+The group std is the population std of the group (divide by G, `unbiased=False`): the G
+completions are the whole group, and z-scores then have a root-mean-square of exactly 1. TRL's
+GRPOTrainer uses the sample std (divide by G - 1); its advantages are ours times sqrt((G - 1) / G).
+std_batch is the sample std of every group-centred reward in the batch (all processes': the
+trainer passes the whole batch). Optional shaping then cubes them (`shape_advantages`).
 
 With per-token log-probs logp_t of the policy being trained and old_t of the policy that sampled,
 the importance ratio is either per token or per sequence (GSPO, length-normalised):
@@ -29,12 +32,12 @@ sequence then over sequences ("sequence"), or sum divided by B * max_len ("const
 
     preset    advantages         eps_low / eps_high  ratio     aggregation  KL         extras
     --------  -----------------  ------------------  --------  -----------  ---------  ---------------------------
-    GRPO      z-score ("std")    0.2 / 0.2           token     sequence     beta>0 k3  -
-    DAPO      z-score ("std")    0.2 / 0.28          token     token        beta=0     dynamic sampling, overlong
+    GRPO      z-score ("group")  0.2 / 0.2           token     sequence     beta>0 k3  -
+    DAPO      z-score ("group")  0.2 / 0.28          token     token        beta=0     dynamic sampling, overlong
                                                                                        shaping (penalty / filter)
     Dr. GRPO  r - mean ("none")  0.2 / 0.2           token     constant     beta=0     divide by max_new_tokens
-    GSPO      z-score ("std")    3e-4 / 4e-4         sequence  sequence     beta=0     -
-    cubic     any, then A**3     any                 any       any          any        `cubic_shaping`
+    GSPO      z-score ("group")  3e-4 / 4e-4         sequence  sequence     beta=0     -
+    cubic     any, then A**3     any                 any       any          any        `shape_advantages`
 
 When old_logp == logp.detach() (one optimizer step per batch, the common case) every ratio is 1,
 nothing is clipped, and the gradient is the REINFORCE gradient -A * grad(logp_t) / normaliser.
@@ -51,7 +54,8 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-AdvantageScale = Literal["std", "none"]
+AdvantageScale = Literal["group", "batch", "none"]
+Shaping = Literal["none", "cubic", "cubic_rescaled"]
 Aggregation = Literal["token", "sequence", "constant"]
 RatioLevel = Literal["token", "sequence"]
 KLKind = Literal["k1", "k2", "k3"]
@@ -100,20 +104,21 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return total.sum(dim) / valid.sum(dim).clamp(min=1)  # values.shape without dim
 
 
-def group_advantages(rewards: Tensor, group_size: int, *, scale: AdvantageScale = "std",
+def group_advantages(rewards: Tensor, group_size: int, *, scale: AdvantageScale = "group",
                      eps: float = 1e-6) -> Tensor:
-    """(N,) advantages from (N,) group-contiguous rewards: r - group mean, over group std if "std".
-
-    The std is the population std (unbiased=False). A group whose rewards are all equal gets
-    advantage 0 exactly, under either scale.
+    """(N,) advantages from (N,) group-contiguous rewards: r - group mean, divided by the group's
+    population std ("group"), by the sample std of all the centred rewards ("batch"), or by
+    nothing ("none"). A group whose rewards are all equal gets advantage 0 exactly, under any scale.
     """
     num_groups = _check_groups(rewards.numel(), group_size)
-    if scale not in ("std", "none"):
-        raise ValueError(f"scale must be 'std' or 'none'; got {scale!r}")
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none'; got {scale!r}")
     grouped = rewards.float().reshape(num_groups, group_size)  # (N/G, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # (N/G, G)
-    if scale == "std":
+    if scale == "group":
         centred = centred / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)  # (N/G, G)
+    elif scale == "batch":
+        centred = centred / (centred.std() + eps)  # (N/G, G)
     return centred.reshape(-1)  # (N,)
 
 
@@ -135,6 +140,18 @@ def cubic_shaping(advantages: Tensor, *, group_size: int | None = None) -> Tenso
     rms_after = after.pow(2).mean(dim=1, keepdim=True).sqrt()  # (N/G, 1)
     scaled = after * rms_before / rms_after.clamp(min=torch.finfo(after.dtype).tiny)  # (N/G, G)
     return scaled.reshape(advantages.shape)  # (N,)
+
+
+def shape_advantages(advantages: Tensor, group_size: int, shaping: Shaping = "none") -> Tensor:
+    """(N,) advantages after optional shaping: "none" leaves them, "cubic" cubes them
+    (`cubic_shaping`), "cubic_rescaled" cubes them and rescales each group to its former rms."""
+    if shaping == "none":
+        return advantages
+    if shaping == "cubic":
+        return cubic_shaping(advantages)
+    if shaping == "cubic_rescaled":
+        return cubic_shaping(advantages, group_size=group_size)
+    raise ValueError(f"shaping must be 'none', 'cubic' or 'cubic_rescaled'; got {shaping!r}")
 
 
 def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int,
@@ -222,48 +239,80 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
     raise ValueError(f"ratio_level must be 'token' or 'sequence'; got {level!r}")
 
 
-def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                eps_low: float = 0.2, eps_high: float = 0.2, ratio_level: RatioLevel = "token",
-                aggregation: Aggregation = "sequence", max_len: int | None = None,
-                ref_logp: Tensor | None = None, beta: float = 0.0, kl_kind: KLKind = "k3",
-                dual_clip: float | None = None) -> LossOutput:
+class LossInputs(NamedTuple):
+    """The constants of `policy_loss` for B rows of T completion tokens."""
+
+    old_logp: Tensor
+    """(B, T) log-probs under the policy that sampled (logp.detach() for one update per batch)."""
+    advantages: Tensor
+    """(B,) one per completion, or (B, T) one per token."""
+    mask: Tensor
+    """(B, T) 1/True on the completion tokens that count."""
+    ref_logp: Tensor | None = None
+    """(B, T) log-probs under the reference policy; needed when beta > 0."""
+
+    def rows(self, index) -> LossInputs:
+        """The rows `index` of every tensor (a micro-batch)."""
+        return LossInputs(*(None if x is None else x[index] for x in self))
+
+
+class LossSettings(NamedTuple):
+    """The knobs of `policy_loss`; GRPO, DAPO, Dr. GRPO and GSPO are settings of these (see above)."""
+
+    eps_low: float = 0.2
+    """Lower clip range: ratio >= 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip range: ratio <= 1 + eps_high (DAPO: 0.28)."""
+    ratio_level: RatioLevel = "token"
+    """Importance ratio per token, or per sequence (GSPO)."""
+    aggregation: Aggregation = "sequence"
+    """How per-token losses become a scalar (`aggregate`)."""
+    max_len: int | None = None
+    """max_new_tokens of the rollout; needed by aggregation "constant"."""
+    beta: float = 0.0
+    """Weight of the KL penalty to the reference."""
+    kl_kind: KLKind = "k3"
+    """KL estimator (`kl_penalty`)."""
+    dual_clip: float | None = None
+    """c > 1 caps the loss of a negative-advantage token at c * |A| (dual-clip PPO); None = off."""
+
+
+def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossSettings()) -> LossOutput:
     """The one GRPO-family loss: clipped surrogate (+ beta * KL), aggregated; see the module doc.
 
-    logp (B, T) requires grad; old_logp, ref_logp (B, T) and advantages (B,) (or (B, T)) are
-    treated as constants. mask (B, T) is 1/True on completion tokens that count.
-    dual_clip = c > 1 caps the loss of a negative-advantage token at c * |A| (dual-clip PPO).
+    logp (B, T) requires grad; everything in `inputs` is treated as a constant.
     clip_fraction counts valid tokens whose gradient a clip removed: A > 0 and w > 1 + eps_high,
     A < 0 and w < 1 - eps_low, or (dual_clip) A < 0 and w > c.
     """
-    if beta > 0 and ref_logp is None:
+    s = settings
+    if s.beta > 0 and inputs.ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1; got {dual_clip}")
-    valid = mask.bool()  # (B, T)
-    adv = advantages.detach().to(logp.dtype)  # (B,) or (B, T)
+    if s.dual_clip is not None and s.dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1; got {s.dual_clip}")
+    valid = inputs.mask.bool()  # (B, T)
+    adv = inputs.advantages.detach().to(logp.dtype)  # (B,) or (B, T)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
-    ratio = importance_ratio(logp, old_logp.detach(), mask, ratio_level)  # (B, T)
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # (B, T)
+    ratio = importance_ratio(logp, inputs.old_logp.detach(), valid, s.ratio_level)  # (B, T)
+    clipped = ratio.clamp(1.0 - s.eps_low, 1.0 + s.eps_high)  # (B, T)
     pg = torch.maximum(-ratio * adv, -clipped * adv)  # (B, T) = -min(w A, clip(w) A)
-    clip_high = (adv > 0) & (ratio > 1.0 + eps_high)  # (B, T)
-    clip_low = (adv < 0) & (ratio < 1.0 - eps_low)  # (B, T)
+    clip_high = (adv > 0) & (ratio > 1.0 + s.eps_high)  # (B, T)
+    clip_low = (adv < 0) & (ratio < 1.0 - s.eps_low)  # (B, T)
     binds = clip_high | clip_low  # (B, T)
-    if dual_clip is not None:
-        pg = torch.where(adv < 0, torch.minimum(pg, -dual_clip * adv), pg)  # (B, T)
-        binds = binds | ((adv < 0) & (ratio > dual_clip))  # (B, T)
+    if s.dual_clip is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -s.dual_clip * adv), pg)  # (B, T)
+        binds = binds | ((adv < 0) & (ratio > s.dual_clip))  # (B, T)
 
     per_token = pg  # (B, T)
     kl_mean = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp.detach(), kl_kind)  # (B, T)
+    if inputs.ref_logp is not None:
+        kl = kl_penalty(logp, inputs.ref_logp.detach(), s.kl_kind)  # (B, T)
         kl_mean = masked_mean(kl.detach(), valid)
-        if beta > 0:
-            per_token = pg + beta * kl  # (B, T)
+        if s.beta > 0:
+            per_token = pg + s.beta * kl  # (B, T)
 
-    loss = aggregate(per_token, valid, aggregation, max_len)  # ()
     return LossOutput(
-        loss=loss,
-        pg_loss=aggregate(pg.detach(), valid, aggregation, max_len),
+        loss=aggregate(per_token, valid, s.aggregation, s.max_len),  # ()
+        pg_loss=aggregate(pg.detach(), valid, s.aggregation, s.max_len),
         kl=kl_mean,
         clip_fraction=masked_mean(binds.to(logp.dtype), valid),
         clip_low_fraction=masked_mean(clip_low.to(logp.dtype), valid),

@@ -1,87 +1,93 @@
 """Per-token log-probs of completions under a model: the training forward pass.
 
-The prompt inputs are rebuilt with the processor, then the completion tokens are appended.
-Processor outputs that run along the prompt tokens (input_ids, attention_mask, token-type ids of
-any name) are extended over the completion; everything else (pixel values, image grids) passes
-through untouched. No per-architecture code.
+`LogprobScorer` binds the settings of a run once (the sampling temperature, packing, the output
+layer's chunk size) and is called with a model and `Completions`. The prompt inputs are rebuilt
+with the processor and the completion tokens appended; processor outputs that run along the
+tokens are extended, pixel inputs pass through (token_inputs.py). No per-architecture code.
 
-Two speedups, both on by default and exact (tests/test_shared_prefix.py):
-- shared prefix: rows that answer the same prompt (the same Example object, as a group's rows
-  are) are packed with that prompt into one sequence, so the image and prompt are computed once
-  per group (`vlmrl.shared_prefix.pack_groups`);
-- chunked output layer: the log-softmax over the vocabulary is taken `chunk` positions at a time
-  from the final hidden states, so full-vocabulary logits never exist for the whole batch.
+Two speedups, on by default and exact (tests/test_speedups.py):
+- packing (`pack_groups`): rows that answer the same prompt (the same Example object, as a
+  group's rows are) are packed with that prompt into one sequence, so each image and prompt is
+  computed once per group (packing.py);
+- chunked output layer (`chunk`): the log-softmax over the vocabulary is taken `chunk` positions
+  at a time from the final hidden states, so full-vocabulary logits never exist for the whole
+  batch (output_layer.py).
+A model that does not support one of them takes the plain path, and says so once (support.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from vlmrl.rollout import encode_prompts
-from vlmrl.shared_prefix import (group_rows, head_unchunkable, logprobs_at, packed_logprobs, packing_unsupported,
-                                 warn_once)
-from vlmrl.tasks import Example
+from vlmrl.completions import Completions
+from vlmrl.output_layer import Readout, logprobs_at, logprobs_of_logits
+from vlmrl.packing import group_rows, pack_groups
+from vlmrl.prompts import encode_prompts
+from vlmrl.support import output_layer_unchunkable, packing_unsupported, warn_once
+from vlmrl.token_inputs import extend_tokens
 
 
 def join_prompt_and_completion(inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
                                completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Model inputs for prompt + completion.
-
-    inputs: processor outputs for N left-padded prompts (input_ids (N, P), ...);
-    completion_ids, completion_mask: (N, T).
-    """
-    prompt_ids = inputs["input_ids"]  # (N, P)
-    joined = {}
-    for key, value in inputs.items():
-        if key == "input_ids":
-            joined[key] = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, P+T)
-        elif key == "attention_mask":
-            joined[key] = torch.cat([value, completion_mask.to(value.dtype)], dim=1)  # (N, P+T)
-        elif torch.is_tensor(value) and value.shape[:2] == prompt_ids.shape:
-            # Per-token side inputs (e.g. mm_token_type_ids): completion tokens are plain text (0).
-            joined[key] = torch.cat([value, value.new_zeros(completion_ids.shape)], dim=1)
-        else:
-            joined[key] = value
-    return joined
+    """Model inputs for N prompts (left-padded processor outputs, input_ids (N, P)) each followed
+    by its completion (N, T): per-token inputs become (N, P+T)."""
+    mask = inputs["attention_mask"]  # (N, P)
+    return extend_tokens(inputs, completion_ids, torch.cat([mask, completion_mask.to(mask.dtype)], dim=1))
 
 
-def completion_logprobs(model, processor, rows: list[Example], completion_ids: torch.Tensor,
-                        completion_mask: torch.Tensor, temperature: float = 1.0,
-                        with_entropy: bool = False, shared_prefix: bool = True,
-                        chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (N, T) of the completion tokens, and optionally the entropy (N, T) of each step.
+@dataclass(frozen=True)
+class LogprobScorer:
+    """Log-probs (N, T) of completion tokens under a model, with the run's settings bound once."""
 
-    Logits are divided by the sampling temperature so that the log-probs match the sampling
-    policy's. Masked positions hold 0. `shared_prefix`: compute each distinct prompt once (when
-    some rows share one and the model family supports it). `chunk`: positions per output-layer
-    chunk (0 = all logits at once).
-    """
-    device = completion_ids.device
-    pad_id = processor.tokenizer.pad_token_id
-    groups = group_rows(rows)
-    if shared_prefix and len(groups) < len(rows):
-        reason = packing_unsupported(model) or head_unchunkable(model)
-        if reason is None:
-            prompt = encode_prompts(processor, [rows[g[0]] for g in groups], device)  # (U, P)
-            return packed_logprobs(model, prompt, groups, completion_ids, completion_mask, pad_id, temperature,
-                                   chunk, with_entropy)
-        warn_once(f"vlmrl: shared-prefix log-probs off ({reason}); every prompt is repeated per completion")
-    inputs = join_prompt_and_completion(encode_prompts(processor, rows, device),
-                                        completion_ids, completion_mask)
-    length = completion_ids.shape[1]  # T
-    if chunk > 0 and head_unchunkable(model) is None:
-        total = inputs["input_ids"].shape[1]  # P + T
-        before = torch.arange(total - length - 1, total - 1, device=device)  # (T,) P-1 .. P+T-2
-        index = torch.arange(len(rows), device=device)[:, None] * total + before  # (N, T) flat positions
-        return logprobs_at(model, inputs, index, completion_ids, completion_mask, temperature, chunk,
-                           with_entropy)
-    # The logits at positions P-1 .. P+T-2 predict the T completion tokens.
-    logits = model(**inputs, logits_to_keep=length + 1, use_cache=False).logits[:, :-1]  # (N, T, V)
-    logits = logits.float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)  # (N, T, V)
-    token_logprobs = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, T)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(log_probs.exp() * log_probs).sum(-1) * completion_mask  # (N, T)
-    return token_logprobs * completion_mask, entropy
+    processor: object
+    """The model's processor: prompts are rebuilt with it."""
+    temperature: float = 1.0
+    """Logits are divided by the sampling temperature, so log-probs are the sampling policy's."""
+    pack_groups: bool = True
+    """Compute each distinct prompt once, its completions packed after it (when some rows share
+    one and the model family supports it)."""
+    chunk: int = 1024
+    """Positions per output-layer chunk (0 = all logits at once)."""
+
+    def __call__(self, model, completions: Completions,
+                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (N, T) of `completions` under `model`, and the entropy (N, T) of each step when
+        asked (no gradient). Masked positions hold 0."""
+        readout = Readout(self.temperature, self.chunk, with_entropy)
+        if self.pack_groups and len(group_rows(completions.rows)) < len(completions.rows):
+            reason = packing_unsupported(model) or output_layer_unchunkable(model)
+            if reason is None:
+                return self._masked(self._packed(model, completions, readout), completions)
+            warn_once(f"vlmrl: packed log-probs off ({reason}); every prompt is repeated per completion")
+        return self._masked(self._plain(model, completions, readout), completions)
+
+    def _packed(self, model, completions: Completions, readout: Readout):
+        """One forward over each unique prompt followed by all of its completions."""
+        device = completions.completion_ids.device
+        firsts = [group[0] for group in group_rows(completions.rows)]
+        prompt = encode_prompts(self.processor, [completions.rows[i] for i in firsts], device)  # (U, P)
+        inputs, index = pack_groups(model, prompt, completions, self.processor.tokenizer.pad_token_id)
+        return logprobs_at(model, inputs, index, completions.completion_ids, readout)
+
+    def _plain(self, model, completions: Completions, readout: Readout):
+        """One forward over every prompt followed by its own completion."""
+        ids = completions.completion_ids  # (N, T)
+        inputs = join_prompt_and_completion(encode_prompts(self.processor, completions.rows, ids.device),
+                                            ids, completions.completion_mask)  # (N, P+T)
+        length = ids.shape[1]  # T
+        if readout.chunk > 0 and output_layer_unchunkable(model) is None:
+            total = inputs["input_ids"].shape[1]  # P + T
+            before = torch.arange(total - length - 1, total - 1, device=ids.device)  # (T,) P-1 .. P+T-2
+            index = torch.arange(len(ids), device=ids.device)[:, None] * total + before  # (N, T) flat
+            return logprobs_at(model, inputs, index, ids, readout)
+        # The logits at positions P-1 .. P+T-2 predict the T completion tokens.
+        logits = model(**inputs, logits_to_keep=length + 1, use_cache=False).logits[:, :-1]  # (N, T, V)
+        return logprobs_of_logits(logits, ids, readout)
+
+    @staticmethod
+    def _masked(result, completions: Completions):
+        logp, entropy = result  # (N, T) each
+        mask = completions.completion_mask.to(logp.dtype)  # (N, T)
+        return logp * mask, (entropy * mask if entropy is not None else None)

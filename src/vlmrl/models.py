@@ -8,6 +8,7 @@ The vision tower is found by parameter name, with no per-architecture code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from vlmrl.config import LoraConfig, ModelConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.processing import image_text_processor_class
+from vlmrl.support import hf_model
 from vlmrl.tiny_model import build_tiny_model  # noqa: F401  (public API: vlmrl.models.build_tiny_model)
 
 # Module names under which the families keep their vision encoder (Qwen: `visual`; Idefics3,
@@ -197,3 +199,21 @@ def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     total = sum(p.numel() for p in model.parameters())
     return sum(p.numel() for p in model.parameters() if p.requires_grad), total
+
+
+@contextlib.contextmanager
+def counting_vision_rows(model: torch.nn.Module):
+    """Within: the yielded list holds, per call of the vision tower, the rows it was given (patches
+    for Qwen-VL, images for Idefics3). For tests and benchmarks."""
+    tower = next(m for name, m in hf_model(model).named_modules() if name.split(".")[-1] in VISION_MODULE_NAMES)
+    calls: list[int] = []
+
+    def hook(module, args, kwargs):
+        first = args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v))
+        calls.append(int(first.shape[0]))
+
+    handle = tower.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()

@@ -11,7 +11,7 @@ alone and prints the report. They:
   rollout.max_prompt_length. Image tokens are never truncated: a longer prompt is an error that
   says how many of its tokens are image tokens;
 - estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
-  moments, the reference copy, the generation KV cache and logits, training activations) and warn
+  moments, the reference copy, the generation KV cache, training activations) and warn
   when it exceeds what the device has free. The estimate is rough (allocator overhead, fused
   kernels and framework buffers are not counted): a warning to heed, not a guarantee either way.
 """
@@ -26,7 +26,8 @@ import torch
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.models import is_vision_parameter
-from vlmrl.rollout import encode_prompts
+from vlmrl.prompts import encode_prompts, image_token_id
+from vlmrl.session import load_trainable_policy
 from vlmrl.tasks import Example, Task
 
 ACTIVATION_VALUES = 26
@@ -62,7 +63,7 @@ class MemoryEstimate:
     optimizer: int
     reference: int
     generation: int
-    """KV cache and logits of the largest generate call (rollouts, or evaluation)."""
+    """KV cache and one step's logits of the largest generate call (rollouts, or evaluation)."""
     activations: int
     """What one training micro-batch keeps for backward, logits included."""
     loaded: int
@@ -138,7 +139,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     """Check the first batches and estimate memory; VlmrlError on a problem that would crash the run.
 
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
-    (its data position). `loaded`: bytes already in memory (default: the policy's weights).
+    (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
     """
     limit = config.rollout.max_prompt_length
     checks = []
@@ -189,7 +190,10 @@ def make_example(task: Task, idx: int, split: str) -> Example:
 def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int) -> SplitCheck:
     """Encode each example's prompt alone: no special token in the question, and within `limit`."""
     specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
-    image_id = image_token_id(processor)
+    try:
+        image_id = image_token_id(processor)  # the processor's: no model config here
+    except VlmrlError:
+        image_id = None  # counted as 0 image tokens
     best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
     for idx, example in zip(indices, examples):
         written = [token for token in specials if token in example.prompt]
@@ -213,19 +217,9 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
     return best
 
 
-def image_token_id(processor) -> int | None:
-    """The id of the image placeholder token, when the processor names one."""
-    token_id = getattr(processor, "image_token_id", None)
-    if token_id is None and getattr(processor, "image_token", None):
-        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    return token_id
-
-
 def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
                     image_tokens: int, loaded: int | None = None) -> MemoryEstimate:
     """A rough per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate)."""
-    from vlmrl.experience import generation_batch
-
     params = list(policy.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
@@ -244,12 +238,12 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     def generate_bytes(rows: int, new_tokens: int) -> int:
         length = prompt + new_tokens
         kv_cache = 2 * layers * rows * length * kv_heads * head_dim * size
-        logits = rows * new_tokens * vocab * (size + 8)  # kept per step, then a float copy and log-softmax
+        logits = rows * vocab * (size + 8)  # one step's logits, a float copy and the sampling probabilities
         return kv_cache + logits
 
     generation = 0
     if mode == "train":
-        generation = generate_bytes(generation_batch(config, world) * config.rollout.group_size, completion)
+        generation = generate_bytes(config.rollout.per_call(world) * config.rollout.group_size, completion)
     if config.eval.every > 0:
         generation = max(generation, generate_bytes(config.eval.batch_size,
                                                     config.eval.max_new_tokens or config.rollout.max_new_tokens))
@@ -304,7 +298,7 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     config = session.config
     if mode == "train":
         per_process = config.rollout.prompts_per_step // session.world
-        start = session.position + session.rank * per_process
+        start = session.cursor + session.rank * per_process
     else:
         per_process = config.sft.batch_size // session.world
         start = session.start_step * config.sft.batch_size + session.rank * per_process
@@ -331,12 +325,10 @@ def check(config: Config, mode: str = "train") -> PreflightReport:
     """`vlmrl check`: load the model and task as a run would (one process, no checkpoint) and run
     the preflight alone."""
     from vlmrl.models import resolve_device
-    from vlmrl.session import load_trainable_policy
     from vlmrl.tasks import get_task
-    from vlmrl.trainer import check_batch_layout
 
     if mode == "train":
-        check_batch_layout(config, 1)
+        config.rollout.check_layout(1)
     policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
     return preflight(config, policy, processor, task, mode)

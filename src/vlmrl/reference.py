@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_model
 
+from vlmrl.completions import Completions
 from vlmrl.config import AlgorithmConfig
-from vlmrl.logprobs import completion_logprobs
+from vlmrl.logprobs import LogprobScorer
 
 REFERENCE_FILE = "reference.safetensors"
 
@@ -36,14 +37,12 @@ class ReferencePolicy:
             self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, policy, processor, rows, completion_ids, completion_mask, temperature: float,
-                 shared_prefix: bool = True, chunk: int = 1024) -> torch.Tensor:
-        """Reference log-probs (N, T) of the completion tokens (see `completion_logprobs`)."""
+    def logprobs(self, policy, scorer: LogprobScorer, completions: Completions) -> torch.Tensor:
+        """Reference log-probs (N, T) of `completions`, scored as `scorer` scores the policy's."""
         model = self.copy if self.copy is not None else policy
         switch_off = policy.disable_adapter() if self.copy is None else contextlib.nullcontext()
         with switch_off:
-            logp, _ = completion_logprobs(model, processor, rows, completion_ids, completion_mask,
-                                          temperature, shared_prefix=shared_prefix, chunk=chunk)
+            logp, _ = scorer(model, completions)
         return logp
 
     @torch.no_grad()

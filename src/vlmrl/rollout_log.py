@@ -27,10 +27,11 @@ def store_image(folder: Path, image: Image.Image) -> str:
     return relative
 
 
-def rollout_rows(step: int, rollout, rewards: dict, advantages, group_size: int,
-                 first_group: int = 0) -> list[dict]:
-    """One row per completion of `rollout`, its groups numbered from `first_group` (a process's
-    offset in the step); images stay PIL images until `write_rollouts` stores them."""
+def rollout_rows(step: int, experience, group_size: int, first_group: int = 0) -> list[dict]:
+    """One row per completion of `experience` (its rollout, rewards and advantages), its groups
+    numbered from `first_group` (a process's offset in the step); images stay PIL images until
+    `write_rollouts` stores them."""
+    rollout, rewards, advantages = experience.rollout, experience.rewards, experience.advantages
     lengths = rollout.lengths
     return [{"step": step, "group": first_group + i // group_size, "image": example.image, "prompt": example.prompt,
              "answer": example.answer, "completion": text,

@@ -38,8 +38,8 @@ class TrainingSession:
     Attributes used by the step code: accelerator, rank, world, main, policy (the bare model),
     model (the one to call forward/backward on: wrapped for several processes), processor,
     optimizer, scheduler, reference (None unless with_reference and beta > 0), start_step,
-    position (prompts consumed before start_step), run_dir, guard (NumericGuard: make every
-    optimizer update through `guard.step`).
+    cursor (the data cursor: index of the next train example, i.e. examples consumed before
+    start_step), run_dir, guard (NumericGuard: make every optimizer update through `guard.step`).
     """
 
     def __init__(self, config: Config, total_updates: int, with_reference: bool = False):
@@ -59,11 +59,11 @@ class TrainingSession:
             build_reference(self.policy, config.algorithm) if with_reference else None)
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
-        self.start_step = self.position = 0
-        self.guard = NumericGuard(config.train.max_bad_steps)
+        self.start_step = self.cursor = 0
+        self.guard = NumericGuard(config.train.max_bad_steps, config.train.max_grad_norm)
         if checkpoint is not None:
             restored = restore_trainer_state(state, self.optimizer, self.scheduler)
-            self.start_step, self.position = restored["step"], restored["data_position"]
+            self.start_step, self.cursor = restored["step"], restored["data_position"]
             self.guard.load_state_dict(restored["extra"].get("faults", {}))
             if self.reference is not None:
                 self.reference.load(checkpoint)
@@ -88,26 +88,26 @@ class TrainingSession:
         if self.main:
             self.log.log(metrics)
 
-    def maybe_save(self, steps_done: int, position: int) -> None:
-        """A checkpoint every train.save_every steps: model, optimizer, scheduler, RNG, data position."""
+    def maybe_save(self, steps_done: int, cursor: int) -> None:
+        """A checkpoint every train.save_every steps: model, optimizer, scheduler, RNG, data cursor."""
         every = self.config.train.save_every
         if not every or steps_done % every:
             return
-        self.save(steps_done, position)
+        self.save(steps_done, cursor)
 
-    def save(self, steps_done: int, position: int) -> Path:
+    def save(self, steps_done: int, cursor: int) -> Path:
         """A checkpoint now (all processes call this); returns its folder."""
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         self.accelerator.wait_for_everyone()
         if self.main:
             folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
-                                     self.scheduler, position, self.reference,
+                                     self.scheduler, cursor, self.reference,
                                      keep=self.config.train.keep_checkpoints,
                                      extra={"faults": self.guard.state_dict()})
         self.saved_step = steps_done
         return folder
 
-    def check_stop(self, steps_done: int, position: int) -> None:
+    def check_stop(self, steps_done: int, cursor: int) -> None:
         """After a step: when a stop signal came (on any process) or train.max_bad_steps updates in
         a row were skipped, save a checkpoint (unless this step has one), close the logs and raise
         Interrupted or VlmrlError."""
@@ -118,7 +118,7 @@ class TrainingSession:
             return
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         if self.saved_step != steps_done:
-            folder = self.save(steps_done, position)
+            folder = self.save(steps_done, cursor)
         self.close()
         if signum:
             raise Interrupted(signum, steps_done, folder)

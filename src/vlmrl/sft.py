@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from vlmrl.completions import Completions
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
-from vlmrl.experience import derive_seed
-from vlmrl.logprobs import completion_logprobs
+from vlmrl.logprobs import LogprobScorer
 from vlmrl.preflight import run_preflight
-from vlmrl.rollout import chat_messages, stop_token_ids
+from vlmrl.prompts import chat_messages
+from vlmrl.rollout import stop_token_ids
+from vlmrl.seeds import derive_seed
 from vlmrl.session import TrainingSession
 from vlmrl.tasks import Example, get_task
 
@@ -69,6 +71,7 @@ def sft(config: Config) -> Path:
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device
     run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
+    scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk)
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="sft", unit="step", disable=not session.main,
@@ -78,10 +81,9 @@ def sft(config: Config) -> Path:
         first = step * batch + session.rank * per_process
         examples = [task.example(i, split="train") for i in range(first, first + per_process)]
         ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
-        ids, mask = ids.to(device), mask.to(device)
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
-        metrics = sft_update(session, examples, ids, mask)
+        metrics = sft_update(session, scorer, Completions(examples, ids, mask).to(device))
         metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
                     "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
                     "seconds": time.perf_counter() - started}
@@ -93,35 +95,31 @@ def sft(config: Config) -> Path:
     return session.finish()
 
 
-def sft_update(session: TrainingSession, examples: list[Example], ids: torch.Tensor,
-               mask: torch.Tensor) -> dict[str, float]:
+def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completions) -> dict[str, float]:
     """One optimizer step of token-mean negative log-likelihood over the global batch.
 
     Logs loss (nats per token), confident_tokens (share of target tokens given p > 1/2, so surely
     what greedy decoding picks) and grad_norm. An update whose loss or gradient is NaN/inf is
     skipped (session.guard).
 
-    ids, mask: (n, T) this process's completions. Micro-batches accumulate; every token of the
+    batch: this process's reference completions. Micro-batches accumulate; every token of the
     global batch weighs the same, whatever process or micro-batch it is in.
     """
-    accelerator, config = session.accelerator, session.config
-    micro = config.train.micro_batch_size
-    tokens_here = mask.sum().float()
+    accelerator, micro = session.accelerator, session.config.train.micro_batch_size
+    tokens_here = batch.completion_mask.sum().float()
     total_tokens = accelerator.reduce(tokens_here.clone(), "sum").clamp(min=1.0)
     nll_sum = confident = 0.0
-    starts = list(range(0, len(examples), micro))
+    starts = list(range(0, len(batch.rows), micro))
     for i, start in enumerate(starts):
-        rows = slice(start, start + micro)
+        part = batch.select(list(range(start, min(start + micro, len(batch.rows)))))
         sync = contextlib.nullcontext() if i == len(starts) - 1 else accelerator.no_sync(session.model)
         with sync:
-            logp, _ = completion_logprobs(session.model, session.processor, examples[rows], ids[rows],
-                                          mask[rows])  # (m, T), 0 on padding
+            logp, _ = scorer(session.model, part)  # (m, T), 0 on padding
             loss = -logp.sum() / total_tokens * accelerator.num_processes
             accelerator.backward(loss)
         nll_sum += float(-logp.detach().sum())
-        confident += float(((logp.detach() > -0.6931) * mask[rows]).sum())  # p > 1/2: surely the argmax
-    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler,
-                                   config.train.max_grad_norm, nll_sum)
+        confident += float(((logp.detach() > -0.6931) * part.completion_mask).sum())  # p > 1/2: surely the argmax
+    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler, nll_sum)
     stats = accelerator.reduce(torch.tensor([nll_sum, confident, float(tokens_here)], device=accelerator.device),
                                "sum")
     tokens = stats[2].clamp(min=1)

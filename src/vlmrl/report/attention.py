@@ -1,8 +1,7 @@
-"""Where the model looks: per-token attention heatmaps over the image, and the share of attention
-that falls on image tokens.
+"""Where the model looks: per-token attention heatmaps over the image.
 
 `vlmrl attention MODEL --image IMG --prompt TEXT` builds the prompt exactly as training does
-(`vlmrl.rollout.encode_prompts`), generates greedily, then runs one forward pass over prompt +
+(`vlmrl.prompts.encode_prompts`), generates greedily, then runs one forward pass over prompt +
 completion with attention weights returned. Generated token t is shown with the attention of the
 position that produced it (query position P-1+t, the row Hugging Face's
 `generate(output_attentions=True)` reports at step t) to the image-placeholder tokens, averaged
@@ -11,10 +10,9 @@ processor's own outputs (`image_grid_thw` / merge size, the Qwen2-VL family); a 
 them gets a square grid when the count allows. Each frame is normalised to its own maximum; the
 caption gives the token's share of attention on the image, so frames stay comparable.
 
-The trainer calls `completion_image_attention` every N steps for one float, the mean share of
-attention that completion tokens put on image tokens: a policy that stops looking at the image
-shows it here first. Attention weights need the eager implementation; the model is switched to it
-for that one forward pass and back. Colours are drawn by hand (numpy + PIL), no matplotlib.
+The share of attention on the image, and the eager forward that returns the weights, live in
+`vlmrl.attention` (the trainer logs the same share). Colours are drawn by hand (numpy + PIL), no
+matplotlib.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +27,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
+from vlmrl.attention import attention_forward, resolve_layer
 from vlmrl.errors import VlmrlError
-from vlmrl.logprobs import join_prompt_and_completion
-from vlmrl.rollout import encode_prompts
+from vlmrl.prompts import image_token_id
 from vlmrl.tasks import Example
 
 # Anchor colours of matplotlib's "inferno" (dark = little attention, bright yellow = most).
@@ -62,56 +59,7 @@ def image_heatmaps(attention: torch.Tensor, queries: torch.Tensor, image_positio
     return picked.reshape(len(queries), rows, cols)  # (n, rows, cols)
 
 
-def image_attention_share(attentions, input_ids: torch.Tensor, image_token_id: int,
-                          query_mask: torch.Tensor, layer: int | None = None) -> float:
-    """Mean share of attention that the masked queries put on image tokens (a float in [0, 1]).
-
-    attentions: `outputs.attentions`, one (B, H, S, S) tensor per layer; input_ids: (B, S);
-    query_mask: (B, S), 1 at the query positions to average over. layer: one layer (negative
-    counts from the end), or None for the mean over all layers. Heads are averaged.
-    """
-    if not attentions:
-        raise VlmrlError("the model returned no attention weights (load it with "
-                         "attn_implementation='eager')")
-    chosen = list(attentions) if layer is None else [attentions[resolve_layer(layer, len(attentions))]]
-    keys = (input_ids == image_token_id)  # (B, S)
-    queries = query_mask.bool()  # (B, S)
-    if not keys.any() or not queries.any():
-        return 0.0
-    shares = []
-    for weights in chosen:  # (B, H, S, S)
-        on_image = weights @ keys.to(weights.dtype)[:, None, :, None]  # (B, H, S, 1)
-        per_query = on_image.squeeze(-1).float().mean(1)  # (B, S) averaged over heads
-        shares.append(per_query[queries].mean())
-    return float(torch.stack(shares).mean().clamp(0.0, 1.0))
-
-
-def resolve_layer(layer: int, n_layers: int) -> int:
-    """`layer` as an index in 0..n_layers-1 (negative counts from the end), or a VlmrlError."""
-    if not -n_layers <= layer < n_layers:
-        raise VlmrlError(f"layer {layer} is out of range: the model has {n_layers} layers "
-                         f"(use 0..{n_layers - 1} or -{n_layers}..-1)")
-    return layer % n_layers
-
-
 # ---------------------------------------------------------------- model plumbing
-
-
-def image_token_id(model, processor) -> int:
-    """Id of the image placeholder token, from the model config or else the processor."""
-    config = model.config
-    for value in (getattr(config, "image_token_id", None),
-                  getattr(config.get_text_config(), "image_token_id", None),
-                  getattr(processor, "image_token_id", None)):
-        if isinstance(value, int):
-            return value
-    token = getattr(processor, "image_token", None)
-    if isinstance(token, str):
-        found = processor.tokenizer.convert_tokens_to_ids(token)
-        if isinstance(found, int) and found != processor.tokenizer.unk_token_id:
-            return found
-    raise VlmrlError(f"{type(model).__name__} has no image token (no image_token_id in its config "
-                     "or processor): it is not an image-text-to-text model")
 
 
 def token_grid(inputs: dict[str, torch.Tensor], processor, model, n_tokens: int) -> tuple[int, int]:
@@ -128,56 +76,6 @@ def token_grid(inputs: dict[str, torch.Tensor], processor, model, n_tokens: int)
         return side, side
     raise VlmrlError(f"cannot tell the layout of the {n_tokens} image tokens of this model "
                      "(no image_grid_thw from the processor and not a square)")
-
-
-@contextmanager
-def eager_attention(model):
-    """Attention weights exist only in the eager implementation: switch to it, then back."""
-    before = model.config._attn_implementation
-    if before != "eager":
-        model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        if before != "eager":
-            model.set_attn_implementation(before)
-
-
-@torch.no_grad()
-def attention_forward(model, processor, rows: list[Example], completion_ids: torch.Tensor,
-                      completion_mask: torch.Tensor):
-    """One forward over prompts + completions with attention weights.
-
-    Returns (attentions: one (N, H, S, S) per layer, inputs, query_mask (N, S)): query_mask marks
-    the positions that produced the completion tokens, P-1 .. P+T-2 where completion_mask is 1.
-    """
-    device = completion_ids.device
-    inputs = join_prompt_and_completion(encode_prompts(processor, rows, device),
-                                        completion_ids, completion_mask)
-    prompt_len = inputs["input_ids"].shape[1] - completion_ids.shape[1]  # P
-    with eager_attention(model):
-        out = model(**inputs, output_attentions=True, use_cache=False, logits_to_keep=1)
-    query_mask = torch.zeros_like(inputs["input_ids"])  # (N, S)
-    query_mask[:, prompt_len - 1:-1] = completion_mask
-    return out.attentions, inputs, query_mask
-
-
-@torch.no_grad()
-def completion_image_attention(model, processor, rows: list[Example], completion_ids: torch.Tensor,
-                               completion_mask: torch.Tensor, layer: int | None = None,
-                               max_rows: int = 4) -> float:
-    """Mean share of attention that completion tokens put on image tokens, for the trainer's log.
-
-    Takes what a `Rollout` holds (rows, completion_ids (N, T), completion_mask (N, T)) and uses
-    its first `max_rows` rows: one extra forward pass with eager attention, all layers held at
-    once, so keep `max_rows` small on a big model. layer=None averages over layers.
-    """
-    n = min(max_rows, len(rows))
-    length = max(int(completion_mask[:n].sum(-1).max()), 1)  # drop padding past the longest
-    ids, mask = completion_ids[:n, :length], completion_mask[:n, :length]  # (n, T')
-    attentions, inputs, query_mask = attention_forward(model, processor, rows[:n], ids, mask)
-    return image_attention_share(attentions, inputs["input_ids"], image_token_id(model, processor),
-                                 query_mask, layer=layer)
 
 
 # ---------------------------------------------------------------- drawing
@@ -292,7 +190,8 @@ def attention_maps(model_path: str, image: str | Path, prompt: str, *, layer: in
     `out_dir` (files named NNN_*.png) are replaced.
     """
     from vlmrl.models import load_policy
-    from vlmrl.rollout import GenerationSettings, generate_groups
+    from vlmrl.config import GenerationSettings
+    from vlmrl.rollout import generate_groups
 
     if max_new_tokens < 1:
         raise VlmrlError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -301,11 +200,11 @@ def attention_maps(model_path: str, image: str | Path, prompt: str, *, layer: in
     model.eval()
     n_layers = model.config.get_text_config().num_hidden_layers
     layer_index = resolve_layer(layer, n_layers)
-    image_id = image_token_id(model, processor)
+    image_id = image_token_id(processor, model.config)
     example = Example(image=picture, prompt=prompt, answer="")
 
     rollout = generate_groups(model, processor, [example],
-                              GenerationSettings(group_size=1, max_new_tokens=max_new_tokens, greedy=True))
+                              GenerationSettings(group_size=1, max_new_tokens=max_new_tokens, temperature=0))
     length = int(rollout.lengths[0])
     ids, mask = rollout.completion_ids[:, :length], rollout.completion_mask[:, :length]  # (1, T)
     attentions, inputs, query_mask = attention_forward(model, processor, [example], ids, mask)

@@ -1,9 +1,10 @@
-"""Shared prefix: each prompt computed once per group, with exactly the plain way's numbers.
+"""The speedups compute each prompt once per group, with exactly the plain way's numbers.
 
-Generation from one prefill per prompt gives the same greedy completions and the same sampling
-log-probs as repeating the prompt G times; the packed log-prob forward gives the plain forward's
-log-probs (within 1e-5, fp32) and gradients (cosine >= 0.9999), for Qwen2.5-VL and Qwen2-VL,
-Idefics3 included, prompts of different lengths (left padding) and completions of different lengths.
+Generation from one prefill per prompt (prefill.py) gives the same greedy completions and the same
+sampling distribution as repeating the prompt G times; the packed log-prob forward (packing.py)
+and the chunked output layer (output_layer.py) give the plain forward's log-probs (within 1e-5,
+fp32) and gradients (cosine >= 0.9999), for Qwen2.5-VL and Qwen2-VL, Idefics3 included, prompts of
+different lengths (left padding) and completions of different lengths.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
-from vlmrl import shared_prefix
-from vlmrl.config import load_config
-from vlmrl.logprobs import completion_logprobs
-from vlmrl.models import enable_checkpointing, load_policy
-from vlmrl.rollout import GenerationSettings, generate_groups
-from vlmrl.shared_prefix import counting_vision_rows
+from vlmrl import support
+from vlmrl.completions import Completions
+from vlmrl.config import GenerationSettings, load_config
+from vlmrl.logprobs import LogprobScorer
+from vlmrl.models import counting_vision_rows, enable_checkpointing, load_policy
+from vlmrl.rollout import generate_groups
 from vlmrl.tasks import Example
 from vlmrl.tracking import read_metrics
 from vlmrl.trainer import train
@@ -47,12 +48,37 @@ def examples() -> list[Example]:
             Example(Image.new("RGB", (84, 56), (0, 0, 200)), "What colour is it?", "3")]
 
 
-def sampled(model, processor, examples, shared: bool, greedy: bool = False, temperature: float = 0.9):
-    settings = GenerationSettings(group_size=G, max_new_tokens=8, temperature=temperature, greedy=greedy,
-                                  shared_prefill=shared)
+def sampled(model, processor, examples, shared: bool, temperature: float = 0.9):
+    settings = GenerationSettings(group_size=G, max_new_tokens=8, temperature=temperature,
+                                  share_prompt_cache=shared)
     with counting_vision_rows(model) as vision_rows:
         rollout = generate_groups(model, processor, examples, settings, seed=3)
     return rollout, sum(vision_rows)
+
+
+def sampling_logprobs(model, processor, examples, shared: bool, temperature: float = 0.9):
+    """The rollout, and the log-prob (N, T) of each sampled token under the distribution `generate`
+    sampled it from (its raw logits over the temperature), read from generate's own outputs."""
+    plain_generate, steps = model.generate, []
+
+    def generate(**kwargs):
+        out = plain_generate(**{**kwargs, "return_dict_in_generate": True, "output_logits": True})
+        steps.extend(out.logits)  # one (N, V) per step: fine for 8 tokens in a test
+        return out.sequences
+
+    model.generate = generate
+    try:
+        rollout, _ = sampled(model, processor, examples, shared, temperature)
+    finally:
+        del model.generate
+    logp = torch.stack([torch.log_softmax(step.float() / temperature, -1).gather(-1, rollout.completion_ids[:, t, None])
+                        .squeeze(-1) for t, step in enumerate(steps)], dim=1)  # (N, T)
+    return rollout, logp * rollout.completion_mask
+
+
+def logprobs(model, processor, rows, ids, mask, temperature=1.0, pack=True, chunk=1024, with_entropy=False):
+    scorer = LogprobScorer(processor, temperature, pack, chunk)
+    return scorer(model, Completions(rows, ids, mask), with_entropy=with_entropy)
 
 
 def ragged(rollout, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,17 +97,31 @@ def flat_grad(model) -> torch.Tensor:
 @pytest.mark.parametrize("arch", ARCHES)
 def test_generation_from_one_prefill_per_prompt_matches_the_plain_way(arch, tiny_model_factory, examples):
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
-    shared, shared_rows = sampled(model, processor, examples, shared=True, greedy=True)
-    plain, plain_rows = sampled(model, processor, examples, shared=False, greedy=True)
+    shared, shared_rows = sampled(model, processor, examples, shared=True, temperature=0)  # greedy
+    plain, plain_rows = sampled(model, processor, examples, shared=False, temperature=0)
     assert torch.equal(shared.completion_ids, plain.completion_ids)
-    assert torch.allclose(shared.logprobs, plain.logprobs, atol=1e-5)
     assert shared_rows * G == plain_rows > 0  # the vision tower saw each image once, not G times
 
-    rollout, _ = sampled(model, processor, examples, shared=True)  # temperature 0.9
-    plain_logp, _ = completion_logprobs(model, processor, rollout.rows, rollout.completion_ids,
-                                        rollout.completion_mask, 0.9, shared_prefix=False, chunk=0)
-    assert (rollout.logprobs - plain_logp).abs().max() < 1e-5  # the sampling distribution is the plain one
+    rollout, sampling_logp = sampling_logprobs(model, processor, examples, shared=True)  # temperature 0.9
+    plain_logp, _ = logprobs(model, processor, rollout.rows, rollout.completion_ids, rollout.completion_mask,
+                             0.9, pack=False, chunk=0)
+    assert (sampling_logp - plain_logp).abs().max() < 1e-5  # the sampling distribution is the plain one
     assert len(set(rollout.texts)) > 1  # really sampled
+
+
+def test_generation_keeps_no_logits(tiny_model_dir, examples):
+    """`generate` is asked for the sampled ids alone: no step's full-vocabulary logits are kept."""
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    plain_generate, asked = model.generate, []
+
+    def generate(**kwargs):
+        asked.append(kwargs)
+        return plain_generate(**kwargs)
+
+    model.generate = generate
+    rollout, _ = sampled(model, processor, examples, shared=True)
+    assert len(asked) == 1 and not asked[0].get("output_logits") and not asked[0].get("output_scores")
+    assert not asked[0]["return_dict_in_generate"] and rollout.completion_ids.shape == (3 * G, 8)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -95,10 +135,8 @@ def test_packed_logprobs_and_gradients_equal_the_plain_forward(arch, tiny_model_
     results = {}
     for shared, chunk in [(False, 0), (True, 5)]:
         model.zero_grad()
-        logp, entropy = completion_logprobs(model, processor, rows, ids, mask, 0.7, with_entropy=True,
-                                            shared_prefix=shared, chunk=chunk)  # (N, T) each
-        picked, _ = completion_logprobs(model, processor, [rows[i] for i in order], ids[order], mask[order],
-                                        0.7, shared_prefix=shared, chunk=chunk)
+        logp, entropy = logprobs(model, processor, rows, ids, mask, 0.7, shared, chunk, with_entropy=True)  # (N, T)
+        picked, _ = logprobs(model, processor, [rows[i] for i in order], ids[order], mask[order], 0.7, shared, chunk)
         (logp.sum() + (logp ** 2).sum() + picked.sum()).backward()
         results[shared] = (logp.detach(), entropy, picked.detach(), flat_grad(model))
     plain, packed = results[False], results[True]
@@ -115,13 +153,13 @@ def test_packed_forward_under_gradient_checkpointing_and_chunked_head(tiny_model
     ids, mask = ragged(rollout, processor.tokenizer.pad_token_id)
     model.train()
     model.zero_grad()
-    plain, _ = completion_logprobs(model, processor, rollout.rows, ids, mask, shared_prefix=False, chunk=0)
+    plain, _ = logprobs(model, processor, rollout.rows, ids, mask, pack=False, chunk=0)
     plain.sum().backward()
     expected = flat_grad(model)
 
     enable_checkpointing(model)
     model.zero_grad()
-    packed, _ = completion_logprobs(model, processor, rollout.rows, ids, mask, shared_prefix=True, chunk=2)
+    packed, _ = logprobs(model, processor, rollout.rows, ids, mask, pack=True, chunk=2)
     packed.sum().backward()
     assert (plain - packed).abs().max() < 1e-5
     assert torch.nn.functional.cosine_similarity(expected, flat_grad(model), dim=0) >= 0.9999
@@ -130,21 +168,21 @@ def test_packed_forward_under_gradient_checkpointing_and_chunked_head(tiny_model
 def test_a_family_without_support_falls_back_and_says_so_once(tiny_model_dir, examples, monkeypatch):
     model, processor = load_policy(tiny_model_dir, device="cpu")
     rollout, _ = sampled(model, processor, examples, shared=True)
-    expected, _ = completion_logprobs(model, processor, rollout.rows, rollout.completion_ids,
-                                      rollout.completion_mask, shared_prefix=False, chunk=0)  # full logits
-    monkeypatch.setattr(shared_prefix, "SHARED_PREFIX_MODEL_TYPES", ("llava",))
-    monkeypatch.setattr(shared_prefix, "_warned", set())
-    with pytest.warns(UserWarning, match="shared-prefix log-probs off .*qwen2_5_vl"):
-        logp, _ = completion_logprobs(model, processor, rollout.rows, rollout.completion_ids,
-                                      rollout.completion_mask, chunk=4)  # plain forward, chunked output layer
+    expected, _ = logprobs(model, processor, rollout.rows, rollout.completion_ids,
+                           rollout.completion_mask, pack=False, chunk=0)  # full logits
+    monkeypatch.setattr(support, "CHECKED_MODEL_TYPES", ("llava",))
+    monkeypatch.setattr(support, "_warned", set())
+    with pytest.warns(UserWarning, match="packed log-probs off .*qwen2_5_vl"):
+        logp, _ = logprobs(model, processor, rollout.rows, rollout.completion_ids,
+                           rollout.completion_mask, chunk=4)  # plain forward, chunked output layer
     assert (logp - expected).abs().max() < 1e-6
-    with pytest.warns(UserWarning, match="shared prefill off"):
-        _, rows = sampled(model, processor, examples, shared=True, greedy=True)
-    _, plain_rows = sampled(model, processor, examples, shared=False, greedy=True)
+    with pytest.warns(UserWarning, match="shared prompt cache off"):
+        _, rows = sampled(model, processor, examples, shared=True, temperature=0)
+    _, plain_rows = sampled(model, processor, examples, shared=False, temperature=0)
     assert rows == plain_rows  # every image encoded G times, as in the plain way
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once only
-        completion_logprobs(model, processor, rollout.rows, rollout.completion_ids, rollout.completion_mask)
+        logprobs(model, processor, rollout.rows, rollout.completion_ids, rollout.completion_mask)
 
 
 def test_training_steps_are_the_same_with_the_speedups_off(tmp_path, tiny_model_dir, monkeypatch):
@@ -158,8 +196,8 @@ def test_training_steps_are_the_same_with_the_speedups_off(tmp_path, tiny_model_
             f"output_dir={tmp_path / str(on)}", "rollout.prompts_per_step=2", "rollout.group_size=4",
             "rollout.max_new_tokens=6", "rollout.generation_batch_size=2", "train.micro_batch_size=8",
             "train.steps=2", "train.lr=1e-3", "train.log_rollouts_every=0", "train.trackers=[]",
-            "algorithm.beta=0.1", "algorithm.updates_per_batch=2", f"rollout.shared_prefill={str(on).lower()}",
-            f"train.shared_prefix={str(on).lower()}", f"train.logprob_chunk={5 if on else 0}"])
+            "algorithm.beta=0.1", "algorithm.updates_per_batch=2", f"rollout.share_prompt_cache={str(on).lower()}",
+            f"train.pack_groups={str(on).lower()}", f"train.logprob_chunk={5 if on else 0}"])
         runs[on] = read_metrics(train(config) / "metrics.jsonl")
     for fast, plain in zip(runs[True], runs[False]):
         assert fast["reward"] == plain["reward"]  # the same completions were sampled
