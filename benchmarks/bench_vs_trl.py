@@ -136,6 +136,7 @@ class MemoryPeak:
         self.cuda = device.type == "cuda"
         self.page = os.sysconf("SC_PAGE_SIZE")
         self.base = self.peak = 0
+        self.lock = threading.Lock()  # a poll racing start() would carry the last window's peak over
         self.running = not self.cuda
         if self.running:
             threading.Thread(target=self._poll, daemon=True).start()
@@ -146,7 +147,8 @@ class MemoryPeak:
 
     def _poll(self) -> None:
         while self.running:
-            self.peak = max(self.peak, self.rss())
+            with self.lock:
+                self.peak = max(self.peak, self.rss())
             time.sleep(0.001)
 
     def start(self) -> None:
@@ -155,15 +157,17 @@ class MemoryPeak:
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
         else:
-            self.base = self.peak = self.rss()
+            with self.lock:
+                self.base = self.peak = self.rss()
 
     def stop(self) -> float:
         """Peak bytes above the start of the window, in MiB."""
         if self.cuda:
             torch.cuda.synchronize()
             return (torch.cuda.max_memory_allocated() - self.base) / 2 ** 20
-        self.peak = max(self.peak, self.rss())
-        return (self.peak - self.base) / 2 ** 20
+        with self.lock:
+            self.peak = max(self.peak, self.rss())
+            return (self.peak - self.base) / 2 ** 20
 
 
 class Timer:

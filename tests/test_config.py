@@ -93,8 +93,10 @@ def test_renamed_keys_lead_from_an_old_key_to_a_current_one():
     assert RENAMED_KEYS["train.shared_prefix"] == "train.pack_groups"
     keys = set(all_keys(Config))
     for old, new in RENAMED_KEYS.items():
-        # Until the rename lands only the old key exists; after it only the new one does.
-        assert (old in keys) != (new in keys), (old, new)
+        assert new in keys and old not in keys, (old, new)
+    with pytest.raises(VlmrlError, match=r"^config key 'rollout.shared_prefill' was renamed to "
+                                         r"'rollout.share_prompt_cache'"):
+        load_config(None, ["rollout.shared_prefill=false"])
 
 
 def test_yaml_syntax_error_gives_the_position(tmp_path):

@@ -145,6 +145,8 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     ma, mb = read_metrics(one / "metrics.jsonl")[0], read_metrics(two / "metrics.jsonl")[0]
     assert ma["reward"] == pytest.approx(mb["reward"]) and ma["groups_drawn"] == mb["groups_drawn"] == 4
     assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-5)  # the same gradient
+    for key in ("loss", "kl", "entropy", "clip_fraction", "ratio_mean"):  # statistics of the whole batch
+        assert ma[key] == pytest.approx(mb[key], rel=1e-5, abs=1e-7), key
     # Adam's first step is lr * g / (|g| + eps): float noise on a near-zero g moves an element by up
     # to lr; 1% of lr (1e-4) still fails any real difference in the update.
     for k in a:
