@@ -203,3 +203,32 @@ def test_training_steps_are_the_same_with_the_speedups_off(tmp_path, tiny_model_
         assert fast["reward"] == plain["reward"]  # the same completions were sampled
         for key in ("loss", "kl", "entropy", "grad_norm"):
             assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def two_image_examples() -> list[Example]:
+    """Prompts of one and of two images ("which picture has more red?"), of different sizes."""
+    red, green = Image.new("RGB", (56, 56), (200, 10, 10)), Image.new("RGB", (84, 56), (20, 160, 10))
+    return [Example(prompt="Which picture is red, the first or the second?", answer="first", images=[red, green]),
+            Example(Image.new("RGB", (56, 84), (0, 0, 200)), "What colour is it?", "blue"),
+            Example(prompt="Compare them.", answer="same", images=[green, green])]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_several_images_per_prompt_speedups_equal_the_plain_way(arch, tiny_model_factory, two_image_examples):
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    shared, shared_rows = sampled(model, processor, two_image_examples, shared=True, temperature=0)
+    plain, plain_rows = sampled(model, processor, two_image_examples, shared=False, temperature=0)
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert shared_rows * G == plain_rows > 0
+    rollout, _ = sampled(model, processor, two_image_examples, shared=True)
+    ids, mask = ragged(rollout, processor.tokenizer.pad_token_id)
+    results = {}
+    for pack, chunk in [(False, 0), (True, 3)]:
+        model.zero_grad()
+        logp, _ = logprobs(model, processor, rollout.rows, ids, mask, 0.9, pack, chunk)  # (N, T)
+        logp.sum().backward()
+        results[pack] = (logp.detach(), flat_grad(model))
+    assert (results[False][0] - results[True][0]).abs().max() < 1e-5
+    assert torch.nn.functional.cosine_similarity(results[False][1], results[True][1], dim=0) >= 0.9999
+

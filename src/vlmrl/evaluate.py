@@ -120,14 +120,18 @@ def derangement(n: int, seed: int) -> list[int]:
 
 
 def blank_images(examples: list[Example]) -> list[Example]:
-    """Each example with a blank image of the same size and mode."""
-    return [replace(ex, image=Image.new(ex.image.mode, ex.image.size, BLANK_COLOR)) for ex in examples]
+    """Each example with blank images of the same sizes and modes (the originals that tools read too)."""
+    def blank(images: list[Image.Image]) -> list[Image.Image]:
+        return [Image.new(image.mode, image.size, BLANK_COLOR) for image in images]
+
+    return [replace(ex, images=blank(ex.images), originals=blank(ex.originals)) for ex in examples]
 
 
 def shuffled_images(examples: list[Example], seed: int) -> tuple[list[Example], list[int]]:
-    """Each example with another example's image (a derangement), and which one it got."""
+    """Each example with another example's images (a derangement), and which one it got."""
     source = derangement(len(examples), seed)
-    return [replace(ex, image=examples[j].image) for ex, j in zip(examples, source)], source
+    return [replace(ex, images=examples[j].images, originals=examples[j].originals)
+            for ex, j in zip(examples, source)], source
 
 
 # ---------------------------------------------------------------- generation

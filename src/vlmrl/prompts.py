@@ -14,8 +14,9 @@ from vlmrl.tasks import Example
 
 
 def chat_messages(example: Example) -> list[dict]:
-    """The user turn: the image, then the task's question."""
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": example.prompt}]}]
+    """The user turn: the example's images in order, then the task's question."""
+    images = [{"type": "image"} for _ in example.images]
+    return [{"role": "user", "content": [*images, {"type": "text", "text": example.prompt}]}]
 
 
 def encode_prompts(processor, examples: list[Example], device: torch.device) -> dict[str, torch.Tensor]:
@@ -23,7 +24,7 @@ def encode_prompts(processor, examples: list[Example], device: torch.device) -> 
     left-padded, each ending with the generation prompt."""
     texts = [processor.apply_chat_template(chat_messages(ex), add_generation_prompt=True, tokenize=False)
              for ex in examples]
-    images = [[ex.image] for ex in examples]
+    images = [list(ex.images) for ex in examples]
     batch = processor(images=images, text=texts, return_tensors="pt", padding=True)
     return {k: v.to(device) for k, v in batch.items()}
 

@@ -2,7 +2,8 @@
 
 Every `train.log_rollouts_every` steps the trainer writes `rollouts/step_XXXXXX.jsonl`, one row per
 completion: step, group (the prompt's index within the step), image (a path relative to
-`rollouts/`), prompt, answer, completion, rewards (every component), advantage, truncated, length.
+`rollouts/`; the first image) and images (all of the prompt's, in order), prompt, answer,
+completion, rewards (every component), advantage, truncated, length.
 Each distinct image is stored once, as `rollouts/images/<content hash>.png`, however many
 completions and steps show it.
 """
@@ -33,7 +34,8 @@ def rollout_rows(step: int, experience, group_size: int, first_group: int = 0) -
     `write_rollouts` stores them."""
     rollout, rewards, advantages = experience.rollout, experience.rewards, experience.advantages
     lengths = rollout.lengths
-    return [{"step": step, "group": first_group + i // group_size, "image": example.image, "prompt": example.prompt,
+    return [{"step": step, "group": first_group + i // group_size, "image": example.image,
+             "images": list(example.images), "prompt": example.prompt,
              "answer": example.answer, "completion": text,
              "rewards": {name: float(values[i]) for name, values in rewards.items()},
              "advantage": float(advantages[i]), "truncated": bool(rollout.truncated[i]),
@@ -45,7 +47,8 @@ def write_rollouts(run_dir: Path, step: int, rows: list[dict]) -> Path:
     """Write rollouts/step_XXXXXX.jsonl from `rollout_rows` of every process (images stored once)."""
     folder = Path(run_dir) / "rollouts"
     folder.mkdir(parents=True, exist_ok=True)
-    lines = [{**row, "image": store_image(folder, row["image"])} for row in rows]
+    lines = [{**row, "image": store_image(folder, row["image"]),
+              "images": [store_image(folder, image) for image in row["images"]]} for row in rows]
     path = folder / f"step_{step:06d}.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

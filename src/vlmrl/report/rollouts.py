@@ -76,8 +76,10 @@ def _group(rows: list[dict], run: RunDir, images: dict[str, str | None]) -> dict
     first = rows[0]
     image = first.get("image")
     key = str(image) if image else None
-    if key is not None and key not in images:
-        images[key] = image_data_uri(run.path / "rollouts", key)
+    names = [str(name) for name in first.get("images") or ([image] if image else [])]
+    for name in names:
+        if name not in images:
+            images[name] = image_data_uri(run.path / "rollouts", name)
     completions = []
     for index, row in enumerate(ranked):
         mark = ("best" if index == 0 else "worst" if index == len(ranked) - 1 else "") if signal else ""
@@ -90,7 +92,7 @@ def _group(rows: list[dict], run: RunDir, images: dict[str, str | None]) -> dict
             "truncated": bool(row.get("truncated", False)),
             "mark": mark,
         })
-    return {"image": key if key and images.get(key) else None, "image_name": key,
+    return {"image": key if key and images.get(key) else None, "image_name": key, "image_names": names,
             "prompt": _text(first.get("prompt")), "answer": _text(first.get("answer")),
             "mean": sum(totals) / len(totals) if totals else None, "signal": signal,
             "completions": completions}

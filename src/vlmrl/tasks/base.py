@@ -31,20 +31,47 @@ TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
 
 
-@dataclass
+@dataclass(init=False)
 class Example:
-    """One prompt: the image the model sees, the question, the gold answer and a model solution."""
+    """One prompt: the images the model sees, the question, the gold answer and a model solution.
 
-    image: Image.Image
-    """The image the model sees (RGB). Pixel coordinates in prompts and answers refer to it."""
+    Most tasks show one image: `Example(image, prompt, answer)`. A task that shows several passes
+    `images=[...]` (the prompt shows them in order, before the question); `image` is always the
+    first of them. `originals` are the full-resolution images that tools read (a task may show a
+    downscaled first view); they default to the images themselves.
+    """
+
+    images: list[Image.Image]
+    """The images the model sees (RGB), in order. Pixel coordinates in prompts and answers refer to
+    them, unless the prompt says it means the originals."""
     prompt: str
     """The question, stating the output format."""
     answer: str
     """The gold final answer, as it should appear inside <answer> </answer>."""
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any]
     """Task-specific facts used by `score` (counts, cipher, box) plus idx and split."""
-    reference_completion: str = ""
+    reference_completion: str
     """A well-formed reasoning trace ending in the right answer; it scores the maximum (SFT data)."""
+    originals: list[Image.Image]
+    """Full-resolution versions of `images` that tools (zoom, crop) read; default: the images."""
+
+    def __init__(self, image: Image.Image | None = None, prompt: str = "", answer: str = "",
+                 meta: dict[str, Any] | None = None, reference_completion: str = "", *,
+                 images: list[Image.Image] | None = None, originals: list[Image.Image] | None = None):
+        if images is None:
+            images = [image] if image is not None else []
+        elif image is not None and images and image is not images[0]:
+            images = [image, *images[1:]]  # dataclasses.replace(example, image=x): x becomes the first
+        self.images = list(images)
+        self.prompt, self.answer = prompt, answer
+        self.meta = meta if meta is not None else {}
+        self.reference_completion = reference_completion
+        self.originals = list(originals) if originals is not None else list(self.images)
+
+    @property
+    def image(self) -> Image.Image | None:
+        """The first image (None when the example has none)."""
+        return self.images[0] if self.images else None
 
 
 @dataclass

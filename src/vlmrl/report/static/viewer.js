@@ -124,14 +124,17 @@
 
     var card = el("div", "group");
     var side = el("div", "side");
-    if (group.image && data.images[group.image]) {
-      var image = el("img");
-      image.src = data.images[group.image];
-      image.alt = group.image_name;
-      side.appendChild(image);
-    } else {
-      side.appendChild(el("div", "noimage", group.image_name ? "image not found: " + group.image_name : "no image logged"));
-    }
+    var names = group.image_names && group.image_names.length ? group.image_names : [group.image_name];
+    names.forEach(function (name) {  // every image of the prompt, in order
+      if (name && data.images[name]) {
+        var image = el("img");
+        image.src = data.images[name];
+        image.alt = name;
+        side.appendChild(image);
+      } else {
+        side.appendChild(el("div", "noimage", name ? "image not found: " + name : "no image logged"));
+      }
+    });
     var facts = el("dl");
     [["prompt", group.prompt, ""], ["answer", group.answer, "answer"],
      ["group", "mean reward " + fmt(group.mean) + " over " + group.completions.length + " completions", ""]]
