@@ -1,36 +1,62 @@
 """Visual tools the model calls during a rollout ("thinking with images"), and the trajectory record.
 
 The call format is Qwen's native one, which its tokenizer keeps whole (`<tool_call>` and
-`</tool_call>` are single special tokens in Qwen2/2.5(-VL)):
+`</tool_call>` are single tokens in Qwen2/2.5(-VL)):
 
     <tool_call>
     {"name": "zoom", "arguments": {"box": [x1, y1, x2, y2]}}
     </tool_call>
 
-Generation stops after `</tool_call>`; the rollout parses the call (`parse_tool_call`), runs the
-tool (`run_tool`) and appends its result (text and/or images) as the next turn, then generation
-goes on, up to `rollout.max_turns` turns and a token budget per trajectory.
+Generation stops after `</tool_call>` (`ends_with_call` tells the rollout a turn ended in a call);
+the rollout parses the call (`parse_tool_call`), runs the tool (`run_tool`) and appends its result
+(`tool_result_text` and the images) as the next turn, then generation goes on, up to
+`rollout.max_turns` turns and a token budget per trajectory. Since generation stops at the first
+`</tool_call>`, a turn holds at most one call; given more, `parse_tool_call` reads the last complete
+one, and text after the last `</tool_call>` is ignored.
 
 Built in: `zoom` (alias `crop`): the region `box` of an example image, in the pixels of the
-ORIGINAL image (`Example.originals`, the full-resolution images tools read), resized for the
-processor. Your own tools: any Python callable named by import path (`module:function`), called as
-`function(context, **arguments)` and returning text, a PIL image, or a list of those.
+ORIGINAL image (`Example.originals`, the full-resolution images tools read), resized so that its
+longest side is `ToolContext.max_side` (small regions are enlarged: that is the point of zooming).
+Your own tools: any Python callable named by import path (`module:function`, known to the model
+as `function`), called as `function(context, **arguments)` and returning text, a PIL image, or a
+list of those. `resolve_tools` turns the configured names into the registry `run_tool` reads.
 
 Nothing a tool does can crash the run: a malformed call, an unknown tool, bad arguments, a tool
-that raises, one that runs past its timeout, or a returned image larger than the limit becomes a
-`ToolResult` with `error` set and an error message as its text, which the model reads as the tool's
-answer; the rollout counts them. No torch here: tasks import this module for the trajectory record.
+that raises, one that runs past its timeout, or a returned image larger than the limit (all limits
+in `ToolLimits`) becomes a `ToolResult` with `error` set and a one-line message starting "error: "
+as its text, which the model reads as the tool's answer; the rollout counts them. A tool runs in a
+daemon thread so that it can be timed out; a Python thread cannot be killed, so a tool past its
+timeout keeps its thread until it returns (its result is dropped), but it does not keep the
+process from exiting. A ValueError or TypeError from inside a tool counts as "bad_arguments": a
+tool says its arguments are wrong by raising one (as `zoom` does).
+No torch here: tasks import this module for the trajectory record.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import difflib
+import importlib
+import inspect
+import json
+import math
+import re
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from PIL import Image
 
+from vlmrl.errors import VlmrlError
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "too_large")
+"""Every value `ToolResult.error` takes on failure."""
+MESSAGE_CHARS = 300
+"""Longest error message (the exception text inside it is cut to fit)."""
+TRUNCATED = "\n[truncated: {n} more characters]"
+"""Appended to a tool's text cut to `ToolLimits.max_text_chars` ({n}: the characters dropped)."""
 
 
 @dataclass
@@ -62,6 +88,24 @@ class ToolContext:
     """Full-resolution images of the example (`Example.originals`), in order."""
     max_side: int = 448
     """Longest side, in pixels, of an image a built-in tool returns (crops are resized to fit)."""
+
+
+@dataclass
+class ToolLimits:
+    """What `run_tool` allows a tool: its time, the size of the images and text it returns."""
+
+    timeout_s: float = 5.0
+    """Seconds a call may run; past that it counts as "timeout" (its thread runs on, unheard)."""
+    max_image_pixels: int = 1024 * 1024
+    """Largest width * height of a returned image; a larger one makes the call "too_large"."""
+    max_text_chars: int = 2000
+    """Longest text returned; longer text is cut to this and marked (`TRUNCATED`)."""
+
+    def validate(self) -> None:
+        """Raise VlmrlError unless every limit is positive."""
+        if not (self.timeout_s > 0 and self.max_image_pixels >= 1 and self.max_text_chars >= 1):
+            raise VlmrlError(f"tool limits must be > 0: timeout_s={self.timeout_s}, "
+                             f"max_image_pixels={self.max_image_pixels}, max_text_chars={self.max_text_chars}")
 
 
 @dataclass
@@ -97,3 +141,235 @@ class Trajectory:
     def errors(self) -> list[str]:
         """The error kind of every failed call, in order."""
         return [t.error for t in self.turns if t.role == "tool" and t.error is not None]
+
+
+# --------------------------------------------------------------------------- the call format
+
+
+def ends_with_call(text: str) -> bool:
+    """True when the turn's last non-space content is `</tool_call>`: the rollout runs a tool, else it stops."""
+    return text.rstrip().endswith(TOOL_CALL_CLOSE)
+
+
+def _malformed(message: str) -> ToolResult:
+    """A "malformed" result whose text is `error: <message>`, one line."""
+    return ToolResult(text=_one_line(f"error: {message}"), error="malformed")
+
+
+def parse_tool_call(text: str) -> ToolCall | ToolResult:
+    """The last complete call in `text` (`<tool_call>` JSON `</tool_call>`; text after it is ignored), or a
+    "malformed" ToolResult saying what is wrong. The JSON is `{"name": str, "arguments": {...}}`."""
+    end = text.rfind(TOOL_CALL_CLOSE)
+    if end < 0:
+        return _malformed(f"no call: a call is {TOOL_CALL_OPEN}"
+                          f'{{"name": ..., "arguments": {{...}}}}{TOOL_CALL_CLOSE}')
+    start = text.rfind(TOOL_CALL_OPEN, 0, end)
+    if start < 0:
+        return _malformed(f"{TOOL_CALL_CLOSE} without {TOOL_CALL_OPEN} before it")
+    inner = text[start + len(TOOL_CALL_OPEN):end].strip()
+    try:
+        data = json.loads(inner)
+    except json.JSONDecodeError as error:
+        return _malformed(f"the call is not valid JSON: {error}")
+    if not (isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]
+            and isinstance(data.get("arguments"), dict)):
+        return _malformed('a call needs "name" (a string) and "arguments" (an object), '
+                          'as in {"name": "zoom", "arguments": {"box": [0, 0, 100, 100]}}')
+    return ToolCall(name=data["name"], arguments=data["arguments"], text=inner)
+
+
+def tool_result_text(result: ToolResult) -> str:
+    """The text shown to the model inside `<tool_response>` ... `</tool_response>`: the result's text (an
+    error's message; empty for images alone, whose placeholders the rollout adds), with the markers that
+    could close the response or open a turn (`<tool_response>`, `<tool_call>`, `<|...|>`) defused."""
+    text = re.sub(r"<(/?tool_(?:call|response))>", r"[\1]", result.text)
+    return text.replace("<|", "< |").replace("|>", "| >")
+
+
+# --------------------------------------------------------------------------- built-in tools
+
+
+def _number(value: Any) -> float:
+    """`value` as a finite float; ValueError for anything else (bools, strings, NaN, infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"box must be 4 numbers [x1, y1, x2, y2]; got {value!r} in it")
+    return float(value)
+
+
+def _pixel_box(box: Any, width: int, height: int) -> tuple[int, int, int, int]:
+    """`box` = [x1, y1, x2, y2] clamped to a width x height image and rounded to whole pixels."""
+    if not isinstance(box, (list, tuple)) or len(box) != 4:
+        raise ValueError(f"box must be 4 numbers [x1, y1, x2, y2]; got {box!r}")
+    x1, y1, x2, y2 = (_number(v) for v in box)
+    x1, x2 = (round(min(max(x, 0.0), width)) for x in (x1, x2))
+    y1, y2 = (round(min(max(y, 0.0), height)) for y in (y1, y2))
+    if x2 <= x1 or y2 <= y1:
+        raise ValueError(f"box {list(box)} is empty inside the {width}x{height} image "
+                         f"(clamped: [{x1}, {y1}, {x2}, {y2}]); it needs x2 > x1 and y2 > y1")
+    return x1, y1, x2, y2
+
+
+def fit_side(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """(width, height) scaled, aspect kept, so that the longest side is `max_side` (others at least 1)."""
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def zoom(context: ToolContext, box: list[float], image: int = 0) -> Image.Image:
+    """Region `box` = [x1, y1, x2, y2] of image number `image`, in the pixels of the full-resolution
+    original, clamped to the image, as an RGB image resized (LANCZOS, aspect kept) so that its longest
+    side is `context.max_side`: small regions are enlarged. ValueError for a bad box or image number."""
+    count = len(context.images)
+    if isinstance(image, bool) or not isinstance(image, int) or not 0 <= image < count:
+        raise ValueError(f"image must be a whole number from 0 to {count - 1} (the example has {count} "
+                         f"image{'s' if count != 1 else ''}); got {image!r}")
+    original = context.images[image]
+    x1, y1, x2, y2 = _pixel_box(box, *original.size)
+    region = original.crop((x1, y1, x2, y2)).convert("RGB")
+    return region.resize(fit_side(x2 - x1, y2 - y1, context.max_side), Image.Resampling.LANCZOS)
+
+
+BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom}
+"""Tools known by name alone; `crop` is another name for `zoom`."""
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def _import_tool(path: str) -> Callable[..., Any]:
+    """The callable at `package.module:function` (only that module is imported)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute.isidentifier():
+        raise VlmrlError(f"tool {path!r} must be written package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # a user's module may fail at import in any way; report it as config
+        raise VlmrlError(f"cannot import the module of tool {path!r}: {type(error).__name__}: {error}") from error
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise VlmrlError(f"tool {path!r} must name a function in {module_name}; got {function!r}")
+    return function
+
+
+def _unknown_tool(name: str) -> VlmrlError:
+    """The error for a name that is neither built in nor an import path, with "did you mean"."""
+    close = difflib.get_close_matches(name, list(BUILTIN_TOOLS), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return VlmrlError(f"unknown tool {name!r}; {hint}built-in: {', '.join(sorted(BUILTIN_TOOLS))}; "
+                      "or your own as package.module:function")
+
+
+def _check_takes_context(name: str, function: Callable[..., Any]) -> None:
+    """VlmrlError unless `function` can be called with the context as its one positional argument."""
+    try:
+        inspect.signature(function).bind_partial(None)
+    except ValueError:  # no signature to read (some builtins): trust it
+        return
+    except TypeError as error:
+        raise VlmrlError(f"tool {name!r} must take the context as its first parameter: {error}") from error
+
+
+def resolve_tools(names: list[str]) -> dict[str, Callable[..., Any]]:
+    """The registry `run_tool` reads, keyed by the names the model writes: built-in names as they are,
+    `module:function` as `function`. VlmrlError for an unknown name, a failed import or two tools
+    with the same name (this runs when the config is read, before step 1)."""
+    tools: dict[str, Callable[..., Any]] = {}
+    given: dict[str, str] = {}
+    for entry in names:
+        if not isinstance(entry, str):
+            raise VlmrlError(f"a tool is named by a string (zoom, package.module:function); got {entry!r}")
+        if entry in BUILTIN_TOOLS:
+            key, function = entry, BUILTIN_TOOLS[entry]
+        elif ":" in entry:
+            key, function = entry.partition(":")[2], _import_tool(entry)
+            _check_takes_context(entry, function)
+        else:
+            raise _unknown_tool(entry)
+        if key in tools:
+            raise VlmrlError(f"two tools are named {key!r} ({given[key]!r} and {entry!r}); each needs its own name")
+        tools[key], given[key] = function, entry
+    return tools
+
+
+# --------------------------------------------------------------------------- running a call
+
+
+def _one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """`text` on one line (whitespace runs become one space), cut to `limit` characters with "..."."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _failed(kind: str, message: str) -> ToolResult:
+    """A failed call: `error` = kind, text = `error: <message>` on one line."""
+    return ToolResult(text=_one_line(f"error: {message}"), error=kind)
+
+
+def _in_thread(function: Callable[..., Any], context: ToolContext, arguments: dict[str, Any]):
+    """A Future of (value, None) or (None, exception) from `function(context, **arguments)`, run in a new
+    daemon thread (one that cannot keep the process from exiting if the tool never returns). The tool's
+    exception travels as a value, so `future.result` raises only for the waiting itself (a timeout, or
+    Ctrl-C in the caller, which must reach the run's signal handling untouched)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result((function(context, **arguments), None))
+        except BaseException as error:  # the tool's failure, reported by run_tool
+            future.set_result((None, error))
+
+    threading.Thread(target=work, name="vlmrl-tool", daemon=True).start()
+    return future
+
+
+def _returned(name: str, value: Any, limits: ToolLimits) -> ToolResult:
+    """A tool's return value as a ToolResult: text (cut to the limit), images (checked against it)."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    wrong = [item for item in items if not isinstance(item, (str, Image.Image))]
+    if wrong:
+        return _failed("raised", f"tool {name} returned {type(wrong[0]).__name__}; a tool returns text, "
+                                 "a PIL image, or a list of those")
+    images = [item for item in items if isinstance(item, Image.Image)]
+    for image in images:
+        width, height = image.size
+        if width * height > limits.max_image_pixels:
+            return _failed("too_large", f"tool {name} returned a {width}x{height} image ({width * height} "
+                                        f"pixels); the limit is {limits.max_image_pixels} pixels")
+        if width * height == 0:
+            return _failed("raised", f"tool {name} returned an empty {width}x{height} image")
+    text = "\n".join(item for item in items if isinstance(item, str))
+    if len(text) > limits.max_text_chars:
+        text = text[:limits.max_text_chars] + TRUNCATED.format(n=len(text) - limits.max_text_chars)
+    return ToolResult(text=text, images=images)
+
+
+def run_tool(call: ToolCall, tools: dict[str, Callable[..., Any]], context: ToolContext,
+             limits: ToolLimits) -> ToolResult:
+    """Run `call` against the registry `tools` within `limits`; never raises. Failures come back as a
+    ToolResult with `error` set: "unknown_tool", "bad_arguments" (arguments that do not fit the
+    signature, or a ValueError/TypeError from the tool), "raised" (any other exception, or a return
+    value that is not text or images), "timeout", "too_large"."""
+    function = tools.get(call.name)
+    if function is None:
+        return _failed("unknown_tool", f"unknown tool {call.name!r}; available: {', '.join(sorted(tools)) or 'none'}")
+    if not isinstance(call.arguments, dict) or not all(isinstance(key, str) for key in call.arguments):
+        return _failed("bad_arguments", f"arguments of {call.name} must be an object; got {call.arguments!r}")
+    try:
+        inspect.signature(function).bind(context, **call.arguments)
+    except TypeError as error:
+        return _failed("bad_arguments", f"bad arguments for {call.name}: {error}")
+    except ValueError:  # no signature to read: the call itself will tell
+        pass
+    try:
+        value, error = _in_thread(function, context, call.arguments).result(timeout=limits.timeout_s)
+    except concurrent.futures.TimeoutError:
+        return _failed("timeout", f"tool {call.name} ran past its {limits.timeout_s:g} s limit")
+    if isinstance(error, (ValueError, TypeError)):
+        return _failed("bad_arguments", f"bad arguments for {call.name}: {error}")
+    if error is not None:
+        return _failed("raised", f"tool {call.name} raised {type(error).__name__}: {error}")
+    try:
+        return _returned(call.name, value, limits)
+    except Exception as error:  # e.g. an image object whose size cannot be read
+        return _failed("raised", f"tool {call.name} returned a value that cannot be read: "
+                                 f"{type(error).__name__}: {error}")
