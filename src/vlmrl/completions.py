@@ -7,7 +7,7 @@ share the same `Example` object: that is how packing finds a group (packing.grou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,8 +32,8 @@ class Completions:
         return Completions([self.rows[i] for i in index], self.completion_ids[at], self.completion_mask[at])
 
     def to(self, device: torch.device) -> Completions:
-        """The same rows with ids and mask on `device`."""
-        return Completions(self.rows, self.completion_ids.to(device), self.completion_mask.to(device))
+        """The same rows (and kind: a Rollout stays a Rollout) with ids and mask on `device`."""
+        return replace(self, completion_ids=self.completion_ids.to(device), completion_mask=self.completion_mask.to(device))
 
 
 def pad_right(x: torch.Tensor, length: int, value) -> torch.Tensor:

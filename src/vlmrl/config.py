@@ -116,8 +116,20 @@ class RolloutConfig(GenerationSettings):
     """Prompts per generate call, at most one process's share of prompts_per_step, which it must
     divide. Each call is seeded from (seed, step, first prompt), so samples do not depend on the
     number of processes as long as this size is the same."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call during a rollout: built-in zoom (alias crop), or your own function
+    as `package.module:function` (see vlmrl/tools.py). [] = single-turn rollouts."""
+    max_turns: int = 4
+    """With tools: most model turns per trajectory (a call in the last one is not run)."""
+    max_trajectory_tokens: int = 1024
+    """With tools: most tokens after the prompt per trajectory, the model's and the tools' results
+    (image tokens included); each model turn is also capped at max_new_tokens."""
+    tool_timeout_s: float = 5.0
+    """With tools: a tool still running after this many seconds answers with an error."""
 
     def validate(self) -> None:
+        if self.max_turns < 1 or self.max_trajectory_tokens < 1 or self.tool_timeout_s <= 0:
+            raise VlmrlError("rollout.max_turns and max_trajectory_tokens must be >= 1, tool_timeout_s > 0")
         if self.temperature <= 0:
             raise VlmrlError(f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}")
         if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.generation_batch_size) < 1:

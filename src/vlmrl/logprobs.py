@@ -27,6 +27,7 @@ from vlmrl.packing import group_rows, pack_groups
 from vlmrl.prompts import encode_prompts
 from vlmrl.support import output_layer_unchunkable, packing_unsupported, warn_once
 from vlmrl.token_inputs import extend_tokens
+from vlmrl.trajectories import encode_trajectories
 
 
 def join_prompt_and_completion(inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
@@ -56,6 +57,8 @@ class LogprobScorer:
         """Log-probs (N, T) of `completions` under `model`, and the entropy (N, T) of each step when
         asked (no gradient). Masked positions hold 0."""
         readout = Readout(self.temperature, self.chunk, with_entropy)
+        if getattr(completions, "segments", None) is not None:  # multi-turn trajectories (tool_rollout.py)
+            return self._masked(self._trajectories(model, completions, readout), completions)
         if self.pack_groups and len(group_rows(completions.rows)) < len(completions.rows):
             reason = packing_unsupported(model) or output_layer_unchunkable(model)
             if reason is None:
@@ -85,6 +88,21 @@ class LogprobScorer:
         # The logits at positions P-1 .. P+T-2 predict the T completion tokens.
         logits = model(**inputs, logits_to_keep=length + 1, use_cache=False).logits[:, :-1]  # (N, T, V)
         return logprobs_of_logits(logits, ids, readout)
+
+    def _trajectories(self, model, completions: Completions, readout: Readout):
+        """One forward over every prompt followed by its whole trajectory, tool results and their
+        images included; every token after the prompt is read (the mask keeps the model's)."""
+        ids = completions.completion_ids  # (N, T)
+        inputs = encode_trajectories(self.processor, completions.rows, completions.segments, ids.device)  # (N, L)
+        total = inputs["input_ids"].shape[1]  # L
+        lengths = torch.tensor([sum(len(s.ids) for s in row) for row in completions.segments], device=ids.device)
+        steps = torch.arange(ids.shape[1], device=ids.device)  # (T,)
+        where = (total - lengths[:, None] + steps[None, :] - 1).clamp(0, total - 1)  # (N, T) predicting positions
+        index = torch.arange(len(ids), device=ids.device)[:, None] * total + where  # (N, T) flat
+        if output_layer_unchunkable(model) is None:
+            return logprobs_at(model, inputs, index, ids, readout)
+        logits = model(**inputs, use_cache=False).logits  # (N, L, V)
+        return logprobs_of_logits(logits.reshape(-1, logits.shape[-1])[index], ids, readout)
 
     @staticmethod
     def _masked(result, completions: Completions):

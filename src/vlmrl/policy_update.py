@@ -66,7 +66,7 @@ def loss_batch(session, experience: Experience) -> LossBatch:
     """The experience on the device, split into micro-batches weighted for the loss."""
     config, device = session.config, session.accelerator.device
     rollout = experience.rollout
-    completions = Completions(rollout.rows, rollout.completion_ids, rollout.completion_mask).to(device)
+    completions = rollout.to(device)  # a Rollout (or ToolRollout: its trajectories come along)
     mask = completions.completion_mask  # (N, T)
     keep = ~rollout.truncated.to(device) if config.algorithm.mask_truncated else torch.ones_like(mask[:, 0]).bool()
     loss_mask = mask * keep.unsqueeze(-1)  # (N, T)

@@ -1,0 +1,165 @@
+"""Multi-turn rollouts: the model calls visual tools (zoom, crop, your own) and sees their results.
+
+Each of the G samples of a prompt is a trajectory. A turn is sampled until the end-of-turn token or
+the end of a tool call (`</tool_call>`, a stop string, so any tokenizer works); a turn that ends in
+a call gets the tool's result (tools.py: never a crash; errors come back as text) appended as the
+next user turn, images included, and the trajectory goes on, for at most `rollout.max_turns` model
+turns and `rollout.max_new_tokens` tokens in all (the model's and the tools'). A trajectory that
+runs out of turns or tokens is `cut`.
+
+The first turn starts from one prefill per prompt, shared by its G samples (prefill.py); later
+turns re-encode each trajectory from its prompt (trajectories.py), one forward per trajectory and
+turn, so a turn costs a prefill of everything so far: simple and exact, not the fastest.
+
+The result is a `ToolRollout`: a `Rollout` whose completion ids are everything after the prompt
+(the model's tokens and the tools'), whose mask marks the model's tokens only (the loss, the KL and
+the length statistics see nothing else), and which keeps each trajectory's segments and turns for
+the log-prob pass, the rewards and the logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlmrl.completions import pad_right
+from vlmrl.config import RolloutConfig
+from vlmrl.rollout import Rollout, generation_inputs, stop_token_ids, suppressed_token_ids
+from vlmrl.tasks import Example
+from vlmrl.tools import (TOOL_CALL_CLOSE, ToolContext, ToolLimits, Trajectory, Turn, ends_with_call, parse_tool_call,
+                         resolve_tools, run_tool, tool_result_text)
+from vlmrl.trajectories import Segment, encode_trajectories, tool_turn
+
+
+@dataclass
+class ToolRollout(Rollout):
+    """A Rollout of multi-turn trajectories (see the module doc): completion_mask marks the model's
+    tokens; `segments[i]` and `trajectories[i]` are row i's turns as tokens and as text."""
+
+    segments: list[list[Segment]] = None
+    trajectories: list[Trajectory] = None
+
+    def select(self, index: list[int]) -> ToolRollout:
+        part = Rollout.select(self, index)
+        return ToolRollout(part.rows, part.completion_ids, part.completion_mask, part.texts, part.truncated,
+                           [self.segments[i] for i in index], [self.trajectories[i] for i in index])
+
+    @staticmethod
+    def concat(parts: list[ToolRollout], pad_id: int) -> ToolRollout:
+        whole = Rollout.concat(parts, pad_id)
+        return ToolRollout(whole.rows, whole.completion_ids, whole.completion_mask, whole.texts, whole.truncated,
+                           [s for p in parts for s in p.segments], [t for p in parts for t in p.trajectories])
+
+
+@dataclass
+class ToolBox:
+    """The tools a rollout may call, and their limits."""
+
+    tools: dict
+    limits: ToolLimits
+
+    @classmethod
+    def from_config(cls, settings: RolloutConfig) -> ToolBox:
+        return cls(resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s))
+
+
+def turn_end(ids: list[int], stop_ids: list[int], tokenizer) -> int:
+    """How many of a turn's sampled `ids` belong to it: up to the first stop token (kept), or to the
+    token that completes `</tool_call>`, or all of them."""
+    for k, token in enumerate(ids):
+        if token in stop_ids:
+            return k + 1
+        if TOOL_CALL_CLOSE in tokenizer.decode(ids[:k + 1], skip_special_tokens=False):
+            return k + 1
+    return len(ids)
+
+
+@torch.no_grad()
+def sample_turn(model, processor, rows: list[Example], segments: list[list[Segment]],
+                settings: RolloutConfig) -> list[list[int]]:
+    """One turn of each trajectory: the sampled ids of each row, cut at its end (`turn_end`)."""
+    first = not any(segments)
+    inputs = (generation_inputs(model, processor, rows[::settings.group_size], settings) if first else
+              encode_trajectories(processor, rows, segments, next(model.parameters()).device))
+    stop_ids = stop_token_ids(processor, model)
+    sampling = {"do_sample": False} if settings.temperature == 0 else {
+        "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids,
+                         stop_strings=[TOOL_CALL_CLOSE], tokenizer=processor.tokenizer,
+                         suppress_tokens=suppressed_token_ids(processor, stop_ids),
+                         pad_token_id=processor.tokenizer.pad_token_id, use_cache=True,
+                         return_dict_in_generate=False, **sampling)
+    new = out[:, inputs["input_ids"].shape[1]:].tolist()  # (n, t)
+    return [row[:turn_end(row, stop_ids, processor.tokenizer)] for row in new]
+
+
+@dataclass
+class Ongoing:
+    """One trajectory being sampled: its prompt, its segments (tokens) and its turns (text)."""
+
+    example: Example
+    segments: list[Segment]
+    trajectory: Trajectory
+
+    @property
+    def used(self) -> int:
+        """Tokens after the prompt so far, the model's and the tools'."""
+        return sum(len(s.ids) for s in self.segments)
+
+    def add_turn(self, ids: list[int], processor, toolbox: ToolBox, settings: RolloutConfig) -> bool:
+        """Append the model's turn `ids`; when it ends in a call, run the tool and append its result.
+        Returns whether the trajectory goes on (a result was appended and turns and tokens are left)."""
+        ids = ids[:max(settings.max_trajectory_tokens - self.used, 0)]
+        text = processor.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        self.segments.append(Segment(ids, model=True))
+        if not ends_with_call(text):
+            self.trajectory.turns.append(Turn("assistant", text))
+            return False
+        parsed = parse_tool_call(text)
+        call = parsed if not hasattr(parsed, "error") else None
+        self.trajectory.turns.append(Turn("assistant", text, call=call))
+        if len([t for t in self.trajectory.turns if t.role == "assistant"]) >= settings.max_turns:
+            self.trajectory.cut = True  # a call with no turn left to read its result
+            return False
+        result = parsed if call is None else run_tool(call, toolbox.tools, ToolContext(self.example.originals),
+                                                       toolbox.limits)
+        segment = tool_turn(processor, self.example, tool_result_text(result), result.images)
+        if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
+            self.trajectory.cut = True  # the result does not fit in the token budget
+            return False
+        self.segments.append(segment)
+        self.trajectory.turns.append(Turn("tool", segment.text, list(result.images), error=result.error))
+        return True
+
+
+@torch.no_grad()
+def generate_trajectories(model, processor, examples: list[Example], settings: RolloutConfig,
+                          toolbox: ToolBox, seed: int | None = None) -> ToolRollout:
+    """`settings.group_size` trajectories for each example (rows i*G .. i*G+G-1 answer example i),
+    with tool calls run between turns; reproducible with `seed`."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples for _ in range(settings.group_size)]
+    active = list(range(len(ongoing)))
+    while active:
+        turns = sample_turn(model, processor, [ongoing[i].example for i in active],
+                            [ongoing[i].segments for i in active], settings)
+        active = [i for i, ids in zip(active, turns) if ongoing[i].add_turn(ids, processor, toolbox, settings)]
+    return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
+
+
+def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> ToolRollout:
+    """The trajectories as a ToolRollout: every token after the prompt, the model's marked."""
+    rows = [[i for s in o.segments for i in s.ids] for o in ongoing]
+    marks = [[int(s.model) for s in o.segments for _ in s.ids] for o in ongoing]
+    length = max(max((len(r) for r in rows), default=0), 1)  # T
+    ids = pad_right(torch.tensor([r + [pad_id] * (length - len(r)) for r in rows]), length, pad_id)  # (N, T)
+    mask = torch.tensor([m + [0] * (length - len(m)) for m in marks])  # (N, T)
+    for o in ongoing:  # a last turn that neither stopped nor called ran out of tokens
+        last = o.segments[-1].ids if o.segments else []
+        o.trajectory.cut |= not (last and last[-1] in stop_ids) and not o.trajectory.turns[-1].call
+    return ToolRollout(rows=[o.example for o in ongoing], completion_ids=ids, completion_mask=mask,
+                       texts=[o.trajectory.final_text for o in ongoing],
+                       truncated=torch.tensor([o.trajectory.cut for o in ongoing]),
+                       segments=[o.segments for o in ongoing], trajectories=[o.trajectory for o in ongoing])

@@ -1,0 +1,116 @@
+"""Multi-turn rollouts with tools on the tiny models: turns, tool results with images, errors counted
+not raised, the turn and token limits, and log-probs of the model's tokens equal to a plain forward
+over the whole interleaved sequence (Qwen2.5-VL, Qwen2-VL, Idefics3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from vlmrl.config import load_config
+from vlmrl.logprobs import LogprobScorer
+from vlmrl.models import load_policy
+from vlmrl.rollout import stop_token_ids
+from vlmrl.tasks import Example
+from vlmrl.tool_rollout import ToolBox, ToolRollout, generate_trajectories
+from vlmrl.trajectories import prompt_text
+
+ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
+CALL = '<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 56, 28]}}\n</tool_call>'
+ANSWER = "<answer>3</answer>"
+
+
+def settings(*overrides: str):
+    return load_config(None, ["rollout.group_size=2", "rollout.max_new_tokens=40", "rollout.tools=[zoom]",
+                              *overrides]).rollout
+
+
+def scripted(model, processor, turns: list[list[str]]):
+    """Make `model.generate` write turns[row][k] as row's k-th turn (the answer ends with the stop
+    token; later tokens are padding), after a real prefill."""
+    stop = stop_token_ids(processor, model)[0]
+    calls = [0]
+
+    def generate(**kwargs):
+        ids = kwargs["input_ids"]
+        k = calls[0]
+        calls[0] += 1
+        rows = [t for t in turns if len(t) > k]  # the rows still going, in order
+        texts = [processor.tokenizer(t[k], add_special_tokens=False).input_ids
+                 + ([] if t[k].endswith("</tool_call>") else [stop]) for t in rows]
+        width = max(len(t) for t in texts)
+        pad = processor.tokenizer.pad_token_id
+        new = torch.tensor([t + [pad] * (width - len(t)) for t in texts])  # (n, t)
+        return torch.cat([ids, new], dim=1)
+
+    model.generate = generate
+
+
+@pytest.fixture
+def example() -> Example:
+    original = Image.new("RGB", (112, 56), (255, 255, 255))
+    original.paste((200, 10, 10), (0, 0, 56, 28))  # red top-left quarter
+    return Example(original.resize((56, 28)), "What is the code?", "3", originals=[original])
+
+
+def test_a_call_is_run_and_its_image_shown_in_the_next_turn(tiny_model_dir, example):
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    scripted(model, processor, [[CALL, ANSWER], [ANSWER]])
+    rollout = generate_trajectories(model, processor, [example], settings(), ToolBox.from_config(settings()))
+    assert isinstance(rollout, ToolRollout) and rollout.texts == [ANSWER, ANSWER]
+    first, second = rollout.trajectories
+    assert [t.role for t in first.turns] == ["assistant", "tool", "assistant"] and not first.cut
+    assert first.calls[0].name == "zoom" and first.calls[0].arguments == {"box": [0, 0, 56, 28]}
+    (crop,) = first.turns[1].images
+    assert crop.size == (448, 224) and crop.getpixel((200, 100)) == (200, 10, 10)  # the red quarter, zoomed
+    assert [t.role for t in second.turns] == ["assistant"] and second.calls == []
+    kinds = [s.model for s in rollout.segments[0]]
+    assert kinds == [True, False, True]
+    marked = rollout.completion_mask[0].tolist()
+    sizes = [len(s.ids) for s in rollout.segments[0]]
+    assert marked[:sum(sizes)] == [1] * sizes[0] + [0] * sizes[1] + [1] * sizes[2]  # the tool's tokens: no loss
+    assert int(rollout.completion_mask[1].sum()) == len(rollout.segments[1][0].ids)
+
+
+def test_errors_are_results_and_limits_cut(tiny_model_dir, example):
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    bad = '<tool_call>\n{"name": "zoom", "arguments": {"box": "everywhere"}}\n</tool_call>'
+    unknown = '<tool_call>\n{"name": "segment", "arguments": {}}\n</tool_call>'
+    scripted(model, processor, [[bad, unknown, "<tool_call>{oops</tool_call>", CALL], [CALL, CALL, CALL, CALL]])
+    config = settings("rollout.max_turns=4")
+    rollout = generate_trajectories(model, processor, [example], config, ToolBox.from_config(config))
+    errors, spam = rollout.trajectories
+    assert errors.errors == ["bad_arguments", "unknown_tool", "malformed"]
+    assert errors.turns[1].text.count("error: ") == 1 and errors.cut  # a call in the last turn: no answer
+    assert len(spam.calls) == 4 and spam.errors == [] and spam.cut and bool(rollout.truncated[1])
+
+    scripted(model, processor, [[CALL, ANSWER], [ANSWER]])
+    tight = settings("rollout.max_trajectory_tokens=60")  # the zoomed image alone is more tokens than that
+    cut = generate_trajectories(model, processor, [example], tight, ToolBox.from_config(tight))
+    assert cut.trajectories[0].cut and [t.role for t in cut.trajectories[0].turns] == ["assistant"]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_logprobs_of_a_trajectory_equal_a_plain_forward(arch, tiny_model_factory, example):
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    plain_generate = model.generate
+    scripted(model, processor, [[CALL, ANSWER], ["I see.<answer>4</answer>"]])
+    rollout = generate_trajectories(model, processor, [example], settings(), ToolBox.from_config(settings()))
+    model.generate = plain_generate
+    results = [LogprobScorer(processor, 0.8, True, chunk)(model, rollout)[0] for chunk in (0, 5)]  # (N, T)
+    assert (results[0] - results[1]).abs().max() < 1e-6
+    for row in range(2):  # each trajectory's text in one processor call, then log-softmax over full logits
+        segments = rollout.segments[row]
+        text = prompt_text(processor, example) + "".join(
+            s.text if not s.model else processor.tokenizer.decode(s.ids, skip_special_tokens=False) for s in segments)
+        images = [*example.images, *(im for s in segments for im in s.images)]
+        inputs = processor(text=[text], images=[images], return_tensors="pt")
+        ids = torch.tensor([i for s in segments for i in s.ids])  # (n,)
+        assert torch.equal(inputs["input_ids"][0, -len(ids):], ids)  # the same sequence
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -len(ids) - 1:-1].float() / 0.8  # (n, V)
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[:, None]).squeeze(-1)  # (n,)
+        mask = rollout.completion_mask[row, :len(ids)].bool()
+        assert (results[1][row, :len(ids)][mask] - expected[mask]).abs().max() < 1e-5
+        assert (results[1][row, :len(ids)][~mask] == 0).all()
