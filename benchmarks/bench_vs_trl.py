@@ -209,7 +209,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
     """A function that runs one vlmrl training step and records it in `side`."""
     from vlmrl import experience as experience_module
     from vlmrl.config import load_config
-    from vlmrl.experience import collect_experience
+    from vlmrl.experience import GroupSampler, collect_experience
     from vlmrl.logprobs import LogprobScorer
     from vlmrl.models import counting_vision_rows
     from vlmrl.policy_update import update_policy
@@ -230,6 +230,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         "train.log_rollouts_every=0", "train.trackers=[]", f"algorithm.beta={args.beta}", "seed=0"])
     session = TrainingSession(config, config.train.steps, with_reference=True)
     task = get_task(config.task.name, **config.task.params)
+    sampler = GroupSampler.for_run(session, task)
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                            config.train.logprob_chunk)
     generate, score = Timer(), Timer()
@@ -252,7 +253,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
             sync(session.accelerator.device)
             start = time.perf_counter()
             policy.eval()
-            experience, state["cursor"] = collect_experience(session, task, state["step"], state["cursor"])
+            experience, state["cursor"] = collect_experience(sampler, state["step"], state["cursor"])
             policy.train()
             torch.manual_seed(derive_seed(config.seed, state["step"], "update"))
             update = update_policy(session, scorer, experience)

@@ -114,3 +114,41 @@ def test_logprobs_of_a_trajectory_equal_a_plain_forward(arch, tiny_model_factory
         mask = rollout.completion_mask[row, :len(ids)].bool()
         assert (results[1][row, :len(ids)][mask] - expected[mask]).abs().max() < 1e-5
         assert (results[1][row, :len(ids)][~mask] == 0).all()
+
+
+def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, letter_task, monkeypatch):
+    """Two GRPO steps where half the trajectories zoom first: the step runs end to end, the tool
+    statistics are logged, and the weights move."""
+    from safetensors.torch import load_file
+
+    from vlmrl import tool_rollout
+    from vlmrl.tracking import read_metrics
+    from vlmrl.trainer import train
+
+    def sample_turn(model, processor, rows, segments, settings):  # row i: zoom first when i is even
+        tokens = processor.tokenizer
+        stop = stop_token_ids(processor, model)[0]
+        first = not any(segments)
+        return [tokens(CALL, add_special_tokens=False).input_ids if first and i % 2 == 0
+                else tokens("a a" if i % 4 else "b a", add_special_tokens=False).input_ids + [stop]
+                for i in range(len(rows))]
+
+    monkeypatch.setattr(tool_rollout, "sample_turn", sample_turn)
+    config = load_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+        f"output_dir={tmp_path / 'run'}", "rollout.prompts_per_step=2", "rollout.group_size=4",
+        "rollout.max_new_tokens=40", "rollout.generation_batch_size=2", "rollout.tools=[zoom]",
+        "train.micro_batch_size=8", "train.steps=2", "train.lr=1e-2", "train.log_rollouts_every=1",
+        "train.trackers=[]", "algorithm.beta=0.1"])
+    run = train(config)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert all(r["tools/calls"] == pytest.approx(0.5) and r["tools/turns"] == pytest.approx(1.5) for r in rows)
+    assert all(r["tools/invalid_calls"] == 0 and r["loss"] is not None and r["kl"] is not None for r in rows)
+    import json
+
+    logged = [json.loads(line) for line in (run / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    zoomed = logged[0]["turns"]
+    assert [t["role"] for t in zoomed] == ["assistant", "tool", "assistant"] and len(zoomed[1]["images"]) == 1
+    assert (run / "rollouts" / zoomed[1]["images"][0]).is_file()
+    before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(run / "final" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before if k in after)

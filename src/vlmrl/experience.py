@@ -8,6 +8,8 @@ Under DAPO dynamic sampling, groups whose rewards are all equal are set aside an
 drawn, for at most `max_sampling_rounds` rounds (all processes draw the same number of rounds); a
 batch still short is filled with set-aside groups, which carry no policy gradient. Advantages are
 computed over the whole batch of all processes (grpo.group_advantages), then each keeps its rows.
+With `rollout.tools`, each completion is a multi-turn trajectory in which the model calls visual
+tools (tool_rollout.py); the rest of the step is the same.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from vlmrl.config import Config
 from vlmrl.rollout import Rollout, generate_groups
 from vlmrl.scoring import score_completions
 from vlmrl.seeds import derive_seed
+from vlmrl.tasks import Example, Task
+from vlmrl.tool_rollout import ToolBox, generate_trajectories
 
 
 @dataclass
@@ -61,26 +65,47 @@ def shaped_reward(total: torch.Tensor, rollout: Rollout, config: Config) -> torc
     return total + penalty
 
 
-def sample_groups(session, task, step: int, first: int, seconds: dict[str, float]) -> list[ScoredGroup]:
-    """Generate and score this process's share of one round: prompts `first`, `first` + 1, ...;
-    wall time adds into `seconds`."""
-    config = session.config
-    per_call, group = config.rollout.per_call(session.world), config.rollout.group_size
-    groups = []
-    for start in range(first, first + config.rollout.per_process(session.world), per_call):
-        examples = [task.example(i, split="train") for i in range(start, start + per_call)]
-        started = time.perf_counter()
-        rollout = generate_groups(session.policy, session.processor, examples, config.rollout,
-                                  seed=derive_seed(config.seed, step, start))
-        scored = time.perf_counter()
-        scores = score_completions(task, rollout)  # name -> (B*G,)
-        seconds["generate"] += scored - started
-        seconds["score"] += time.perf_counter() - scored
-        reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
-        for g in range(len(examples)):
-            rows = list(range(g * group, (g + 1) * group))
-            groups.append(ScoredGroup(rollout.select(rows), {k: v[rows] for k, v in scores.items()}, reward[rows]))
-    return groups
+@dataclass
+class GroupSampler:
+    """Draws this process's prompts, samples G completions each (single-turn, or trajectories with
+    tools) and scores them; keeps the wall time it spent."""
+
+    session: object  # a TrainingSession
+    task: Task
+    toolbox: ToolBox | None = None  # rollout.tools resolved (tool_rollout.py); None: single-turn
+    seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "score": 0.0})
+
+    @classmethod
+    def for_run(cls, session, task: Task) -> GroupSampler:
+        """The sampler of a run: its tools resolved now, so a bad tool name fails before step 1."""
+        settings = session.config.rollout
+        return cls(session, task, ToolBox.from_config(settings) if settings.tools else None)
+
+    def generate(self, examples: list[Example], seed: int) -> Rollout:
+        """G completions (or trajectories) of each example, rows grouped by example."""
+        policy, processor, settings = self.session.policy, self.session.processor, self.session.config.rollout
+        if self.toolbox is None:
+            return generate_groups(policy, processor, examples, settings, seed=seed)
+        return generate_trajectories(policy, processor, examples, settings, self.toolbox, seed=seed)
+
+    def round(self, step: int, first: int) -> list[ScoredGroup]:
+        """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""
+        config = self.session.config
+        per_call, group = config.rollout.per_call(self.session.world), config.rollout.group_size
+        groups = []
+        for start in range(first, first + config.rollout.per_process(self.session.world), per_call):
+            examples = [self.task.example(i, split="train") for i in range(start, start + per_call)]
+            started = time.perf_counter()
+            rollout = self.generate(examples, derive_seed(config.seed, step, start))
+            scored = time.perf_counter()
+            scores = score_completions(self.task, rollout)  # name -> (B*G,)
+            self.seconds["generate"] += scored - started
+            self.seconds["score"] += time.perf_counter() - scored
+            reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
+            for g in range(len(examples)):
+                rows = list(range(g * group, (g + 1) * group))
+                groups.append(ScoredGroup(rollout.select(rows), {k: v[rows] for k, v in scores.items()}, reward[rows]))
+        return groups
 
 
 def batch_advantages(session, reward: torch.Tensor) -> torch.Tensor:
@@ -92,29 +117,30 @@ def batch_advantages(session, reward: torch.Tensor) -> torch.Tensor:
     return advantages[session.rank * len(reward):(session.rank + 1) * len(reward)]  # (N,)
 
 
-def collect_experience(session, task, step: int, cursor: int) -> tuple[Experience, int]:
+def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[Experience, int]:
     """Generate, score and weigh this process's share of step `step`, drawing train prompts from
-    `cursor` on; returns the experience and the cursor after it. `session`: a TrainingSession."""
+    `cursor` on; returns the experience and the cursor after it."""
+    session = sampler.session
     settings, algo = session.config.rollout, session.config.algorithm
     per_process = settings.per_process(session.world)
     with_signal: list[ScoredGroup] = []
     without_signal: list[ScoredGroup] = []
-    seconds = {"generate": 0.0, "score": 0.0}
+    sampler.seconds = {"generate": 0.0, "score": 0.0}
     rounds = 0
     while True:
         first = cursor + rounds * settings.prompts_per_step + session.rank * per_process
-        for group in sample_groups(session, task, step, first, seconds):
+        for group in sampler.round(step, first):
             (with_signal if group.has_signal or not algo.dynamic_sampling else without_signal).append(group)
         rounds += 1
         short = algo.dynamic_sampling and len(with_signal) < per_process
         if not session.any_process(short and rounds < algo.max_sampling_rounds):
             break
     kept = (with_signal + without_signal)[:per_process]
-    rollout = Rollout.concat([g.rollout for g in kept], session.processor.tokenizer.pad_token_id)
+    rollout = type(kept[0].rollout).concat([g.rollout for g in kept], session.processor.tokenizer.pad_token_id)
     reward = torch.cat([g.reward for g in kept])  # (N,)
     experience = Experience(
         rollout, rewards={name: torch.cat([g.scores[name] for g in kept]) for name in kept[0].scores},
         reward=reward, advantages=batch_advantages(session, reward),
         groups_drawn=rounds * per_process,
-        groups_with_signal=sum(g.has_signal for g in with_signal + without_signal), seconds=seconds)
+        groups_with_signal=sum(g.has_signal for g in with_signal + without_signal), seconds=dict(sampler.seconds))
     return experience, cursor + rounds * settings.prompts_per_step

@@ -3,7 +3,9 @@
 Every `train.log_rollouts_every` steps the trainer writes `rollouts/step_XXXXXX.jsonl`, one row per
 completion: step, group (the prompt's index within the step), image (a path relative to
 `rollouts/`; the first image) and images (all of the prompt's, in order), prompt, answer,
-completion, rewards (every component), advantage, truncated, length.
+completion, rewards (every component), advantage, truncated, length; for multi-turn rollouts with
+tools also turns: [{role, text, images}] (the model's turns and the tools' results, images stored
+like the prompt's).
 Each distinct image is stored once, as `rollouts/images/<content hash>.png`, however many
 completions and steps show it.
 """
@@ -39,8 +41,16 @@ def rollout_rows(step: int, experience, group_size: int, first_group: int = 0) -
              "answer": example.answer, "completion": text,
              "rewards": {name: float(values[i]) for name, values in rewards.items()},
              "advantage": float(advantages[i]), "truncated": bool(rollout.truncated[i]),
-             "length": int(lengths[i])}
+             "length": int(lengths[i]), **turns_of(rollout, i)}
             for i, (example, text) in enumerate(zip(rollout.rows, rollout.texts))]
+
+
+def turns_of(rollout, i: int) -> dict:
+    """{"turns": [...]} of row i of a multi-turn rollout, else {}."""
+    trajectories = getattr(rollout, "trajectories", None)
+    if trajectories is None:
+        return {}
+    return {"turns": [{"role": t.role, "text": t.text, "images": list(t.images)} for t in trajectories[i].turns]}
 
 
 def write_rollouts(run_dir: Path, step: int, rows: list[dict]) -> Path:
@@ -48,7 +58,9 @@ def write_rollouts(run_dir: Path, step: int, rows: list[dict]) -> Path:
     folder = Path(run_dir) / "rollouts"
     folder.mkdir(parents=True, exist_ok=True)
     lines = [{**row, "image": store_image(folder, row["image"]),
-              "images": [store_image(folder, image) for image in row["images"]]} for row in rows]
+              "images": [store_image(folder, image) for image in row["images"]],
+              **({"turns": [{**turn, "images": [store_image(folder, image) for image in turn["images"]]}
+                            for turn in row["turns"]]} if "turns" in row else {})} for row in rows]
     path = folder / f"step_{step:06d}.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

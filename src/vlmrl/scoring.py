@@ -1,6 +1,8 @@
 """Every reward component of every completion, from the task's own `score`.
 
-Used by the RL step (experience.py) and by evaluation alike. Built-in rewards never raise; a
+Used by the RL step (experience.py) and by evaluation alike. A multi-turn rollout with tools is
+scored by `task.score_trajectory(example, trajectory)` (which sees the calls and their results;
+by default the final turn's text through `score`). Built-in rewards never raise; a
 reward of the user's own that raises, returns a non-finite number or forgets "total" stops the run
 with the task, the prompt and the completion in the message: it is never silently turned into 0.
 """
@@ -19,9 +21,13 @@ from vlmrl.tasks import Task
 def score_completions(task: Task, rollout: Rollout) -> dict[str, torch.Tensor]:
     """Every reward component of every completion, as (N,) tensors."""
     columns: dict[str, list[float]] = {}
-    for example, text in zip(rollout.rows, rollout.texts):
+    trajectories = getattr(rollout, "trajectories", None) or [None] * len(rollout.rows)
+    for example, text, trajectory in zip(rollout.rows, rollout.texts, trajectories):
         try:
-            scores = task.score(example, text)
+            if trajectory is not None and hasattr(task, "score_trajectory"):
+                scores = task.score_trajectory(example, trajectory)
+            else:
+                scores = task.score(example, text)
         except Exception as error:  # a user reward must not fail silently
             raise VlmrlError(f"reward of task {task.name!r} failed: {type(error).__name__}: {error} "
                              f"| prompt: {example.prompt[:200]!r} | completion: {text[:200]!r}") from error

@@ -163,3 +163,16 @@ def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> Tool
                        texts=[o.trajectory.final_text for o in ongoing],
                        truncated=torch.tensor([o.trajectory.cut for o in ongoing]),
                        segments=[o.segments for o in ongoing], trajectories=[o.trajectory for o in ongoing])
+
+
+def trajectory_statistics(rollout: ToolRollout) -> dict[str, torch.Tensor]:
+    """Per trajectory (N,): tool calls, invalid calls (errors), model turns, and whether it was cut
+    by the turn or token limit."""
+    trajectories = rollout.trajectories
+    return {
+        "calls": torch.tensor([float(sum(t.role == "assistant" and t.text.rstrip().endswith(TOOL_CALL_CLOSE)
+                                         for t in tr.turns)) for tr in trajectories]),
+        "invalid_calls": torch.tensor([float(len(tr.errors)) for tr in trajectories]),
+        "turns": torch.tensor([float(sum(t.role == "assistant" for t in tr.turns)) for tr in trajectories]),
+        "cut": torch.tensor([float(tr.cut) for tr in trajectories]),
+    }

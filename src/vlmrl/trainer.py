@@ -25,7 +25,7 @@ from tqdm import tqdm
 from vlmrl.alarms import Alarms
 from vlmrl.attention import completion_image_attention
 from vlmrl.config import Config
-from vlmrl.experience import Experience, collect_experience
+from vlmrl.experience import Experience, GroupSampler, collect_experience
 from vlmrl.logprobs import LogprobScorer
 from vlmrl.policy_update import update_policy
 from vlmrl.preflight import run_preflight
@@ -33,6 +33,7 @@ from vlmrl.rollout_log import rollout_rows, write_rollouts
 from vlmrl.seeds import derive_seed
 from vlmrl.session import TrainingSession
 from vlmrl.tasks import get_task
+from vlmrl.tool_rollout import trajectory_statistics
 
 
 def train(config: Config) -> Path:
@@ -44,6 +45,7 @@ def train(config: Config) -> Path:
     run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                            config.train.logprob_chunk)
+    sampler = GroupSampler.for_run(session, task)  # tools resolved now: a bad name fails before step 1
     alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
     cursor = session.cursor  # index of the next train prompt
 
@@ -53,7 +55,7 @@ def train(config: Config) -> Path:
     for step in progress:
         started = time.perf_counter()
         session.policy.eval()
-        experience, cursor = collect_experience(session, task, step, cursor)
+        experience, cursor = collect_experience(sampler, step, cursor)
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
         update_started = time.perf_counter()
@@ -125,4 +127,6 @@ def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, 
     metrics["time/generate"] = experience.seconds["generate"]
     metrics["time/score"] = experience.seconds["score"]
     metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))
+    if getattr(rollout, "trajectories", None) is not None:  # multi-turn rollouts with tools
+        metrics |= {f"tools/{name}": mean(values) for name, values in trajectory_statistics(rollout).items()}
     return metrics

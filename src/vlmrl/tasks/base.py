@@ -19,7 +19,7 @@ import importlib
 import operator
 import random
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 from PIL import Image
