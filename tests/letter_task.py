@@ -40,3 +40,15 @@ class ColorTask(Task):
     def score(self, example: Example, completion: str) -> dict[str, float]:
         right = float(completion.strip() == example.answer)
         return {"total": right, "accuracy": right}
+
+
+class LookTask(LetterTask):
+    """The letter task with a reference trajectory that zooms first (SFT on tool trajectories)."""
+
+    name = "look"
+    CALL = '<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 28, 28]}}\n</tool_call>'
+
+    def _example(self, idx: int, split: str) -> Example:
+        example = super()._example(idx, split)
+        example.meta["reference_turns"] = [self.CALL, "a a a a"]
+        return example

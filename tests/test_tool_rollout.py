@@ -152,3 +152,32 @@ def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, lett
     assert (run / "rollouts" / zoomed[1]["images"][0]).is_file()
     before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(run / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_reference_trajectories_run_their_calls(tiny_model_dir, letter_task):
+    from letter_task import LookTask
+
+    from vlmrl.tool_rollout import reference_rollout
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    examples = [LookTask().example(i) for i in range(2)]
+    stop_ids = stop_token_ids(processor, model)
+    rollout = reference_rollout(processor, examples, ToolBox.from_config(settings()), settings(), stop_ids)
+    assert rollout.texts == ["a a a a", "a a a a"] and not rollout.truncated.any()
+    for row in range(2):
+        first, tool, last = rollout.segments[row]
+        assert first.model and not tool.model and last.model and last.ids[-1] == stop_ids[0]
+        assert tool.images[0].size == (448, 448)  # the zoomed corner of the 56 px image
+        assert int(rollout.completion_mask[row].sum()) == len(first.ids) + len(last.ids)
+
+
+def test_sft_learns_reference_trajectories(tmp_path, tiny_model_dir, letter_task):
+    from vlmrl.sft import sft
+    from vlmrl.tracking import read_metrics
+
+    config = load_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LookTask",
+        f"output_dir={tmp_path / 'sft'}", "rollout.tools=[zoom]", "sft.batch_size=4", "train.micro_batch_size=2",
+        "train.steps=3", "train.lr=1e-2", "train.trackers=[]"])
+    rows = read_metrics(sft(config) / "metrics.jsonl")
+    assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]

@@ -9,6 +9,10 @@ metrics.jsonl of the RL trainer (session.py); `train.*` sets steps, learning rat
 
 A completion's tokens are what the chat template puts after the generation prompt, up to and
 including the first end-of-turn token: exactly what `generate` must produce, stop included.
+
+With `rollout.tools`, an example whose `meta["reference_turns"]` holds a tool-using trajectory (the
+model's turns as text) is learnt as that trajectory: its calls are run as in a rollout, the tools'
+results are context, and the loss covers the model's turns only (tool_rollout.reference_rollout).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from vlmrl.rollout import stop_token_ids
 from vlmrl.seeds import derive_seed
 from vlmrl.session import TrainingSession
 from vlmrl.tasks import Example, get_task
+from vlmrl.tool_rollout import ToolBox, reference_rollout
 
 
 def completion_text(processor, example: Example) -> str:
@@ -72,6 +77,7 @@ def sft(config: Config) -> Path:
     device = session.accelerator.device
     run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
     scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk)
+    toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="sft", unit="step", disable=not session.main,
@@ -80,10 +86,10 @@ def sft(config: Config) -> Path:
         started = time.perf_counter()
         first = step * batch + session.rank * per_process
         examples = [task.example(i, split="train") for i in range(first, first + per_process)]
-        ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
+        references = reference_batch(session, examples, toolbox, stop_ids)
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
-        metrics = sft_update(session, scorer, Completions(examples, ids, mask).to(device))
+        metrics = sft_update(session, scorer, references.to(device))
         metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
                     "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
                     "seconds": time.perf_counter() - started}
@@ -93,6 +99,16 @@ def sft(config: Config) -> Path:
         session.maybe_save(step + 1, (step + 1) * batch)
         session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
     return session.finish()
+
+
+def reference_batch(session: TrainingSession, examples: list[Example], toolbox: ToolBox | None,
+                    stop_ids: list[int]) -> Completions:
+    """What SFT learns from `examples`: their reference trajectories when the run has tools and they
+    have some, else their reference completions."""
+    if toolbox is not None and all("reference_turns" in ex.meta for ex in examples):
+        return reference_rollout(session.processor, examples, toolbox, session.config.rollout, stop_ids)
+    ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
+    return Completions(examples, ids, mask)
 
 
 def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completions) -> dict[str, float]:

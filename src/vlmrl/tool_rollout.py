@@ -176,3 +176,18 @@ def trajectory_statistics(rollout: ToolRollout) -> dict[str, torch.Tensor]:
         "turns": torch.tensor([float(sum(t.role == "assistant" for t in tr.turns)) for tr in trajectories]),
         "cut": torch.tensor([float(tr.cut) for tr in trajectories]),
     }
+
+
+def reference_rollout(processor, examples: list[Example], toolbox: ToolBox, settings: RolloutConfig,
+                      stop_ids: list[int]) -> ToolRollout:
+    """The reference trajectories of `examples` for SFT: each example's `meta["reference_turns"]`
+    (the model's turns as text, the first ones ending in calls) with the calls run between them,
+    exactly as a rollout would build them; the last turn ends with the stop token."""
+    ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples]
+    for trajectory in ongoing:
+        for text in trajectory.example.meta["reference_turns"]:
+            ids = processor.tokenizer(text, add_special_tokens=False).input_ids
+            if not trajectory.add_turn(ids + ([] if ends_with_call(text) else stop_ids[:1]), processor, toolbox,
+                                       settings):
+                break
+    return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_ids)
