@@ -181,3 +181,23 @@ def test_sft_learns_reference_trajectories(tmp_path, tiny_model_dir, letter_task
         "train.steps=3", "train.lr=1e-2", "train.trackers=[]"])
     rows = read_metrics(sft(config) / "metrics.jsonl")
     assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
+
+
+def test_evaluation_with_tools_reports_tool_use_and_keeps_the_turns(tiny_model_dir, letter_task, tmp_path):
+    from letter_task import LookTask
+
+    from vlmrl.evaluate import EvalSettings, evaluate, format_table, save_evaluation
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    scripted(model, processor, [[CALL, "a a"], ["b"], [CALL, CALL, "a"]])
+    examples = [LookTask().example(i, split="test") for i in range(3)]
+    evaluation = evaluate(model, processor, LookTask(), examples,
+                          EvalSettings(batch_size=3, max_new_tokens=40, tools=["zoom"]), show_progress=False)
+    tools = evaluation.results["tools"]
+    assert tools["calls"] == pytest.approx(1.0) and tools["turns"] == pytest.approx(2.0)
+    assert tools["invalid_calls"] == 0 and tools["cut"] == 0
+    assert evaluation.results["accuracy"] == pytest.approx(2 / 3)
+    assert [t["role"] for t in evaluation.records[0]["turns"]] == ["assistant", "tool", "assistant"]
+    assert evaluation.records[0]["turns"][1]["images"] == 1
+    assert "tool use per answer" in format_table(evaluation.results)
+    assert save_evaluation(evaluation, tmp_path).is_file()

@@ -78,7 +78,8 @@ def _eval(args: argparse.Namespace) -> None:
     from vlmrl.evaluate import EvalSettings, format_table, run_eval
 
     settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
-                            temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed)
+                            temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
+                            tools=list(args.tools), max_turns=args.max_turns)
     evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
                                 split=args.split, n=args.n, settings=settings, out_dir=args.out,
                                 dtype=args.dtype, device=args.device)
@@ -143,7 +144,10 @@ def eval_defaults() -> dict:
     updated with EVAL_CLI_DEFAULTS, by field name."""
     from vlmrl.eval_settings import EvalSettings
 
-    return {field.name: field.default for field in dataclasses.fields(EvalSettings)} | EVAL_CLI_DEFAULTS
+    def default(field: dataclasses.Field):
+        return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+    return {field.name: default(field) for field in dataclasses.fields(EvalSettings)} | EVAL_CLI_DEFAULTS
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
@@ -278,6 +282,11 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                           help=f"longest completion (default {default['max_new_tokens']})")
     evaluate.add_argument("--seed", type=int, default=default["seed"],
                           help=f"seed of the samples and the image shuffle (default {default['seed']})")
+    evaluate.add_argument("--tools", nargs="*", default=default["tools"], metavar="TOOL",
+                          help="tools the model may call while answering: zoom, crop, module:function "
+                               "(default: none, single-turn answers)")
+    evaluate.add_argument("--max-turns", type=int, default=default["max_turns"],
+                          help=f"with --tools: most model turns per answer (default {default['max_turns']})")
     evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")

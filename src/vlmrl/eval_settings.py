@@ -7,7 +7,7 @@ it: `from vlmrl.evaluate import EvalSettings` works as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vlmrl.errors import VlmrlError
 
@@ -34,6 +34,13 @@ class EvalSettings:
     """How many completion-length buckets (quantiles of the greedy lengths)."""
     seed: int = 0
     """Seeds the pass@k samples and the image shuffle."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call while answering (as rollout.tools: zoom, crop, module:function);
+    [] = single-turn answers. The blind check blanks the images the tools read too."""
+    max_turns: int = 4
+    """With tools: most model turns per answer."""
+    max_trajectory_tokens: int = 1024
+    """With tools: most tokens after the prompt per answer, tool results included."""
 
     def validate(self) -> None:
         """Raise VlmrlError with a one-line message when a value is out of range."""
@@ -42,7 +49,10 @@ class EvalSettings:
                   (self.k >= 0, f"k must be >= 0 (0 skips pass@k), got {self.k}"),
                   (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
                   (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-                  (self.length_buckets >= 1, f"length buckets must be >= 1, got {self.length_buckets}")]
+                  (self.length_buckets >= 1, f"length buckets must be >= 1, got {self.length_buckets}"),
+                  (self.max_turns >= 1, f"max turns must be >= 1, got {self.max_turns}"),
+                  (self.max_trajectory_tokens >= 1,
+                   f"max trajectory tokens must be >= 1, got {self.max_trajectory_tokens}")]
         for ok, message in checks:
             if not ok:
                 raise VlmrlError(message)

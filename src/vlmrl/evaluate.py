@@ -33,13 +33,14 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from vlmrl.config import GenerationSettings
+from vlmrl.config import GenerationSettings, RolloutConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.eval_settings import EvalSettings  # re-exported: `from vlmrl.evaluate import EvalSettings`
 from vlmrl.rollout import generate_groups
 from vlmrl.scoring import score_completions
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
+from vlmrl.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
 
 BLANK_COLOR = "white"
 """Colour of the blank image in the blind check (the background of the built-in tasks)."""
@@ -142,26 +143,54 @@ class _Answers:
     """Completions of a list of examples, in order (G per example, contiguous)."""
 
     texts: list[str]
-    lengths: list[int]  # tokens, end-of-turn token included
+    lengths: list[int]  # tokens, end-of-turn token included (the model's only, with tools)
     truncated: list[bool]
     scores: list[dict[str, float]]
+    turns: list[list[dict]] = field(default_factory=list)  # with tools: each answer's turns (text only)
+    tool_stats: list[dict[str, float]] = field(default_factory=list)  # with tools: calls, invalid calls, ...
 
 
-def _answer(model, processor, task: Task, examples: list[Example], generation: GenerationSettings,
-            prompts_per_call: int, seed: int, progress: tqdm) -> _Answers:
-    """Generate and score `generation.group_size` completions per example, a batch at a time."""
+def _answer(sample, task: Task, examples: list[Example], prompts_per_call: int, progress: tqdm) -> _Answers:
+    """Generate (`sample(batch, first index)` -> Rollout) and score completions of every example,
+    a batch at a time."""
     answers = _Answers([], [], [], [])
     for start in range(0, len(examples), prompts_per_call):
-        batch = examples[start:start + prompts_per_call]
-        rollout = generate_groups(model, processor, batch, generation, seed=derive_seed(seed, "eval", start))
+        rollout = sample(examples[start:start + prompts_per_call], start)
         columns = score_completions(task, rollout)  # name -> (N,)
         answers.texts += rollout.texts
         answers.lengths += rollout.lengths.tolist()
         answers.truncated += rollout.truncated.tolist()
         answers.scores += [{name: float(values[i]) for name, values in columns.items()}
                            for i in range(len(rollout.texts))]
+        if getattr(rollout, "trajectories", None) is not None:
+            stats = trajectory_statistics(rollout)  # name -> (N,)
+            answers.tool_stats += [{name: float(v[i]) for name, v in stats.items()} for i in range(len(rollout.texts))]
+            answers.turns += [[{"role": t.role, "text": t.text, "images": len(t.images), "error": t.error}
+                               for t in trajectory.turns] for trajectory in rollout.trajectories]
         progress.update(1)
     return answers
+
+
+def _sampler(model, processor, settings: EvalSettings):
+    """`sample(rows, generation)` -> a function of (batch, first index) giving a Rollout: single-turn,
+    or multi-turn with `settings.tools`; seeded from (seed, "eval", first index)."""
+    toolbox = ToolBox.from_config(_tool_settings(settings, GenerationSettings())) if settings.tools else None
+
+    def sample(generation: GenerationSettings):
+        def run(batch: list[Example], start: int):
+            seed = derive_seed(settings.seed, "eval", start)
+            if toolbox is None:
+                return generate_groups(model, processor, batch, generation, seed=seed)
+            return generate_trajectories(model, processor, batch, _tool_settings(settings, generation), toolbox,
+                                         seed=seed)
+        return run
+    return sample
+
+
+def _tool_settings(settings: EvalSettings, generation: GenerationSettings) -> RolloutConfig:
+    """The rollout settings of a multi-turn answer: `generation`'s sampling, `settings`' tools and limits."""
+    return RolloutConfig(**vars(generation), tools=list(settings.tools), max_turns=settings.max_turns,
+                         max_trajectory_tokens=settings.max_trajectory_tokens)
 
 
 def _calls(n: int, per_call: int) -> int:
@@ -204,6 +233,8 @@ def evaluate(model, processor, task: Task, examples: list[Example], settings: Ev
         samples_correct=samples_correct, k=k, temperature=settings.temperature,
         blank_correct=_correct(passes.blank), shuffled_correct=_correct(passes.shuffled),
         buckets=settings.length_buckets)
+    if passes.real.tool_stats:  # means over the greedy answers: calls, invalid_calls, turns, cut
+        results["tools"] = mean_scores(passes.real.tool_stats)
     records = _records(examples, passes, samples_correct, k)
     run_settings = {"task": task.name, "task_params": asdict(task.params), **asdict(settings)}
     return Evaluation(results=results, records=records, settings=run_settings)
@@ -231,12 +262,13 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
     blind_passes = (2 if n >= 2 else 1) if settings.blind_check else 0
     calls = _calls(n, batch) * (1 + blind_passes) + (_calls(n, sampling_batch) if k else 0)
     device = next(model.parameters()).device
+    sample = _sampler(model, processor, settings)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             tqdm(total=calls, desc=f"eval {task.name}", unit="batch", disable=not show_progress,
                  dynamic_ncols=True) as progress:
 
         def answer(rows: list[Example], generation: GenerationSettings, per_call: int) -> _Answers:
-            return _answer(model, processor, task, rows, generation, per_call, settings.seed, progress)
+            return _answer(sample(generation), task, rows, per_call, progress)
 
         passes = _Passes(real=answer(examples, greedy, batch), samples=None, blank=None, shuffled=None,
                          shuffle_source=None)
@@ -310,6 +342,8 @@ def _records(examples: list[Example], passes: _Passes, samples_correct: list[int
                   "prompt": example.prompt, "answer": example.answer, "completion": real.texts[i],
                   "completion_tokens": real.lengths[i], "truncated": real.truncated[i],
                   "scores": real.scores[i]}
+        if real.turns:
+            record["turns"] = real.turns[i]
         if passes.samples is not None:
             record["samples"] = passes.samples.texts[i * k:(i + 1) * k]
             record["samples_correct"] = samples_correct[i]
@@ -338,6 +372,7 @@ def scalar_metrics(results: dict, prefix: str = "eval/") -> dict[str, float]:
     for kind, summary in (results["blind"] or {}).items():
         if summary:
             flat |= {f"{kind}/accuracy": summary["accuracy"], f"{kind}/drop": summary["drop"]}
+    flat |= {f"tools/{name}": value for name, value in (results.get("tools") or {}).items()}
     return {prefix + name: float(value) for name, value in flat.items()}
 
 
@@ -355,6 +390,9 @@ def format_table(results: dict) -> str:
               f"  {'truncated':<26}{results['truncated']:>8.1%}",
               "", "mean reward components (greedy)"]
     lines += [f"  {name:<26}{value:>8.3f}" for name, value in results["rewards"].items()]
+    if results.get("tools"):
+        lines += ["", "tool use per answer (greedy, mean)"]
+        lines += [f"  {name:<26}{value:>8.2f}" for name, value in results["tools"].items()]
     lines += ["", "accuracy by completion length (greedy)", f"  {'tokens':<16}{'n':>6}{'accuracy':>12}"]
     for bucket in results["by_length"]:
         low, high = bucket["min_tokens"], bucket["max_tokens"]

@@ -146,8 +146,10 @@ class TrainingSession:
         metrics: dict[str, float] = {}
         if self.main:
             max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
+            rollout = self.config.rollout
             eval_settings = EvalSettings(batch_size=settings.batch_size, max_new_tokens=max_new_tokens,
-                                         seed=self.config.seed)
+                                         seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
+                                         max_trajectory_tokens=rollout.max_trajectory_tokens)
             for split in settings.splits:
                 if split not in self.held_out:  # the same fixed set at every evaluation: make it once
                     self.held_out[split] = held_out_examples(task, split, settings.n)
