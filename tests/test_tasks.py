@@ -15,9 +15,9 @@ from vlmrl.tasks import Example, Task, get_task, list_tasks
 from vlmrl.tasks.base import in_split
 from vlmrl.tasks.inspect import format_task_list, show_task
 
-PROCEDURAL = ["cryptogram", "shapes", "grounding"]
+PROCEDURAL = ["cryptogram", "shapes", "grounding", "zoom"]
 MAX_TOTAL = {("cryptogram", "chapter"): 3.0, ("shapes", "chapter"): 1.7, ("shapes", "strict"): 2.0,
-             ("grounding", "chapter"): 1.5}
+             ("grounding", "chapter"): 1.5, ("zoom", "chapter"): 1.5}
 
 
 def image_bytes(example: Example) -> bytes:
@@ -29,7 +29,7 @@ def key(example: Example) -> tuple[str, str, bytes]:
 
 
 def test_registry_lists_the_built_in_tasks():
-    assert list_tasks() == ["cryptogram", "geometry", "grounding", "shapes"]
+    assert list_tasks() == ["cryptogram", "geometry", "grounding", "shapes", "zoom"]
     assert all(isinstance(get_task(name), Task) for name in PROCEDURAL)
 
 
@@ -139,6 +139,10 @@ def _content_key(name: str, example: Example) -> str:
         return f"{meta['message']}|{meta['cipher']}"
     if name == "shapes":
         return meta["target"] + "|" + ";".join(",".join(map(str, s)) for s in meta["shapes"])
+    if name == "zoom":  # the code, its colour and the 4 x 4 cell of the tag's centre
+        x1, y1, x2, y2 = meta["box"]
+        side = meta["original_size"][0]
+        return f"{meta['code']}|{meta['color']}|{(x1 + x2) * 2 // side},{(y1 + y2) * 2 // side}"
     return ";".join(",".join(map(str, s)) for s in meta["shapes"])
 
 
@@ -151,7 +155,7 @@ def test_split_membership_is_by_construction(name):
 
 
 @pytest.mark.parametrize("name, rubric", [("cryptogram", "chapter"), ("shapes", "chapter"), ("shapes", "strict"),
-                                          ("grounding", "chapter")])
+                                          ("grounding", "chapter"), ("zoom", "chapter")])
 def test_reference_completion_scores_the_maximum(name, rubric):
     task = get_task(name, rubric=rubric) if name == "shapes" else get_task(name)
     for split in task.splits:
@@ -174,7 +178,7 @@ def test_examples_have_rgb_images_and_prompts_that_state_the_format(name):
 def test_importing_the_tasks_does_not_import_torch():
     code = ("import sys, vlmrl.tasks, vlmrl.rewards, vlmrl.tasks.inspect\n"
             "from vlmrl.tasks import get_task\n"
-            "for name in ('cryptogram', 'shapes', 'grounding'):\n"
+            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
             "    t = get_task(name); e = t.example(0); t.score(e, e.reference_completion)\n"
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -210,7 +214,7 @@ def test_show_task_prints_examples_and_writes_images(tmp_path):
 
 def test_examples_are_the_same_in_another_process_with_another_hash_seed():
     code = ("import hashlib\nfrom vlmrl.tasks import get_task\n"
-            "for name in ('cryptogram', 'shapes', 'grounding'):\n"
+            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
             "    e = get_task(name, seed=9).example(77, 'test')\n"
             "    print(hashlib.sha256(e.prompt.encode() + e.answer.encode() + e.image.tobytes()).hexdigest())")
     here = []

@@ -20,12 +20,15 @@ import operator
 import random
 import typing
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, build, closest, field_docs, type_name
+
+if TYPE_CHECKING:
+    from vlmrl.tools import Trajectory
 
 TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
@@ -172,6 +175,12 @@ class Task:
     def score(self, example: Example, completion: str) -> dict[str, float]:
         """Reward components of `completion`, always with "total" and "accuracy" (0.0 or 1.0)."""
         raise NotImplementedError
+
+    def score_trajectory(self, example: Example, trajectory: Trajectory) -> dict[str, float]:
+        """Reward components of a tool-using rollout (`vlmrl.tools.Trajectory`). By default `score`
+        of its final text (the model's last turn), so every task takes trajectories; a task that
+        rewards the tool use itself (zoom) overrides it."""
+        return self.score(example, trajectory.final_text)
 
 
 _REGISTRY: dict[str, type[Task]] = {}

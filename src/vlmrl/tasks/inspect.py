@@ -1,8 +1,9 @@
 """`vlmrl tasks list` and `vlmrl tasks show`: look at the tasks before training on them.
 
 `format_task_list` describes each registered task and its parameters; `show_task` prints a few
-examples (prompt, answer, reference completion and the score it gets) and saves their images, so a
-person can check the images are legible and the rewards sensible.
+examples (prompt, answer, reference completion and the score it gets) and saves their images (every
+image shown, and the full-resolution originals tools read when they differ), so a person can check
+the images are legible and the rewards sensible.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from vlmrl.errors import VlmrlError
-from vlmrl.tasks.base import get_task, list_tasks, param_table, task_class
+from vlmrl.tasks.base import Example, get_task, list_tasks, param_table, task_class
 
 
 def format_task_list() -> str:
@@ -33,8 +36,10 @@ def _indent(text: str) -> str:
 
 
 def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 4, out_dir: str | None = None) -> str:
-    """Text describing examples 0..n-1 of `split`; their images are written to
-    `out_dir/{name}_{split}_{i}.png` when `out_dir` is given."""
+    """Text describing examples 0..n-1 of `split`; when `out_dir` is given their images are written
+    to `out_dir/{name}_{split}_{i}.png` (the first image), `..._{i}_{k}.png` (image k >= 1 of an
+    example that shows several) and `..._{i}_original.png` / `..._{i}_original_{k}.png` (the
+    full-resolution originals tools read, when they differ from the images shown)."""
     if n < 0:
         raise VlmrlError(f"--n must be >= 0, got {n}")
     task = get_task(name, **params)
@@ -47,14 +52,37 @@ def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 
     for i in range(n):
         example = task.example(i, split=split)
         scores = task.score(example, example.reference_completion)
-        width, height = example.image.size
+        lines += [f"\n=== example {i} ===", "prompt:", _indent(example.prompt), f"answer: {example.answer}"]
+        turns = example.meta.get("reference_turns")
+        if isinstance(turns, list) and len(turns) > 1:
+            lines.append("reference turns (a tool runs between them):")
+            lines += [_indent(f"[{k}] {turn}") for k, turn in enumerate(turns)]
+        lines += ["reference completion:", _indent(example.reference_completion),
+                  "reference score: " + ", ".join(f"{k}={v:.3f}" for k, v in scores.items())]
+        lines += _image_lines(example, folder, f"{name}_{split}_{i}")
+    return "\n".join(lines)
+
+
+def _same_image(a: Image.Image, b: Image.Image) -> bool:
+    """Whether two images hold the same pixels (the same object, or equal size, mode and bytes)."""
+    return a is b or (a.size == b.size and a.mode == b.mode and a.tobytes() == b.tobytes())
+
+
+def _image_lines(example: Example, folder: Path | None, stem: str) -> list[str]:
+    """One line per image shown (and per original that differs from its image), saving each as
+    PNG under `folder` when given."""
+    named = [("image" if k == 0 else f"image {k}", stem if k == 0 else f"{stem}_{k}", image)
+             for k, image in enumerate(example.images)]
+    for k, original in enumerate(example.originals):
+        if k >= len(example.images) or not _same_image(original, example.images[k]):
+            suffix = "" if k == 0 else f"_{k}"
+            named.append(("original" if k == 0 else f"original {k}", f"{stem}_original{suffix}", original))
+    lines = []
+    for label, file_stem, image in named:
         where = ""
         if folder is not None:
-            path = folder / f"{name}_{split}_{i}.png"
-            example.image.save(path)
+            path = folder / f"{file_stem}.png"
+            image.save(path)
             where = f" -> {path}"
-        lines += [f"\n=== example {i} ===", "prompt:", _indent(example.prompt), f"answer: {example.answer}",
-                  "reference completion:", _indent(example.reference_completion),
-                  "reference score: " + ", ".join(f"{k}={v:.3f}" for k, v in scores.items()),
-                  f"image: {width}x{height}{where}"]
-    return "\n".join(lines)
+        lines.append(f"{label}: {image.size[0]}x{image.size[1]}{where}")
+    return lines

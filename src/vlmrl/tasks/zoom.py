@@ -1,0 +1,374 @@
+"""`zoom`: read a code too small to see until the model zooms in (issue 15, "thinking with images").
+
+The original is an `image_size` x `image_size` picture (default 448), white, with a few large pale
+shapes (distractors) and small coloured "tags": rectangles tag_min..tag_max pixels high (20..26)
+with a code of `digits` digits (default 2, no leading zero) filling them. One tag has the colour the
+question names (the target); `distractor_tags` others (default 2) have other colours and other
+codes; tag colours are red, green, blue, yellow, purple by default (hues at least 40 degrees apart;
+the downscaled view keeps each tag's hue). Nothing overlaps, and every tag has tag_max/2 pixels of
+free space around it (so the reference zoom shows that tag alone). The model first sees the original
+DOWNSCALED to `view_side` (default 112, box filter): `Example.images` = [the view], where tag
+colours show but a 20-26 px tag is 5-7 px and its digits are blobs; `Example.originals` = [the
+original], which the zoom tool (`vlmrl.tools`) reads. The prompt gives both sizes, names the tag
+colour, shows the call
+
+    <tool_call>
+    {"name": "zoom", "arguments": {"box": [x1, y1, x2, y2]}}
+    </tool_call>
+
+with the box in ORIGINAL pixels, and asks for the code inside <answer> </answer>.
+
+Reference (SFT) convention: the reference trajectory is two assistant turns with the tool's result
+between them. `meta["reference_turns"]` holds the assistant texts in order: first the call
+("<think>The red tag is near the top left.</think>" + newline + the call above, with the target's
+box padded by half the tag height, kept inside the image), then the final answer
+("<think>The red tag reads 47.</think> <answer>47</answer>"), which is also
+`reference_completion`. The SFT code runs the tool on the call to get the image between the turns.
+
+Splits: a candidate belongs to "test" when a stable hash of (code, colour, the target's centre cell
+on a 4 x 4 grid of the original) falls below 0.5 (`content_key`, `base.in_split`), else to "train":
+a test example never repeats a train example's code in the same colour and place. "ood": codes of
+`ood_digits` digits (default 3), a longer code than training ever shows.
+
+Rewards (components in [0, 1] unless said):
+
+- `score(example, text)`, a plain final text: "accuracy" (1 iff the single <answer> holds exactly
+  the code, whitespace around ignored) + format_weight (0.5) x "format" (the strict
+  <think>/<answer> layout with an answer of ASCII digits only). Total in [0, 1 + format_weight].
+- `score_trajectory(example, trajectory)`, a tool-using rollout: accuracy and format as above on
+  `trajectory.final_text`, + zoom_weight (0.5) x "zoom" (1 when some call that ran without error
+  zoomed on a box which, clipped to the original, covers at least min_cover (0.9) of the target
+  tag's box and at most max_zoom_area (1/4) of the original), - "charge" = call_cost (0.1) x (calls
+  beyond the first free_calls (2) + calls that failed, `trajectory.errors`), capped at max_charge
+  (1.0). Also reported, outside the total: "calls" and "errors" (counts). Total in
+  [-max_charge, 1 + format_weight + zoom_weight] = [-1, 2] by default, finite for any trajectory
+  (no turns, garbage calls, boxes of strings or huge numbers).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image, ImageDraw, ImageFont
+
+from vlmrl.rewards import Rubric, extract_tag, think_answer_format
+from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
+from vlmrl.tasks.shapes import KINDS, MAX_FILL, RGB, draw_shape, place_squares
+from vlmrl.tools import Trajectory
+
+ZOOM_TOOLS = ("zoom", "crop")
+"""Tool names whose calls count as zooming (`crop` is the tool's alias)."""
+SHAPE_SIZES = (0.15, 0.3)
+"""Side of a large distractor shape as a fraction of the image side (smallest, largest)."""
+PALE = 0.75
+"""Distractor shapes are a tag colour mixed with this much white (never mistaken for a tag)."""
+GRID = 4
+"""The target's centre cell on a GRID x GRID grid is part of the split key."""
+_DIGITS = re.compile(r"[0-9]+")
+_ROWS, _COLUMNS = ("top", "middle", "bottom"), ("left", "centre", "right")
+
+
+@functools.lru_cache(maxsize=64)
+def tag_font(height: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    """The font of a tag `height` pixels high: digits about 0.7 of the height."""
+    return ImageFont.load_default(size=height)
+
+
+def tag_width(n_digits: int, height: int) -> int:
+    """Width in pixels of a tag `height` high holding `n_digits` digits (digits plus a margin)."""
+    return math.ceil(tag_font(height).getlength("0" * n_digits)) + 2 * max(2, round(0.25 * height))
+
+
+def text_color(color: str) -> tuple[int, int, int]:
+    """Black digits on a light tag (yellow, orange), white on a dark one."""
+    r, g, b = RGB[color]
+    return (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 150 else (255, 255, 255)
+
+
+def pale(color: str) -> tuple[int, int, int]:
+    """`color` mixed with PALE white."""
+    return tuple(round(PALE * 255 + (1 - PALE) * c) for c in RGB[color])  # type: ignore[return-value]
+
+
+def content_key(code: str, color: str, box: list[int], side: int) -> str:
+    """What the split hashes: the code, its colour and the cell of the tag's centre."""
+    col = min(GRID - 1, (box[0] + box[2]) * GRID // (2 * side))
+    row = min(GRID - 1, (box[1] + box[3]) * GRID // (2 * side))
+    return f"{code}|{color}|{col},{row}"
+
+
+def where(box: list[int], side: int) -> str:
+    """Where a box's centre is, in words: "top left", "centre", "bottom", ..."""
+    col = _COLUMNS[min(2, (box[0] + box[2]) * 3 // (2 * side))]
+    row = _ROWS[min(2, (box[1] + box[3]) * 3 // (2 * side))]
+    if row == "middle":
+        return "centre" if col == "centre" else col
+    return row if col == "centre" else f"{row} {col}"
+
+
+def call_text(box: list[int]) -> str:
+    """The zoom call on `box`, in Qwen's native format."""
+    return "<tool_call>\n" + json.dumps({"name": "zoom", "arguments": {"box": box}}) + "\n</tool_call>"
+
+
+def padded(box: list[int], pad: int, side: int) -> list[int]:
+    """`box` grown by `pad` on every side, kept inside a `side` x `side` image."""
+    return [max(0, box[0] - pad), max(0, box[1] - pad), min(side, box[2] + pad), min(side, box[3] + pad)]
+
+
+def number(value: Any) -> float | None:
+    """`value` as a finite float when it is an int or float (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        result = float(value)
+    except OverflowError:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def zoom_box(call: Any) -> tuple[float, float, float, float] | None:
+    """The box of a zoom (or crop) call on the first image, or None for any other call or argument."""
+    if getattr(call, "name", None) not in ZOOM_TOOLS:
+        return None
+    arguments = getattr(call, "arguments", None)
+    if not isinstance(arguments, dict):
+        return None
+    image = arguments.get("image", 0)
+    if not (type(image) is int and image == 0):
+        return None
+    box = arguments.get("box")
+    if not isinstance(box, (list, tuple)) or len(box) != 4:
+        return None
+    values = tuple(number(v) for v in box)
+    if any(v is None for v in values):
+        return None
+    return values  # type: ignore[return-value]
+
+
+def covers(zoom: tuple[float, float, float, float], target: list[int], side: int,
+           max_area: float, min_cover: float) -> bool:
+    """Whether `zoom`, clipped to the image, holds at least `min_cover` of the target box's area
+    while covering at most `max_area` of the image's."""
+    x1, y1 = min(max(zoom[0], 0.0), side), min(max(zoom[1], 0.0), side)
+    x2, y2 = min(max(zoom[2], 0.0), side), min(max(zoom[3], 0.0), side)
+    if x2 <= x1 or y2 <= y1 or (x2 - x1) * (y2 - y1) > max_area * side * side:
+        return False
+    tx1, ty1, tx2, ty2 = target
+    inter = max(0.0, min(x2, tx2) - max(x1, tx1)) * max(0.0, min(y2, ty2) - max(y1, ty1))
+    return inter >= min_cover * (tx2 - tx1) * (ty2 - ty1)
+
+
+def turns_of(trajectory: Any) -> list[Any]:
+    """The trajectory's turns as a list (none when it has no list of turns)."""
+    turns = getattr(trajectory, "turns", None)
+    return list(turns) if isinstance(turns, (list, tuple)) else []
+
+
+def final_text(turns: list[Any]) -> str:
+    """The last assistant turn's text ("" when there is none or it is not text)."""
+    for turn in reversed(turns):
+        if getattr(turn, "role", None) == "assistant":
+            text = getattr(turn, "text", "")
+            return text if isinstance(text, str) else ""
+    return ""
+
+
+def tool_use(turns: list[Any], target: list[int], side: int, params: ZoomParams) -> tuple[int, int, bool]:
+    """(parsed calls, failed calls, whether a call that ran without error zoomed on the target)."""
+    calls = errors = 0
+    zoomed = False
+    for i, turn in enumerate(turns):
+        if getattr(turn, "role", None) == "tool" and getattr(turn, "error", None) is not None:
+            errors += 1
+        call = getattr(turn, "call", None)
+        if call is None:
+            continue
+        calls += 1
+        after = turns[i + 1] if i + 1 < len(turns) else None
+        ran = getattr(after, "role", None) == "tool" and getattr(after, "error", None) is None
+        box = zoom_box(call) if ran else None
+        zoomed = zoomed or (box is not None and covers(box, target, side, params.max_zoom_area, params.min_cover))
+    return calls, errors, zoomed
+
+
+@dataclass
+class ZoomParams(TaskParams):
+    """Parameters of the zoom task."""
+
+    image_size: int = 448
+    """Side of the square original in pixels; zoom boxes are in these pixels."""
+    view_side: int = 112
+    """Side of the downscaled view the model first sees."""
+    digits: int = 2
+    """Digits of a code in train and test (no leading zero)."""
+    ood_digits: int = 3
+    """Digits of a code in the OOD split (must differ from digits)."""
+    distractor_tags: int = 2
+    """Tags of other colours with other codes."""
+    distractor_shapes: int = 3
+    """Large pale shapes drawn around the tags."""
+    tag_min: int = 20
+    """Smallest tag height in original pixels."""
+    tag_max: int = 26
+    """Largest tag height in original pixels."""
+    colors: tuple[str, ...] = ("red", "green", "blue", "yellow", "purple")
+    """Tag colours (the target's and the distractor tags' are distinct). Orange is left out by
+    default: its hue is only 20 degrees from red's and yellow's, too close in a 5-pixel blob."""
+    gap: int = 4
+    """Least distance in pixels between two things drawn (and from the border)."""
+    format_weight: float = 0.5
+    """Weight of the format component in the total."""
+    zoom_weight: float = 0.5
+    """Weight of the zoom component in a trajectory's total."""
+    call_cost: float = 0.1
+    """Charge per call beyond free_calls and per failed call."""
+    free_calls: int = 2
+    """Calls a trajectory makes before each further one is charged."""
+    max_charge: float = 1.0
+    """Largest total charge of one trajectory."""
+    max_zoom_area: float = 0.25
+    """A zoom box covering more than this share of the original earns no zoom credit."""
+    min_cover: float = 0.9
+    """Share of the target tag's box a zoom box must cover to earn the zoom credit."""
+
+    def validate(self) -> None:
+        super().validate()
+        check(64 <= self.image_size <= 4096, f"image_size must be in 64..4096, got {self.image_size}")
+        check(8 <= self.view_side <= self.image_size, f"need 8 <= view_side <= image_size, got {self.view_side}")
+        check(1 <= self.digits <= 6 and 1 <= self.ood_digits <= 6 and self.digits != self.ood_digits,
+              f"need digits and ood_digits in 1..6 and different, got {self.digits}, {self.ood_digits}")
+        distinct = len(set(self.colors)) == len(self.colors) and all(c in RGB for c in self.colors)
+        check(distinct and 0 <= self.distractor_tags < len(self.colors), "colors must be distinct names from "
+              f"{', '.join(RGB)}, more than distractor_tags={self.distractor_tags}; got {self.colors!r}")
+        check(self.distractor_shapes >= 0, f"distractor_shapes must be >= 0, got {self.distractor_shapes}")
+        check(8 <= self.tag_min <= self.tag_max, f"need 8 <= tag_min <= tag_max, got {self.tag_min}, {self.tag_max}")
+        check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
+        self._validate_rewards()
+        self._validate_fit()
+
+    def _validate_rewards(self) -> None:
+        weights = (self.format_weight, self.zoom_weight, self.call_cost, self.max_charge)
+        check(all(w >= 0 for w in weights), "format_weight, zoom_weight, call_cost and max_charge must be "
+              f">= 0, got {weights}")
+        check(self.free_calls >= 0, f"free_calls must be >= 0, got {self.free_calls}")
+        check(0 < self.max_zoom_area <= 1 and 0 < self.min_cover <= 1,
+              f"max_zoom_area and min_cover must be in (0, 1], got {self.max_zoom_area}, {self.min_cover}")
+
+    def _validate_fit(self) -> None:
+        side = self.image_size
+        tag = tag_width(max(self.digits, self.ood_digits), self.tag_max)
+        used = self.distractor_shapes * (round(SHAPE_SIZES[1] * side) + self.gap) ** 2
+        used += (1 + self.distractor_tags) * (tag + 2 * (self.tag_max // 2) + self.gap) ** 2
+        check(used <= MAX_FILL * side * side, "the shapes and tags do not fit the image with room to spare; "
+              "lower distractor_shapes, distractor_tags or tag_max, or raise image_size")
+
+
+@register_task
+class ZoomTask(Task):
+    """Read the code of one small coloured tag in a downscaled view, by zooming on the original."""
+
+    name = "zoom"
+    description = ("read the code of a small coloured tag, unreadable in the downscaled view (112 px): zoom on "
+                   "the original (448 px) with a tool call; OOD: 3-digit codes instead of 2")
+    Params = ZoomParams
+    params: ZoomParams
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", "test", "ood")
+
+    def _layout(self, rng: random.Random, split: str) -> tuple[list[list[Any]], list[list[Any]]]:
+        """(tags, shapes): tags as [color, code, x1, y1, x2, y2], the target first; shapes as
+        [kind, color, x, y, size]."""
+        p = self.params
+        n = p.ood_digits if split == "ood" else p.digits
+        count = 1 + p.distractor_tags
+        colors = rng.sample(p.colors, count)
+        codes = [str(c) for c in rng.sample(range(10 ** (n - 1), 10 ** n), count)]
+        heights = [rng.randint(p.tag_min, p.tag_max) for _ in range(count)]
+        widths = [tag_width(n, h) for h in heights]
+        kinds = [rng.choice(KINDS) for _ in range(p.distractor_shapes)]
+        tints = [rng.choice(tuple(RGB)) for _ in kinds]
+        lo, hi = round(SHAPE_SIZES[0] * p.image_size), round(SHAPE_SIZES[1] * p.image_size)
+        sizes = [rng.randint(lo, hi) for _ in kinds]
+        # Each tag sits in the middle of a free square slot, tag_max // 2 wider on every side.
+        slots = [max(w, h) + 2 * (p.tag_max // 2) for w, h in zip(widths, heights)]
+        corners = place_squares(rng, sizes + slots, p.image_size, p.gap)
+        shapes = [[k, t, x, y, s] for k, t, (x, y), s in zip(kinds, tints, corners, sizes)]
+        tags = []
+        for c, code, (x, y), slot, w, h in zip(colors, codes, corners[len(sizes):], slots, widths, heights):
+            x1, y1 = x + (slot - w) // 2, y + (slot - h) // 2
+            tags.append([c, code, x1, y1, x1 + w, y1 + h])
+        return tags, shapes
+
+    def _draw(self, tags: list[list[Any]], shapes: list[list[Any]]) -> Image.Image:
+        """The full-resolution original."""
+        image = Image.new("RGB", (self.params.image_size, self.params.image_size), "white")
+        draw = ImageDraw.Draw(image)
+        for kind, tint, x, y, size in shapes:
+            draw_shape(draw, kind, x, y, size, pale(tint))
+        for color, code, x1, y1, x2, y2 in tags:
+            draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=RGB[color])
+            draw.text(((x1 + x2) / 2, (y1 + y2) / 2), code, font=tag_font(y2 - y1), fill=text_color(color),
+                      anchor="mm")
+        return image
+
+    def _texts(self, color: str, code: str, box: list[int]) -> tuple[str, list[str]]:
+        """The prompt and the reference assistant turns (the call, then the answer)."""
+        p = self.params
+        side, view, half = p.image_size, p.view_side, p.image_size // 2
+        prompt = (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
+                  f"tag in it holds a {len(code)}-digit code, too small to read here. Zoom in with a box in "
+                  f"pixels of the {side}x{side} image, e.g. its top-left quarter:\n{call_text([0, 0, half, half])}"
+                  "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
+        call = padded(box, (box[3] - box[1]) // 2, side)
+        turns = [f"<think>The {color} tag is near the {where(box, side)}.</think>\n{call_text(call)}",
+                 f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
+        return prompt, turns
+
+    def _example(self, idx: int, split: str) -> Example:
+        p, rng = self.params, self.rng(split, idx)
+        for _ in range(1000):
+            tags, shapes = self._layout(rng, split)
+            color, code, *box = tags[0]
+            if in_split(content_key(code, color, box, p.image_size), split):
+                break
+        else:  # pragma: no cover - probability 2**-1000
+            raise RuntimeError("no layout landed in the split")
+        original = self._draw(tags, shapes)
+        view = original.resize((p.view_side, p.view_side), Image.Resampling.BOX)
+        prompt, turns = self._texts(color, code, box)
+        meta = {"idx": idx, "split": split, "box": box, "code": code, "color": color,
+                "distractors": [{"color": c, "code": k, "box": b} for c, k, *b in tags[1:]],
+                "shapes": shapes, "view_side": p.view_side, "image_size": [p.view_side, p.view_side],
+                "original_size": [p.image_size, p.image_size], "reference_turns": turns}
+        return Example(images=[view], originals=[original], prompt=prompt, answer=code, meta=meta,
+                       reference_completion=turns[-1])
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        """accuracy + format_weight * format; total in [0, 1 + format_weight]. See the module docstring."""
+        answer = extract_tag(completion, "answer")
+        exact = answer is not None and answer == example.meta["code"]
+        digits = answer is not None and _DIGITS.fullmatch(answer) is not None
+        well_formed = float(digits and think_answer_format(completion) == 1.0)
+        return Rubric({"accuracy": 1.0, "format": self.params.format_weight})(
+            {"accuracy": float(exact), "format": well_formed})
+
+    def score_trajectory(self, example: Example, trajectory: Trajectory) -> dict[str, float]:
+        """score() of the final text + zoom_weight * zoom - charge; total in
+        [-max_charge, 1 + format_weight + zoom_weight]. See the module docstring."""
+        p = self.params
+        turns = turns_of(trajectory)
+        scores = self.score(example, final_text(turns))
+        calls, errors, zoomed = tool_use(turns, example.meta["box"], example.meta["original_size"][0], p)
+        charge = min(p.max_charge, p.call_cost * (max(0, calls - p.free_calls) + errors))
+        rubric = Rubric({"accuracy": 1.0, "format": p.format_weight, "zoom": p.zoom_weight, "charge": -1.0})
+        return rubric({"accuracy": scores["accuracy"], "format": scores["format"], "zoom": float(zoomed),
+                       "charge": charge, "calls": float(calls), "errors": float(errors)})
