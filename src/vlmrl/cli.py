@@ -79,7 +79,8 @@ def _eval(args: argparse.Namespace) -> None:
 
     settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
                             temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
-                            tools=list(args.tools), max_turns=args.max_turns)
+                            tools=list(args.tools), max_turns=args.max_turns,
+                            tool_image_side=args.tool_image_side)
     evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
                                 split=args.split, n=args.n, settings=settings, out_dir=args.out,
                                 dtype=args.dtype, device=args.device)
@@ -287,6 +288,9 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                                "(default: none, single-turn answers)")
     evaluate.add_argument("--max-turns", type=int, default=default["max_turns"],
                           help=f"with --tools: most model turns per answer (default {default['max_turns']})")
+    evaluate.add_argument("--tool-image-side", type=int, default=default["tool_image_side"],
+                          help="with --tools: longest side of a zoomed image in pixels "
+                               f"(default {default['tool_image_side']})")
     evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")

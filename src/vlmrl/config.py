@@ -126,10 +126,14 @@ class RolloutConfig(GenerationSettings):
     (image tokens included); each model turn is also capped at max_new_tokens."""
     tool_timeout_s: float = 5.0
     """With tools: a tool still running after this many seconds answers with an error."""
+    tool_image_side: int = 448
+    """With tools: longest side in pixels of an image a built-in tool returns (a zoomed crop is
+    resized to it, small crops enlarged). Each returned image costs image tokens of the budget."""
 
     def validate(self) -> None:
-        if self.max_turns < 1 or self.max_trajectory_tokens < 1 or self.tool_timeout_s <= 0:
-            raise VlmrlError("rollout.max_turns and max_trajectory_tokens must be >= 1, tool_timeout_s > 0")
+        if self.max_turns < 1 or self.max_trajectory_tokens < 1 or self.tool_timeout_s <= 0 or self.tool_image_side < 1:
+            raise VlmrlError("rollout.max_turns, max_trajectory_tokens and tool_image_side must be >= 1, "
+                             "tool_timeout_s > 0")
         if self.temperature <= 0:
             raise VlmrlError(f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}")
         if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.generation_batch_size) < 1:

@@ -41,6 +41,8 @@ class EvalSettings:
     """With tools: most model turns per answer."""
     max_trajectory_tokens: int = 1024
     """With tools: most tokens after the prompt per answer, tool results included."""
+    tool_image_side: int = 448
+    """With tools: longest side of an image a built-in tool returns (as rollout.tool_image_side)."""
 
     def validate(self) -> None:
         """Raise VlmrlError with a one-line message when a value is out of range."""

@@ -190,7 +190,8 @@ def _sampler(model, processor, settings: EvalSettings):
 def _tool_settings(settings: EvalSettings, generation: GenerationSettings) -> RolloutConfig:
     """The rollout settings of a multi-turn answer: `generation`'s sampling, `settings`' tools and limits."""
     return RolloutConfig(**vars(generation), tools=list(settings.tools), max_turns=settings.max_turns,
-                         max_trajectory_tokens=settings.max_trajectory_tokens)
+                         max_trajectory_tokens=settings.max_trajectory_tokens,
+                         tool_image_side=settings.tool_image_side)
 
 
 def _calls(n: int, per_call: int) -> int:

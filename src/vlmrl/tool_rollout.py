@@ -58,10 +58,12 @@ class ToolBox:
 
     tools: dict
     limits: ToolLimits
+    image_side: int = 448  # longest side of a built-in tool's image
 
     @classmethod
     def from_config(cls, settings: RolloutConfig) -> ToolBox:
-        return cls(resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s))
+        return cls(resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s),
+                   settings.tool_image_side)
 
 
 def turn_end(ids: list[int], stop_ids: list[int], tokenizer) -> int:
@@ -122,8 +124,8 @@ class Ongoing:
         if len([t for t in self.trajectory.turns if t.role == "assistant"]) >= settings.max_turns:
             self.trajectory.cut = True  # a call with no turn left to read its result
             return False
-        result = parsed if call is None else run_tool(call, toolbox.tools, ToolContext(self.example.originals),
-                                                       toolbox.limits)
+        context = ToolContext(self.example.originals, max_side=toolbox.image_side)
+        result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
         segment = tool_turn(processor, self.example, tool_result_text(result), result.images)
         if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
             self.trajectory.cut = True  # the result does not fit in the token budget
