@@ -150,6 +150,15 @@ def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, lett
     zoomed = logged[0]["turns"]
     assert [t["role"] for t in zoomed] == ["assistant", "tool", "assistant"] and len(zoomed[1]["images"]) == 1
     assert (run / "rollouts" / zoomed[1]["images"][0]).is_file()
+    import re
+
+    from vlmrl.report import write_report
+
+    page = write_report(run).read_text()  # the viewer shows each turn, the zoomed image inline
+    data = json.loads(re.search(r'id="rollout-data">(.*?)</script>', page, re.DOTALL).group(1))
+    shown = [c["turns"] for s in data["steps"] for g in s["groups"] for c in g["completions"] if len(c["turns"]) == 3]
+    assert shown and [t["role"] for t in shown[0]] == ["assistant", "tool", "assistant"]
+    assert data["images"][shown[0][1]["images"][0]].startswith("data:image/png;base64,")
     before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(run / "final" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 

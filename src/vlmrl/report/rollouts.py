@@ -22,6 +22,10 @@ MAX_GROUPS = 16
 """Most groups (prompts) embedded per step."""
 MAX_IMAGE_SIDE = 384
 """Images with a longer side are shrunk to it (aspect kept) before embedding."""
+MAX_TURNS = 12
+"""Turns of a multi-turn completion shown in the viewer (the log keeps them all)."""
+MAX_TURN_IMAGES = 2
+"""Images of one turn shown in the viewer."""
 
 
 def pick_steps(steps: list[int], most: int = MAX_STEPS) -> list[int]:
@@ -91,11 +95,27 @@ def _group(rows: list[dict], run: RunDir, images: dict[str, str | None]) -> dict
             "length": _number(row.get("length")),
             "truncated": bool(row.get("truncated", False)),
             "mark": mark,
+            **_turns(row, run, images),
         })
     return {"image": key if key and images.get(key) else None, "image_name": key, "image_names": names,
             "prompt": _text(first.get("prompt")), "answer": _text(first.get("answer")),
             "mean": sum(totals) / len(totals) if totals else None, "signal": signal,
             "completions": completions}
+
+
+def _turns(row: dict, run: RunDir, images: dict[str, str | None]) -> dict:
+    """{"turns": [...]} of a multi-turn completion (role, text, its images' keys), images embedded once."""
+    turns = row.get("turns")
+    if not isinstance(turns, list):
+        return {}
+    shown = []
+    for turn in turns[:MAX_TURNS]:
+        names = [str(name) for name in (turn.get("images") or [])][:MAX_TURN_IMAGES]
+        for name in names:
+            if name not in images:
+                images[name] = image_data_uri(run.path / "rollouts", name)
+        shown.append({"role": _text(turn.get("role")), "text": _text(turn.get("text")), "images": names})
+    return {"turns": shown}
 
 
 def image_data_uri(folder: Path, relative: str) -> str | None:

@@ -107,7 +107,19 @@
     if (completion.length !== null) meta.appendChild(el("span", "", completion.length + " tokens"));
     if (completion.truncated) meta.appendChild(el("span", "badge truncated", "truncated"));
     item.appendChild(meta);
-    item.appendChild(el("pre", "", completion.text));
+    if (completion.turns && completion.turns.length) {  // a trajectory with tools: every turn, images inline
+      completion.turns.forEach(function (turn) {
+        var box = el("div", "turn " + turn.role);
+        box.appendChild(el("span", "badge", turn.role));
+        box.appendChild(el("pre", "", turn.text));
+        (turn.images || []).forEach(function (name) {
+          if (data.images[name]) { var image = el("img"); image.src = data.images[name]; image.alt = name; box.appendChild(image); }
+        });
+        item.appendChild(box);
+      });
+    } else {
+      item.appendChild(el("pre", "", completion.text));
+    }
     return item;
   }
 
