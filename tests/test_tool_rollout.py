@@ -210,3 +210,15 @@ def test_evaluation_with_tools_reports_tool_use_and_keeps_the_turns(tiny_model_d
     assert evaluation.records[0]["turns"][1]["images"] == 1
     assert "tool use per answer" in format_table(evaluation.results)
     assert save_evaluation(evaluation, tmp_path).is_file()
+
+
+def test_a_turn_ends_at_its_stop_token_or_at_the_end_of_a_call(tiny_model_dir):
+    from vlmrl.tool_rollout import turn_end
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    tokens, stop = processor.tokenizer, stop_token_ids(processor, model)
+    call = tokens(CALL, add_special_tokens=False).input_ids
+    answer = tokens(ANSWER, add_special_tokens=False).input_ids
+    assert turn_end(call + answer, stop, tokens) == len(call)  # the call ends the turn
+    assert turn_end(answer + [stop[0]] + call, stop, tokens) == len(answer) + 1  # the stop token comes first
+    assert turn_end(answer, stop, tokens) == len(answer)  # neither: every token

@@ -68,13 +68,15 @@ class ToolBox:
 
 def turn_end(ids: list[int], stop_ids: list[int], tokenizer) -> int:
     """How many of a turn's sampled `ids` belong to it: up to the first stop token (kept), or to the
-    token that completes `</tool_call>`, or all of them."""
-    for k, token in enumerate(ids):
-        if token in stop_ids:
+    token that completes `</tool_call>` if that comes first, or all of them."""
+    stop = next((k + 1 for k, token in enumerate(ids) if token in stop_ids), len(ids))
+    if TOOL_CALL_CLOSE not in tokenizer.decode(ids[:stop], skip_special_tokens=False):
+        return stop
+    window = 4 * len(TOOL_CALL_CLOSE)  # tokens: the closing tag spans fewer than that
+    for k in range(stop):  # the first token after which the text so far ends with the tag
+        if TOOL_CALL_CLOSE in tokenizer.decode(ids[max(0, k + 1 - window):k + 1], skip_special_tokens=False):
             return k + 1
-        if TOOL_CALL_CLOSE in tokenizer.decode(ids[:k + 1], skip_special_tokens=False):
-            return k + 1
-    return len(ids)
+    return stop
 
 
 @torch.no_grad()
