@@ -222,3 +222,22 @@ def test_a_turn_ends_at_its_stop_token_or_at_the_end_of_a_call(tiny_model_dir):
     assert turn_end(call + answer, stop, tokens) == len(call)  # the call ends the turn
     assert turn_end(answer + [stop[0]] + call, stop, tokens) == len(answer) + 1  # the stop token comes first
     assert turn_end(answer, stop, tokens) == len(answer)  # neither: every token
+
+
+def test_tool_tags_that_are_special_tokens_stay_in_the_text_and_may_be_sampled(tiny_model_dir):
+    """Qwen's tokenizer has <tool_call> and </tool_call> as single added tokens: a turn's text keeps
+    them (other special tokens are dropped) and sampling does not ban them."""
+    from tokenizers import AddedToken
+
+    from vlmrl.tool_rollout import tool_tag_ids, turn_text
+
+    _, processor = load_policy(tiny_model_dir, device="cpu")
+    tokens = processor.tokenizer
+    tokens.add_tokens([AddedToken("<tool_call>", special=True), AddedToken("</tool_call>", special=True)],
+                      special_tokens=True)
+    open_id, close_id = tokens.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    assert tool_tag_ids(tokens) == {open_id, close_id}
+    end = tokens.convert_tokens_to_ids("<|im_end|>")
+    ids = tokens("Look.", add_special_tokens=False).input_ids
+    assert turn_text(tokens, ids + [open_id] + tokens(" {}", add_special_tokens=False).input_ids
+                     + [close_id, end]) == "Look.<tool_call> {}</tool_call>"

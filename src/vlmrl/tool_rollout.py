@@ -27,8 +27,8 @@ from vlmrl.completions import pad_right
 from vlmrl.config import RolloutConfig
 from vlmrl.rollout import Rollout, generation_inputs, stop_token_ids, suppressed_token_ids
 from vlmrl.tasks import Example
-from vlmrl.tools import (TOOL_CALL_CLOSE, ToolContext, ToolLimits, Trajectory, Turn, ends_with_call, parse_tool_call,
-                         resolve_tools, run_tool, tool_result_text)
+from vlmrl.tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolContext, ToolLimits, Trajectory, Turn, ends_with_call,
+                         parse_tool_call, resolve_tools, run_tool, tool_result_text)
 from vlmrl.trajectories import Segment, encode_trajectories, tool_turn
 
 
@@ -66,6 +66,19 @@ class ToolBox:
                    settings.tool_image_side)
 
 
+def tool_tag_ids(tokenizer) -> set[int]:
+    """Ids of `<tool_call>` / `</tool_call>` when the tokenizer has them as single (added) tokens,
+    as Qwen's does: they must be neither banned from sampling nor dropped from a turn's text."""
+    return {i for i, token in tokenizer.added_tokens_decoder.items() if token.content in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)}
+
+
+def turn_text(tokenizer, ids: list[int]) -> str:
+    """A turn's text: special tokens dropped, except the tool-call tags."""
+    tags = tool_tag_ids(tokenizer)
+    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special} - tags
+    return tokenizer.decode([i for i in ids if i not in special], skip_special_tokens=False).strip()
+
+
 def turn_end(ids: list[int], stop_ids: list[int], tokenizer) -> int:
     """How many of a turn's sampled `ids` belong to it: up to the first stop token (kept), or to the
     token that completes `</tool_call>` if that comes first, or all of them."""
@@ -91,7 +104,8 @@ def sample_turn(model, processor, rows: list[Example], segments: list[list[Segme
         "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
     out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids,
                          stop_strings=[TOOL_CALL_CLOSE], tokenizer=processor.tokenizer,
-                         suppress_tokens=suppressed_token_ids(processor, stop_ids),
+                         suppress_tokens=sorted(set(suppressed_token_ids(processor, stop_ids))
+                                                - tool_tag_ids(processor.tokenizer)),
                          pad_token_id=processor.tokenizer.pad_token_id, use_cache=True,
                          return_dict_in_generate=False, **sampling)
     new = out[:, inputs["input_ids"].shape[1]:].tolist()  # (n, t)
@@ -115,7 +129,7 @@ class Ongoing:
         """Append the model's turn `ids`; when it ends in a call, run the tool and append its result.
         Returns whether the trajectory goes on (a result was appended and turns and tokens are left)."""
         ids = ids[:max(settings.max_trajectory_tokens - self.used, 0)]
-        text = processor.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        text = turn_text(processor.tokenizer, ids)
         self.segments.append(Segment(ids, model=True))
         if not ends_with_call(text):
             self.trajectory.turns.append(Turn("assistant", text))
