@@ -367,3 +367,29 @@ def test_show_task_saves_every_image_and_the_originals_that_differ(tmp_path, mon
     assert Image.open(tmp_path / "two_images_train_0_original_1.png").size == (16, 12)
     assert "reference turns" not in text
     assert "image: 8x8\nimage 1: 8x6\noriginal 1: 16x12" in task_inspect.show_task("two_images", {}, n=1)
+
+
+# --- the coarse zoom (call_style=window) ---------------------------------------------------------
+
+@pytest.mark.parametrize("split", ["train", "test", "ood"])
+def test_window_style_references_pick_a_window_holding_the_tag_and_score_the_maximum(split):
+    from vlmrl.tools import ToolContext, window_box, zoom_window
+
+    task = get_task("zoom", seed=0, call_style="window")
+    for idx in range(30):
+        example = task.example(idx, split)
+        first, last = example.meta["reference_turns"]
+        request = json.loads(first.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
+        assert request["name"] == "zoom_window" and "zoom_window" in example.prompt
+        window = request["arguments"]["window"]
+        x1, y1, x2, y2 = window_box(448, 448, window)
+        box = example.meta["box"]
+        assert x1 <= box[0] and y1 <= box[1] and box[2] <= x2 and box[3] <= y2  # the tag lies in the window
+        crop = zoom_window(ToolContext(example.originals, max_side=224), window)
+        turns = [Turn("assistant", first, call=ToolCall(request["name"], request["arguments"])),
+                 Turn("tool", "", images=[crop]), Turn("assistant", last)]
+        assert task.score_trajectory(example, Trajectory(turns=turns)) == {
+            "accuracy": 1.0, "format": 1.0, "zoom": 1.0, "charge": 0.0, "calls": 1.0, "errors": 0.0, "total": 2.0}
+    assert trajectory(call(None, name="zoom_window", window=9), result(), answer())["zoom"] == 0.0  # no such window
+    with pytest.raises(VlmrlError, match="call_style must be box or window"):
+        get_task("zoom", call_style="grid")

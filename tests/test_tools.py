@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
+from vlmrl import tools
 from vlmrl.errors import VlmrlError
 from vlmrl.tools import (BUILTIN_TOOLS, ERROR_KINDS, ToolCall, ToolContext, ToolLimits, ToolResult, Trajectory,
                          Turn, ends_with_call, fit_side, parse_tool_call, resolve_tools, run_tool,
@@ -195,7 +196,7 @@ def test_zoom_rejects_an_image_number_out_of_range(context, image):
 def test_built_in_names_resolve_to_zoom():
     assert resolve_tools(["zoom", "crop"]) == {"zoom": zoom, "crop": zoom}
     assert resolve_tools([]) == {}
-    assert set(BUILTIN_TOOLS) == {"zoom", "crop"}
+    assert set(BUILTIN_TOOLS) == {"zoom", "crop", "zoom_window"}
 
 
 def test_an_import_path_is_known_by_its_function_name(helpers):
@@ -204,8 +205,8 @@ def test_an_import_path_is_known_by_its_function_name(helpers):
 
 
 @pytest.mark.parametrize("names, message", [
-    (["zom"], "unknown tool 'zom'; did you mean zoom? built-in: crop, zoom; or your own as package.module:function"),
-    (["pan"], "unknown tool 'pan'; built-in: crop, zoom; or your own as package.module:function"),
+    (["zom"], "unknown tool 'zom'; did you mean zoom? built-in: crop, zoom, zoom_window; or your own as package.module:function"),
+    (["pan"], "unknown tool 'pan'; built-in: crop, zoom, zoom_window; or your own as package.module:function"),
     ([3], "a tool is named by a string (zoom, package.module:function); got 3"),
     (["tool_helpers:"], "tool 'tool_helpers:' must be written package.module:function"),
     ([":echo_tool"], "tool ':echo_tool' must be written package.module:function"),
@@ -354,3 +355,32 @@ def test_a_trajectory_reads_its_final_answer_calls_and_errors():
     assert [c.name for c in trajectory.calls] == ["zoom", "pan"]
     assert trajectory.errors == ["unknown_tool"]
     assert Trajectory().final_text == ""
+
+
+# ---------------------------------------------------------------- the coarse zoom
+
+def test_window_boxes_are_half_size_a_quarter_apart():
+    assert tools.window_box(448, 448, 0) == [0, 0, 224, 224]
+    assert tools.window_box(448, 448, 4) == [112, 112, 336, 336]  # the centre
+    assert tools.window_box(448, 448, 8) == [224, 224, 448, 448]
+    assert tools.window_box(400, 200, 5) == [200, 50, 400, 150]  # row 1, column 2
+
+
+def test_every_small_region_lies_in_some_window():
+    side, tag = 448, 112  # a quarter of the side
+    for x in range(0, side - tag + 1, 7):
+        for y in range(0, side - tag + 1, 7):
+            assert any(b[0] <= x and b[1] <= y and x + tag <= b[2] and y + tag <= b[3]
+                       for b in (tools.window_box(side, side, w) for w in range(9))), (x, y)
+
+
+def test_zoom_window_zooms_on_its_window_and_refuses_others():
+    original = Image.new("RGB", (448, 448), "white")
+    original.paste((200, 10, 10), (224, 224, 448, 448))  # the bottom-right quarter is red
+    context = tools.ToolContext([original], max_side=112)
+    assert tools.zoom_window(context, 8).getextrema() == ((200, 200), (10, 10), (10, 10))
+    assert tools.zoom_window(context, 0).getextrema() == ((255, 255), (255, 255), (255, 255))
+    for bad in (9, -1, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="window must be a whole number from 0 to 8"):
+            tools.zoom_window(context, bad)
+

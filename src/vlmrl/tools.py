@@ -229,7 +229,31 @@ def zoom(context: ToolContext, box: list[float], image: int = 0) -> Image.Image:
     return region.resize(fit_side(x2 - x1, y2 - y1, context.max_side), Image.Resampling.LANCZOS)
 
 
-BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom}
+WINDOW_GRID = 3
+"""`zoom_window` offers WINDOW_GRID x WINDOW_GRID windows."""
+
+
+def window_box(width: int, height: int, window: int) -> list[float]:
+    """Box [x1, y1, x2, y2] of window `window` (0..8, row-major): half the image's width and height,
+    starting at 0, 1/4 and 1/2 of each side, so any region up to a quarter of the image's width and
+    height lies wholly inside at least one window."""
+    row, col = divmod(window, WINDOW_GRID)
+    x1, y1 = col * width / 4, row * height / 4
+    return [x1, y1, x1 + width / 2, y1 + height / 2]
+
+
+def zoom_window(context: ToolContext, window: int, image: int = 0) -> Image.Image:
+    """`zoom` on window number `window` (0..8, `window_box`) of image number `image`: a coarse zoom
+    whose argument is a choice among 9, not four coordinates (easier for a small model).
+    ValueError for a window outside 0..8 or a bad image number."""
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window < WINDOW_GRID ** 2:
+        raise ValueError(f"window must be a whole number from 0 to {WINDOW_GRID ** 2 - 1}; got {window!r}")
+    if isinstance(image, bool) or not isinstance(image, int) or not 0 <= image < len(context.images):
+        return zoom(context, [0, 0, 1, 1], image)  # zoom's own message about the image number
+    return zoom(context, window_box(*context.images[image].size, window), image)
+
+
+BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoom_window": zoom_window}
 """Tools known by name alone; `crop` is another name for `zoom`."""
 
 

@@ -60,9 +60,9 @@ from PIL import Image, ImageDraw, ImageFont
 from vlmrl.rewards import Rubric, extract_tag, think_answer_format
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
 from vlmrl.tasks.shapes import KINDS, MAX_FILL, RGB, draw_shape, place_squares
-from vlmrl.tools import Trajectory
+from vlmrl.tools import WINDOW_GRID, Trajectory, window_box
 
-ZOOM_TOOLS = ("zoom", "crop")
+ZOOM_TOOLS = ("zoom", "crop", "zoom_window")
 """Tool names whose calls count as zooming (`crop` is the tool's alias)."""
 SHAPE_SIZES = (0.15, 0.3)
 """Side of a large distractor shape as a fraction of the image side (smallest, largest)."""
@@ -117,6 +117,27 @@ def call_text(box: list[int]) -> str:
     return "<tool_call>\n" + json.dumps({"name": "zoom", "arguments": {"box": box}}) + "\n</tool_call>"
 
 
+def window_call_text(window: int) -> str:
+    """The coarse zoom call on window number `window` (vlmrl.tools.zoom_window)."""
+    return "<tool_call>\n" + json.dumps({"name": "zoom_window", "arguments": {"window": window}}) + "\n</tool_call>"
+
+
+def best_window(box: list[int], side: int) -> int:
+    """The window (0..8) that holds `box` whole with its centre nearest the box's centre."""
+    inside = [w for w in range(WINDOW_GRID ** 2) if _holds(window_box(side, side, w), box)]
+    centre = ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+
+    def distance(w: int) -> float:
+        x1, y1, x2, y2 = window_box(side, side, w)
+        return ((x1 + x2) / 2 - centre[0]) ** 2 + ((y1 + y2) / 2 - centre[1]) ** 2
+
+    return min(inside, key=distance)
+
+
+def _holds(outer: list[float], inner: list[int]) -> bool:
+    return outer[0] <= inner[0] and outer[1] <= inner[1] and inner[2] <= outer[2] and inner[3] <= outer[3]
+
+
 def padded(box: list[int], pad: int, side: int) -> list[int]:
     """`box` grown by `pad` on every side, kept inside a `side` x `side` image."""
     return [max(0, box[0] - pad), max(0, box[1] - pad), min(side, box[2] + pad), min(side, box[3] + pad)]
@@ -133,8 +154,9 @@ def number(value: Any) -> float | None:
     return result if math.isfinite(result) else None
 
 
-def zoom_box(call: Any) -> tuple[float, float, float, float] | None:
-    """The box of a zoom (or crop) call on the first image, or None for any other call or argument."""
+def zoom_box(call: Any, side: int) -> tuple[float, float, float, float] | None:
+    """The box of a zoom, crop or zoom_window call on the first image (`side` x `side` pixels), or
+    None for any other call or argument."""
     if getattr(call, "name", None) not in ZOOM_TOOLS:
         return None
     arguments = getattr(call, "arguments", None)
@@ -143,6 +165,11 @@ def zoom_box(call: Any) -> tuple[float, float, float, float] | None:
     image = arguments.get("image", 0)
     if not (type(image) is int and image == 0):
         return None
+    if call.name == "zoom_window":
+        window = arguments.get("window")
+        if type(window) is not int or not 0 <= window < WINDOW_GRID ** 2:
+            return None
+        return tuple(window_box(side, side, window))
     box = arguments.get("box")
     if not isinstance(box, (list, tuple)) or len(box) != 4:
         return None
@@ -193,7 +220,7 @@ def tool_use(turns: list[Any], target: list[int], side: int, params: ZoomParams)
         calls += 1
         after = turns[i + 1] if i + 1 < len(turns) else None
         ran = getattr(after, "role", None) == "tool" and getattr(after, "error", None) is None
-        box = zoom_box(call) if ran else None
+        box = zoom_box(call, side) if ran else None
         zoomed = zoomed or (box is not None and covers(box, target, side, params.max_zoom_area, params.min_cover))
     return calls, errors, zoomed
 
@@ -223,6 +250,10 @@ class ZoomParams(TaskParams):
     default: its hue is only 20 degrees from red's and yellow's, too close in a 5-pixel blob."""
     gap: int = 4
     """Least distance in pixels between two things drawn (and from the border)."""
+    call_style: str = "box"
+    """How the prompt and the reference zoom: "box" (zoom on [x1, y1, x2, y2] in original pixels) or
+    "window" (zoom_window on one of 9 overlapping windows, a choice rather than four coordinates:
+    easier for a small model; the run needs rollout.tools=[zoom_window])."""
     format_weight: float = 0.5
     """Weight of the format component in the total."""
     zoom_weight: float = 0.5
@@ -250,6 +281,7 @@ class ZoomParams(TaskParams):
         check(self.distractor_shapes >= 0, f"distractor_shapes must be >= 0, got {self.distractor_shapes}")
         check(8 <= self.tag_min <= self.tag_max, f"need 8 <= tag_min <= tag_max, got {self.tag_min}, {self.tag_max}")
         check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
+        check(self.call_style in ("box", "window"), f"call_style must be box or window, got {self.call_style!r}")
         self._validate_rewards()
         self._validate_fit()
 
@@ -324,12 +356,16 @@ class ZoomTask(Task):
         """The prompt and the reference assistant turns (the call, then the answer)."""
         p = self.params
         side, view, half = p.image_size, p.view_side, p.image_size // 2
+        how = (f"Zoom in with a box in pixels of the {side}x{side} image, e.g. its top-left quarter:\n"
+               f"{call_text([0, 0, half, half])}" if p.call_style == "box" else
+               "Zoom in on one of 9 overlapping windows (0-8, rows of 3 from the top left), e.g. the centre:\n"
+               f"{window_call_text(4)}")
         prompt = (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
-                  f"tag in it holds a {len(code)}-digit code, too small to read here. Zoom in with a box in "
-                  f"pixels of the {side}x{side} image, e.g. its top-left quarter:\n{call_text([0, 0, half, half])}"
+                  f"tag in it holds a {len(code)}-digit code, too small to read here. {how}"
                   "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
-        call = padded(box, (box[3] - box[1]) // 2, side)
-        turns = [f"<think>The {color} tag is near the {where(box, side)}.</think>\n{call_text(call)}",
+        call = (call_text(padded(box, (box[3] - box[1]) // 2, side)) if p.call_style == "box" else
+                window_call_text(best_window(box, side)))
+        turns = [f"<think>The {color} tag is near the {where(box, side)}.</think>\n{call}",
                  f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
         return prompt, turns
 
