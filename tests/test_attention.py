@@ -144,3 +144,19 @@ def test_bad_input_is_one_line(args, message, tiny_model_dir, circle_image, tmp_
     assert main(["attention", tiny_model_dir, *[x for pair in options.items() for x in pair]]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [message]  # (transformers may print a weight-loading bar before it)
+
+
+def test_attention_on_a_prompt_of_two_images_draws_a_panel_each(tiny_model_dir, circle_image, tmp_path, capsys):
+    first, second = tmp_path / "a.png", tmp_path / "b.png"
+    circle_image.save(first)
+    Image.new("RGB", (56, 112), (20, 160, 10)).save(second)
+    out = tmp_path / "attn2"
+    assert main(["attention", tiny_model_dir, "--image", str(first), "--image", str(second), "--prompt",
+                 "Which has more circles?", "--max-new-tokens", "3", "--out", str(out), "--device", "cpu"]) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["grids"] == [[4, 4], [4, 2]]  # 112x112 and 56x112 (width x height) at 28 px a token
+    for token in index["tokens"]:
+        assert len(token["image_shares"]) == 2
+        assert token["image_share"] == pytest.approx(min(sum(token["image_shares"]), 1.0))
+        assert Image.open(out / token["file"]).size == (320 + 160, 352)  # two panels side by side
+    assert "image grid 4x4, 4x2 tokens" in capsys.readouterr().out

@@ -345,7 +345,9 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
                "  vlmrl attention runs/tiny --image circles.png --prompt 'How many circles?' --layer 0",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     attention.add_argument("model", help="model folder or hub id")
-    attention.add_argument("--image", required=True, help="image file (PNG, JPEG, ...)")
+    attention.add_argument("--image", required=True, action="append",
+                           help="image file (PNG, JPEG, ...); repeat for a prompt of several images "
+                                "(one heatmap panel per image)")
     attention.add_argument("--prompt", required=True, help="the question asked about the image")
     attention.add_argument("--layer", type=int, default=-1,
                            help="language-model layer whose heads are averaged; negative counts "

@@ -62,20 +62,27 @@ def image_heatmaps(attention: torch.Tensor, queries: torch.Tensor, image_positio
 # ---------------------------------------------------------------- model plumbing
 
 
-def token_grid(inputs: dict[str, torch.Tensor], processor, model, n_tokens: int) -> tuple[int, int]:
-    """(rows, cols) of the image tokens: `image_grid_thw` over the merge size, else a square."""
+def image_grids(inputs: dict[str, torch.Tensor], processor, model, n_images: int,
+                n_tokens: int) -> list[tuple[int, int]]:
+    """(rows, cols) of each image's tokens, in order: from `image_grid_thw` over the merge size, else
+    `n_tokens` split evenly into squares."""
     grid_thw = inputs.get("image_grid_thw")
-    if grid_thw is not None:
+    if grid_thw is not None and len(grid_thw) == n_images:
         merge = (getattr(processor.image_processor, "merge_size", None)
                  or getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", None) or 1)
-        t, h, w = (int(v) for v in grid_thw[0])
-        if t * (h // merge) * (w // merge) == n_tokens:
-            return t * (h // merge), w // merge
-    side = math.isqrt(n_tokens)
-    if side * side == n_tokens:
-        return side, side
+        grids = [(int(t) * (int(h) // merge), int(w) // merge) for t, h, w in grid_thw]
+        if sum(r * c for r, c in grids) == n_tokens:
+            return grids
+    side = math.isqrt(n_tokens // n_images)
+    if n_tokens % n_images == 0 and side * side == n_tokens // n_images:
+        return [(side, side)] * n_images
     raise VlmrlError(f"cannot tell the layout of the {n_tokens} image tokens of this model "
                      "(no image_grid_thw from the processor and not a square)")
+
+
+def token_grid(inputs: dict[str, torch.Tensor], processor, model, n_tokens: int) -> tuple[int, int]:
+    """(rows, cols) of the tokens of a prompt's single image (see `image_grids`)."""
+    return image_grids(inputs, processor, model, 1, n_tokens)[0]
 
 
 # ---------------------------------------------------------------- drawing
@@ -155,6 +162,7 @@ class TokenAttention:
     token_id: int
     image_share: float  # share of the (head-averaged) attention on image tokens, in [0, 1]
     file: str
+    image_shares: list[float] | None = None  # the share on each image, in order
 
 
 @dataclass
@@ -165,8 +173,9 @@ class AttentionMaps:
     completion: str
     layer: int  # 0-based index of the layer shown
     layers: int  # layers in the language model
-    grid: tuple[int, int]  # (rows, cols) of image tokens
+    grid: tuple[int, int]  # (rows, cols) of the first image's tokens
     out_dir: Path
+    grids: list[tuple[int, int]] | None = None  # (rows, cols) of every image's tokens
 
 
 def load_image(path: str | Path) -> Image.Image:
@@ -181,66 +190,94 @@ def load_image(path: str | Path) -> Image.Image:
         raise VlmrlError(f"cannot read image {str(path)!r}: {error}")
 
 
-def attention_maps(model_path: str, image: str | Path, prompt: str, *, layer: int = -1,
+def attention_maps(model_path: str, image: str | Path | list, prompt: str, *, layer: int = -1,
                    out_dir: str | Path = "runs/attention", max_new_tokens: int = 32,
                    device: str = "auto") -> AttentionMaps:
-    """Generate greedily, then write one heatmap PNG per generated token, a GIF and index.json.
+    """Generate greedily, then write one heatmap PNG per generated token (one panel per image when
+    the prompt has several), a GIF and index.json.
 
     Returns the tokens with their image shares (see `format_summary`). Frames of an earlier run in
     `out_dir` (files named NNN_*.png) are replaced.
     """
     from vlmrl.models import load_policy
-    from vlmrl.config import GenerationSettings
-    from vlmrl.rollout import generate_groups
 
     if max_new_tokens < 1:
         raise VlmrlError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    picture = load_image(image)
+    pictures = [load_image(path) for path in (image if isinstance(image, (list, tuple)) else [image])]
     model, processor = load_policy(model_path, device=device, attn_implementation="eager")
     model.eval()
     n_layers = model.config.get_text_config().num_hidden_layers
     layer_index = resolve_layer(layer, n_layers)
-    image_id = image_token_id(processor, model.config)
-    example = Example(image=picture, prompt=prompt, answer="")
+    example = Example(prompt=prompt, answer="", images=pictures)
+    ids, text, heats, grids = _heats(model, processor, example, layer_index, max_new_tokens)
+    tokens = _write_frames(processor, pictures, ids, heats, Path(out_dir))
+    (Path(out_dir) / "index.json").write_text(json.dumps({
+        "model": str(model_path), "prompt": prompt, "completion": text,
+        "layer": layer_index, "layers": n_layers, "grid": list(grids[0]), "grids": [list(g) for g in grids],
+        "gif": "attention.gif", "query": "attention of the position that produced each token, averaged over heads",
+        "tokens": [vars(token) for token in tokens],
+    }, indent=2, ensure_ascii=False))
+    return AttentionMaps(tokens=tokens, completion=text, layer=layer_index, layers=n_layers, grid=grids[0],
+                         out_dir=Path(out_dir), grids=grids)
+
+
+def _heats(model, processor, example: Example, layer: int, max_new_tokens: int):
+    """Greedy completion ids (T,), its text, each image's heatmaps (T, rows, cols) and grids."""
+    from vlmrl.config import GenerationSettings
+    from vlmrl.rollout import generate_groups
 
     rollout = generate_groups(model, processor, [example],
                               GenerationSettings(group_size=1, max_new_tokens=max_new_tokens, temperature=0))
     length = int(rollout.lengths[0])
     ids, mask = rollout.completion_ids[:, :length], rollout.completion_mask[:, :length]  # (1, T)
     attentions, inputs, query_mask = attention_forward(model, processor, [example], ids, mask)
-    image_positions = (inputs["input_ids"][0] == image_id).nonzero().squeeze(-1)  # (N,)
-    if image_positions.numel() == 0:
+    positions = (inputs["input_ids"][0] == image_token_id(processor, model.config)).nonzero().squeeze(-1)  # (N,)
+    if positions.numel() == 0:
         raise VlmrlError("the prompt holds no image tokens: the processor did not insert the image")
-    grid = token_grid(inputs, processor, model, image_positions.numel())
+    grids = image_grids(inputs, processor, model, len(example.images), positions.numel())
     queries = query_mask[0].nonzero().squeeze(-1)  # (T,)
-    heat = image_heatmaps(attentions[layer_index][0], queries, image_positions, grid).cpu()  # (T, rows, cols)
+    spans = torch.split(positions, [r * c for r, c in grids])  # each image's token positions
+    heats = [image_heatmaps(attentions[layer][0], queries, span, grid).cpu() for span, grid in zip(spans, grids)]
+    return ids[0], rollout.texts[0], heats, grids
 
-    out = Path(out_dir)
+
+def _write_frames(processor, pictures: list[Image.Image], ids: torch.Tensor, heats: list[torch.Tensor],
+                  out: Path) -> list[TokenAttention]:
+    """One PNG per token (the images' heatmaps side by side) and the GIF; returns the tokens."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("[0-9][0-9][0-9]*_*.png"):
         stale.unlink()
+    length = len(ids)
     width = max(3, len(str(length - 1)))
     tokens, frames = [], []
     for t in range(length):
-        token_id = int(ids[0, t])
+        token_id = int(ids[t])
         text = processor.tokenizer.decode([token_id], skip_special_tokens=False)
-        share = float(heat[t].sum().clamp(0.0, 1.0))
+        shares = [float(heat[t].sum().clamp(0.0, 1.0)) for heat in heats]
+        share = min(sum(shares), 1.0)
         name = f"{t:0{width}d}_{safe_name(text)}.png"
         caption = f"{t + 1}/{length}   {visible(text)}   {share:.0%} on image"
-        frame = heatmap_frame(picture, heat[t].numpy(), caption)
+        panels = [heatmap_frame(picture, heat[t].numpy(), caption if i == 0 else f"image {i + 1}: {s:.0%}")
+                  for i, (picture, heat, s) in enumerate(zip(pictures, heats, shares))]
+        frame = side_by_side(panels)
         frame.save(out / name)
         frames.append(frame)
-        tokens.append(TokenAttention(index=t, token=text, token_id=token_id, image_share=share, file=name))
-    frames[0].save(out / "attention.gif", save_all=True, append_images=frames[1:], duration=FRAME_MS,
-                   loop=0)
-    (out / "index.json").write_text(json.dumps({
-        "model": str(model_path), "prompt": prompt, "completion": rollout.texts[0],
-        "layer": layer_index, "layers": n_layers, "grid": list(grid), "gif": "attention.gif",
-        "query": "attention of the position that produced each token, averaged over heads",
-        "tokens": [vars(token) for token in tokens],
-    }, indent=2, ensure_ascii=False))
-    return AttentionMaps(tokens=tokens, completion=rollout.texts[0], layer=layer_index, layers=n_layers,
-                         grid=grid, out_dir=out)
+        tokens.append(TokenAttention(index=t, token=text, token_id=token_id, image_share=share, file=name,
+                                     image_shares=shares))
+    frames[0].save(out / "attention.gif", save_all=True, append_images=frames[1:], duration=FRAME_MS, loop=0)
+    return tokens
+
+
+def side_by_side(panels: list[Image.Image]) -> Image.Image:
+    """The panels in a row, top-aligned, on a dark background (one panel: itself)."""
+    if len(panels) == 1:
+        return panels[0]
+    frame = Image.new("RGB", (sum(p.width for p in panels), max(p.height for p in panels)), (24, 24, 24))
+    x = 0
+    for panel in panels:
+        frame.paste(panel, (x, 0))
+        x += panel.width
+    return frame
 
 
 def format_summary(maps: AttentionMaps) -> str:
@@ -248,7 +285,8 @@ def format_summary(maps: AttentionMaps) -> str:
     tokens = maps.tokens
     rows, cols = maps.grid
     lines = [f"completion: {maps.completion!r}",
-             f"layer {maps.layer} of {maps.layers} (heads averaged), image grid {rows}x{cols} tokens",
+             f"layer {maps.layer} of {maps.layers} (heads averaged), image grid "
+             + ", ".join(f"{r}x{c}" for r, c in (maps.grids or [maps.grid])) + " tokens",
              "  #  token                       on image"]
     lines += [f"{t.index:>3}  {visible(t.token):<26}  {t.image_share:>7.1%}" for t in tokens]
     mean = sum(t.image_share for t in tokens) / len(tokens)
