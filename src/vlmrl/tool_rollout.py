@@ -37,8 +37,8 @@ class ToolRollout(Rollout):
     """A Rollout of multi-turn trajectories (see the module doc): completion_mask marks the model's
     tokens; `segments[i]` and `trajectories[i]` are row i's turns as tokens and as text."""
 
-    segments: list[list[Segment]] = None
-    trajectories: list[Trajectory] = None
+    segments: list[list[Segment]] | None = None  # set by generate_trajectories / reference_rollout
+    trajectories: list[Trajectory] | None = None
 
     def select(self, index: list[int]) -> ToolRollout:
         part = Rollout.select(self, index)
