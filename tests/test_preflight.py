@@ -126,3 +126,11 @@ def test_training_warns_before_step_one_when_memory_is_short(tmp_path, tiny_mode
     captured = capsys.readouterr()
     assert "preflight: train " in captured.out and "preflight: memory" in captured.out
     assert "warning: this run may not fit" in captured.err
+
+
+def test_an_unknown_tool_is_an_error_before_training(tiny_model_dir, letter_task):
+    config = load_config(None, overrides(tiny_model_dir, "rollout.tools=[zom]"))
+    policy, processor = load_policy(tiny_model_dir, device="cpu")
+    with pytest.raises(VlmrlError, match="unknown tool 'zom'; did you mean zoom"):
+        preflight(config, policy, processor, get_task("letter_task:LetterTask"), "train")
+

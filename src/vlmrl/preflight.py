@@ -2,6 +2,7 @@
 
 `vlmrl train` and `vlmrl sft` run them once the model is loaded; `vlmrl check CONFIG` runs them
 alone and prints the report. They:
+- resolve `rollout.tools` (an unknown name or a module that fails to import is an error now);
 - make the first batch of every split the run uses (train, and eval.splits when eval.every > 0)
   and encode each prompt with the model's own processor, so a task error, a bad image, a processor
   error or an unknown split shows now, naming the split and the example (the geometry task checks
@@ -29,6 +30,7 @@ from vlmrl.models import is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
 from vlmrl.tasks import Example, Task
+from vlmrl.tools import resolve_tools
 
 ACTIVATION_VALUES = 26
 """Values kept for backward per token, per layer, per hidden unit without checkpointing: attention
@@ -141,6 +143,8 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
     """
+    if config.rollout.tools:
+        resolve_tools(config.rollout.tools)  # an unknown tool or an import that fails: an error now
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
