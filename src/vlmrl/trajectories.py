@@ -70,8 +70,9 @@ def prompt_text(processor, example: Example) -> str:
 def encode_trajectories(processor, examples: list[Example], segments: list[list[Segment]],
                         device: torch.device) -> dict[str, torch.Tensor]:
     """Inputs of B prompts each followed by its segments, left-padded: input_ids (B, L),
-    attention_mask (B, L), other per-token inputs (0 on segment tokens), and the pixel inputs of
-    every image of every row (prompt's, then the segments', in order)."""
+    attention_mask (B, L), other per-token inputs (the prompt's, then each context segment's own,
+    0 on the model's tokens), and the pixel inputs of every image of every row (prompt's, then the
+    segments', in order)."""
     texts = [prompt_text(processor, ex) + "".join(s.text for s in row if not s.model)
              for ex, row in zip(examples, segments)]
     images = [list(ex.images) + [im for s in row for im in s.images] for ex, row in zip(examples, segments)]
