@@ -241,3 +241,31 @@ def test_tool_tags_that_are_special_tokens_stay_in_the_text_and_may_be_sampled(t
     ids = tokens("Look.", add_special_tokens=False).input_ids
     assert turn_text(tokens, ids + [open_id] + tokens(" {}", add_special_tokens=False).input_ids
                      + [close_id, end]) == "Look.<tool_call> {}</tool_call>"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arch, tiny_model_factory, example):
+    """Training on trajectories with train.pack_groups: one forward per group [prompt, trajectory 1,
+    trajectory 2, ...]: the plain path's log-probs (1e-5) and gradients, the prompt's image once."""
+    from vlmrl.models import counting_vision_rows
+
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    other = Example(Image.new("RGB", (56, 56), (0, 0, 200)), "Count it.", "1")
+    plain_generate = model.generate
+    scripted(model, processor, [[CALL, ANSWER], ["I see.<answer>4</answer>"], [CALL, CALL, "<answer>1</answer>"],
+                                ["no"]])
+    rollout = generate_trajectories(model, processor, [example, other], settings(), ToolBox.from_config(settings()))
+    model.generate = plain_generate
+    model.train()
+    results = {}
+    for pack in (False, True):
+        model.zero_grad()
+        with counting_vision_rows(model) as rows:
+            logp, _ = LogprobScorer(processor, 0.8, pack, 5)(model, rollout)  # (N, T)
+        (logp.sum() + (logp ** 2).sum()).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results[pack] = (logp.detach(), grads, sum(rows))
+    (plain, plain_grad, plain_rows), (packed, packed_grad, packed_rows) = results[False], results[True]
+    assert (plain - packed).abs().max() < 1e-5
+    assert torch.nn.functional.cosine_similarity(plain_grad, packed_grad, dim=0) >= 0.9999
+    assert packed_rows < plain_rows  # each prompt's image once per group, not once per trajectory

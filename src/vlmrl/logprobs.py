@@ -27,7 +27,7 @@ from vlmrl.packing import group_rows, pack_groups
 from vlmrl.prompts import encode_prompts
 from vlmrl.support import output_layer_unchunkable, packing_unsupported, warn_once
 from vlmrl.token_inputs import extend_tokens
-from vlmrl.trajectories import encode_trajectories
+from vlmrl.trajectories import encode_trajectories, pack_trajectories
 
 
 def join_prompt_and_completion(inputs: dict[str, torch.Tensor], completion_ids: torch.Tensor,
@@ -90,9 +90,17 @@ class LogprobScorer:
         return logprobs_of_logits(logits, ids, readout)
 
     def _trajectories(self, model, completions: Completions, readout: Readout):
-        """One forward over every prompt followed by its whole trajectory, tool results and their
-        images included; every token after the prompt is read (the mask keeps the model's)."""
+        """Log-probs of every token after the prompt (the mask keeps the model's), tool results and
+        their images in the context: one packed forward per group (each prompt once) when packing is
+        on and supported, else one forward per trajectory."""
         ids = completions.completion_ids  # (N, T)
+        if self.pack_groups and len(group_rows(completions.rows)) < len(completions.rows):
+            reason = packing_unsupported(model) or output_layer_unchunkable(model)
+            if reason is None:
+                inputs, index = pack_trajectories(model, self.processor, completions.rows, completions.segments,
+                                                  ids.shape[1])  # (U, L) packs, (N, T) positions
+                return logprobs_at(model, inputs, index, ids, readout)
+            warn_once(f"vlmrl: packed log-probs off ({reason}); every prompt is repeated per trajectory")
         inputs = encode_trajectories(self.processor, completions.rows, completions.segments, ids.device)  # (N, L)
         total = inputs["input_ids"].shape[1]  # L
         lengths = torch.tensor([sum(len(s.ids) for s in row) for row in completions.segments], device=ids.device)

@@ -12,6 +12,11 @@ ids of a whole trajectory are the prompt's, then each segment's, in order.
 prompt's, then the tools', in order) from ONE processor call over the same texts, so the layout
 of pixel inputs is the processor's own for any family (no per-architecture code). Qwen-VL's 3-D
 rope positions are computed by the model from the ids and image grids, as for any prompt.
+
+`pack_trajectories` computes each prompt (and its images) once per group in the training forward:
+one sequence per prompt, [prompt, trajectory 1, trajectory 2, ...], under a block attention mask,
+each trajectory's positions those it would have after its prompt alone (Qwen-VL's 3-D rope from
+the model's own `_prepare_position_ids_for_generation`), exact against one forward per trajectory.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
+from vlmrl.packing import group_rows
 from vlmrl.prompts import chat_messages
+from vlmrl.support import hf_model
 from vlmrl.tasks import Example
-from vlmrl.token_inputs import per_token_keys
+from vlmrl.token_inputs import per_token_keys, prompt_positions
 
 SENTINEL = "\u2063vlmrl-turn-end\u2063"
 """Stands for the model's turn while the chat template renders what follows it."""
@@ -92,3 +99,93 @@ def encode_trajectories(processor, examples: list[Example], segments: list[list[
     along = set(per_token_keys(pixels))
     inputs |= {k: v for k, v in pixels.items() if k not in along}
     return {k: v.to(device) for k, v in inputs.items()}
+
+
+# --------------------------------------------------------------------------- a group's first turn once
+
+
+def _row_tokens(segments: list[Segment], keys: list[str]) -> tuple[list[int], dict[str, list[int]], str, list]:
+    """A trajectory's ids, its other per-token inputs, its context texts and its images."""
+    ids = [i for s in segments for i in s.ids]
+    extras = {k: [v for s in segments for v in s.extras.get(k, [0] * len(s.ids))] for k in keys}
+    return ids, extras, "".join(s.text for s in segments if not s.model), [im for s in segments for im in s.images]
+
+
+def _slot_positions(model, processor, example: Example, prompt: dict, row: tuple) -> torch.Tensor:
+    """Position ids (..., 1, n) of a trajectory's n tokens, as if it followed its prompt alone."""
+    ids, extras, text, images = row
+    alone = processor(text=[prompt_text(processor, example) + text], images=[list(example.images) + images],
+                      return_tensors="pt")
+    inputs = {k: v for k, v in alone.items() if k not in per_token_keys(alone)}
+    inputs["input_ids"] = torch.cat([prompt["input_ids"][0].cpu(), torch.tensor(ids, dtype=torch.long)])[None]
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    for key, values in extras.items():
+        inputs[key] = torch.cat([prompt[key][0].cpu(), torch.tensor(values, dtype=prompt[key].dtype)])[None]
+    device = prompt["input_ids"].device
+    positions = prompt_positions(model, {k: v.to(device) for k, v in inputs.items()})  # (..., 1, P + n)
+    return positions[..., prompt["input_ids"].shape[1]:]  # (..., 1, n)
+
+
+def pack_trajectories(model, processor, rows: list[Example], segments: list[list[Segment]],
+                      length: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Inputs of U sequences, one per unique prompt (the same Example object), each [prompt,
+    trajectory 1, trajectory 2, ...] under a block attention mask (a trajectory sees the prompt and
+    its own earlier tokens), and for every token of every trajectory the flat position into U * L
+    whose output predicts it: (N, `length`). The prompt and its images are computed once per group."""
+    device = next(model.parameters()).device
+    groups = group_rows(rows)
+    prompts = [processor(text=[prompt_text(processor, rows[g[0]])], images=[list(rows[g[0]].images)],
+                         return_tensors="pt").to(device) for g in groups]  # (1, P_u) each
+    keys = [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]
+    tokens = {r: _row_tokens(segments[r], keys) for g in groups for r in g}
+    packs = [prompt["input_ids"][0].tolist() + [i for r in g for i in tokens[r][0]] for prompt, g in zip(prompts, groups)]
+    total = max(len(p) for p in packs)  # L
+    label = torch.full((len(groups), total), -2, device=device)  # -1 prompt, k slot k, -2 padding
+    index = torch.zeros(len(rows), length, dtype=torch.long, device=device)
+    positions = []
+    for u, (prompt, g) in enumerate(zip(prompts, groups)):
+        start = width = prompt["input_ids"].shape[1]  # P
+        label[u, :start] = -1
+        parts = [prompt_positions(model, dict(prompt))]  # (..., 1, P)
+        for k, r in enumerate(g):
+            n = len(tokens[r][0])
+            label[u, start:start + n] = k
+            steps = torch.arange(length, device=device).clamp(max=max(n - 1, 0))
+            index[r] = u * total + torch.where(steps == 0, width - 1, start + steps - 1)  # token 0: the prompt's last
+            parts.append(_slot_positions(model, processor, rows[g[0]], prompt, tokens[r]).to(device))
+            start += n
+        pad = torch.zeros(*parts[0].shape[:-1], total - start, dtype=parts[0].dtype, device=device)
+        positions.append(torch.cat([*parts, pad], dim=-1))  # (..., 1, L)
+    inputs = _pack_inputs(processor, rows, groups, prompts, tokens, packs, total)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    inputs["attention_mask"] = _block_mask(label, hf_model(model).dtype)
+    inputs["position_ids"] = torch.cat(positions, dim=-2)  # (..., U, L)
+    return inputs, index
+
+
+def _pack_inputs(processor, rows, groups, prompts, tokens, packs, total) -> dict[str, torch.Tensor]:
+    """input_ids and other per-token inputs of the packs (right-padded), and the pixel inputs of every
+    image: each pack's prompt's, then its trajectories', in order (one processor call)."""
+    pad = processor.tokenizer.pad_token_id
+    inputs = {"input_ids": torch.tensor([p + [pad] * (total - len(p)) for p in packs])}  # (U, L)
+    for key in [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]:
+        values = [prompt[key][0].tolist() + [v for r in g for v in tokens[r][1][key]] for prompt, g in zip(prompts, groups)]
+        inputs[key] = torch.tensor([v + [0] * (total - len(v)) for v in values])  # (U, L)
+    texts = [prompt_text(processor, rows[g[0]]) + "".join(tokens[r][2] for r in g) for g in groups]
+    images = [list(rows[g[0]].images) + [im for r in g for im in tokens[r][3]] for g in groups]
+    pixels = processor(text=texts, images=images, return_tensors="pt", padding=True)
+    along = set(per_token_keys(pixels))
+    return inputs | {k: v for k, v in pixels.items() if k not in along}
+
+
+def _block_mask(label: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(U, 1, L, L) additive mask from labels (U, L): -1 prompt, k slot k, -2 padding. A query sees
+    earlier keys in the prompt or in its own slot; padding rows see themselves (no NaN)."""
+    total = label.shape[1]
+    key = label[:, None, :]  # (U, 1, L)
+    same = (key == -1) | (key == label[:, :, None])  # (U, L, L) [query, key]
+    causal = torch.ones(total, total, dtype=torch.bool, device=label.device).tril()  # (L, L)
+    allowed = same & causal & (key != -2)
+    allowed |= torch.eye(total, dtype=torch.bool, device=label.device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=label.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]  # (U, 1, L, L)
