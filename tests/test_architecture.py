@@ -17,7 +17,7 @@ MAX_LINES = 60
 MAX_PARAMETERS = 5
 STEP_MODULES = ("trainer", "sft", "policy_update", "experience", "session", "reference", "scoring", "rollout",
                 "logprobs", "prefill", "packing", "output_layer", "token_inputs", "completions", "prompts",
-                "support", "grpo", "faults", "seeds", "rollout_log")
+                "support", "grpo", "faults", "seeds", "rollout_log", "tool_rollout", "trajectories", "tools")
 """The modules a training step runs through (see the README's "One training step, file by file")."""
 
 

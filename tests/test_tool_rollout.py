@@ -57,7 +57,7 @@ def example() -> Example:
 def test_a_call_is_run_and_its_image_shown_in_the_next_turn(tiny_model_dir, example):
     model, processor = load_policy(tiny_model_dir, device="cpu")
     scripted(model, processor, [[CALL, ANSWER], [ANSWER]])
-    rollout = generate_trajectories(model, processor, [example], settings(), ToolBox.from_config(settings()))
+    rollout = generate_trajectories(model, processor, [example], ToolBox.from_config(settings()))
     assert isinstance(rollout, ToolRollout) and rollout.texts == [ANSWER, ANSWER]
     first, second = rollout.trajectories
     assert [t.role for t in first.turns] == ["assistant", "tool", "assistant"] and not first.cut
@@ -79,7 +79,7 @@ def test_errors_are_results_and_limits_cut(tiny_model_dir, example):
     unknown = '<tool_call>\n{"name": "segment", "arguments": {}}\n</tool_call>'
     scripted(model, processor, [[bad, unknown, "<tool_call>{oops</tool_call>", CALL], [CALL, CALL, CALL, CALL]])
     config = settings("rollout.max_turns=4")
-    rollout = generate_trajectories(model, processor, [example], config, ToolBox.from_config(config))
+    rollout = generate_trajectories(model, processor, [example], ToolBox.from_config(config))
     errors, spam = rollout.trajectories
     assert errors.errors == ["bad_arguments", "unknown_tool", "malformed"]
     assert errors.turns[1].text.count("error: ") == 1 and errors.cut  # a call in the last turn: no answer
@@ -87,7 +87,7 @@ def test_errors_are_results_and_limits_cut(tiny_model_dir, example):
 
     scripted(model, processor, [[CALL, ANSWER], [ANSWER]])
     tight = settings("rollout.max_trajectory_tokens=60")  # the zoomed image alone is more tokens than that
-    cut = generate_trajectories(model, processor, [example], tight, ToolBox.from_config(tight))
+    cut = generate_trajectories(model, processor, [example], ToolBox.from_config(tight))
     assert cut.trajectories[0].cut and [t.role for t in cut.trajectories[0].turns] == ["assistant"]
 
 
@@ -96,7 +96,7 @@ def test_logprobs_of_a_trajectory_equal_a_plain_forward(arch, tiny_model_factory
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     plain_generate = model.generate
     scripted(model, processor, [[CALL, ANSWER], ["I see.<answer>4</answer>"]])
-    rollout = generate_trajectories(model, processor, [example], settings(), ToolBox.from_config(settings()))
+    rollout = generate_trajectories(model, processor, [example], ToolBox.from_config(settings()))
     model.generate = plain_generate
     results = [LogprobScorer(processor, 0.8, True, chunk)(model, rollout)[0] for chunk in (0, 5)]  # (N, T)
     assert (results[0] - results[1]).abs().max() < 1e-6
@@ -171,7 +171,7 @@ def test_reference_trajectories_run_their_calls(tiny_model_dir, letter_task):
     model, processor = load_policy(tiny_model_dir, device="cpu")
     examples = [LookTask().example(i) for i in range(2)]
     stop_ids = stop_token_ids(processor, model)
-    rollout = reference_rollout(processor, examples, ToolBox.from_config(settings()), settings(), stop_ids)
+    rollout = reference_rollout(processor, examples, ToolBox.from_config(settings()), stop_ids)
     assert rollout.texts == ["a a a a", "a a a a"] and not rollout.truncated.any()
     for row in range(2):
         first, tool, last = rollout.segments[row]
@@ -254,7 +254,7 @@ def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arc
     plain_generate = model.generate
     scripted(model, processor, [[CALL, ANSWER], ["I see.<answer>4</answer>"], [CALL, CALL, "<answer>1</answer>"],
                                 ["no"]])
-    rollout = generate_trajectories(model, processor, [example, other], settings(), ToolBox.from_config(settings()))
+    rollout = generate_trajectories(model, processor, [example, other], ToolBox.from_config(settings()))
     model.generate = plain_generate
     model.train()
     results = {}

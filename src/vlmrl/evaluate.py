@@ -174,15 +174,17 @@ def _answer(sample, task: Task, examples: list[Example], prompts_per_call: int, 
 def _sampler(model, processor, settings: EvalSettings):
     """`sample(rows, generation)` -> a function of (batch, first index) giving a Rollout: single-turn,
     or multi-turn with `settings.tools`; seeded from (seed, "eval", first index)."""
-    toolbox = ToolBox.from_config(_tool_settings(settings, GenerationSettings())) if settings.tools else None
+    if settings.tools:
+        ToolBox.from_config(_tool_settings(settings, GenerationSettings()))  # an unknown tool: an error now
 
     def sample(generation: GenerationSettings):
+        toolbox = ToolBox.from_config(_tool_settings(settings, generation)) if settings.tools else None
+
         def run(batch: list[Example], start: int):
             seed = derive_seed(settings.seed, "eval", start)
             if toolbox is None:
                 return generate_groups(model, processor, batch, generation, seed=seed)
-            return generate_trajectories(model, processor, batch, _tool_settings(settings, generation), toolbox,
-                                         seed=seed)
+            return generate_trajectories(model, processor, batch, toolbox, seed=seed)
         return run
     return sample
 

@@ -86,7 +86,7 @@ class GroupSampler:
         policy, processor, settings = self.session.policy, self.session.processor, self.session.config.rollout
         if self.toolbox is None:
             return generate_groups(policy, processor, examples, settings, seed=seed)
-        return generate_trajectories(policy, processor, examples, settings, self.toolbox, seed=seed)
+        return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
 
     def round(self, step: int, first: int) -> list[ScoredGroup]:
         """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""

@@ -106,7 +106,7 @@ def reference_batch(session: TrainingSession, examples: list[Example], toolbox: 
     """What SFT learns from `examples`: their reference trajectories when the run has tools and they
     have some, else their reference completions."""
     if toolbox is not None and all("reference_turns" in ex.meta for ex in examples):
-        return reference_rollout(session.processor, examples, toolbox, session.config.rollout, stop_ids)
+        return reference_rollout(session.processor, examples, toolbox, stop_ids)
     ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
     return Completions(examples, ids, mask)
 

@@ -54,16 +54,17 @@ class ToolRollout(Rollout):
 
 @dataclass
 class ToolBox:
-    """The tools a rollout may call, and their limits."""
+    """How multi-turn rollouts run: the rollout settings (sampling, turns, token budget, image
+    side), the tools they may call, and the tools' limits."""
 
+    settings: RolloutConfig
     tools: dict
     limits: ToolLimits
-    image_side: int = 448  # longest side of a built-in tool's image
 
     @classmethod
     def from_config(cls, settings: RolloutConfig) -> ToolBox:
-        return cls(resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s),
-                   settings.tool_image_side)
+        """The tools of `settings.tools` resolved (VlmrlError for an unknown one)."""
+        return cls(settings, resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s))
 
 
 def tool_tag_ids(tokenizer) -> set[int]:
@@ -125,9 +126,10 @@ class Ongoing:
         """Tokens after the prompt so far, the model's and the tools'."""
         return sum(len(s.ids) for s in self.segments)
 
-    def add_turn(self, ids: list[int], processor, toolbox: ToolBox, settings: RolloutConfig) -> bool:
+    def add_turn(self, ids: list[int], processor, toolbox: ToolBox) -> bool:
         """Append the model's turn `ids`; when it ends in a call, run the tool and append its result.
         Returns whether the trajectory goes on (a result was appended and turns and tokens are left)."""
+        settings = toolbox.settings
         ids = ids[:max(settings.max_trajectory_tokens - self.used, 0)]
         text = turn_text(processor.tokenizer, ids)
         self.segments.append(Segment(ids, model=True))
@@ -140,7 +142,7 @@ class Ongoing:
         if len([t for t in self.trajectory.turns if t.role == "assistant"]) >= settings.max_turns:
             self.trajectory.cut = True  # a call with no turn left to read its result
             return False
-        context = ToolContext(self.example.originals, max_side=toolbox.image_side)
+        context = ToolContext(self.example.originals, max_side=settings.tool_image_side)
         result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
         segment = tool_turn(processor, self.example, tool_result_text(result), result.images)
         if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
@@ -152,10 +154,11 @@ class Ongoing:
 
 
 @torch.no_grad()
-def generate_trajectories(model, processor, examples: list[Example], settings: RolloutConfig,
-                          toolbox: ToolBox, seed: int | None = None) -> ToolRollout:
-    """`settings.group_size` trajectories for each example (rows i*G .. i*G+G-1 answer example i),
-    with tool calls run between turns; reproducible with `seed`."""
+def generate_trajectories(model, processor, examples: list[Example], toolbox: ToolBox,
+                          seed: int | None = None) -> ToolRollout:
+    """`toolbox.settings.group_size` trajectories for each example (rows i*G .. i*G+G-1 answer
+    example i), with tool calls run between turns; reproducible with `seed`."""
+    settings = toolbox.settings
     if seed is not None:
         torch.manual_seed(seed)
     ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples for _ in range(settings.group_size)]
@@ -163,7 +166,7 @@ def generate_trajectories(model, processor, examples: list[Example], settings: R
     while active:
         turns = sample_turn(model, processor, [ongoing[i].example for i in active],
                             [ongoing[i].segments for i in active], settings)
-        active = [i for i, ids in zip(active, turns) if ongoing[i].add_turn(ids, processor, toolbox, settings)]
+        active = [i for i, ids in zip(active, turns) if ongoing[i].add_turn(ids, processor, toolbox)]
     return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
 
 
@@ -196,8 +199,7 @@ def trajectory_statistics(rollout: ToolRollout) -> dict[str, torch.Tensor]:
     }
 
 
-def reference_rollout(processor, examples: list[Example], toolbox: ToolBox, settings: RolloutConfig,
-                      stop_ids: list[int]) -> ToolRollout:
+def reference_rollout(processor, examples: list[Example], toolbox: ToolBox, stop_ids: list[int]) -> ToolRollout:
     """The reference trajectories of `examples` for SFT: each example's `meta["reference_turns"]`
     (the model's turns as text, the first ones ending in calls) with the calls run between them,
     exactly as a rollout would build them; the last turn ends with the stop token."""
@@ -205,7 +207,6 @@ def reference_rollout(processor, examples: list[Example], toolbox: ToolBox, sett
     for trajectory in ongoing:
         for text in trajectory.example.meta["reference_turns"]:
             ids = processor.tokenizer(text, add_special_tokens=False).input_ids
-            if not trajectory.add_turn(ids + ([] if ends_with_call(text) else stop_ids[:1]), processor, toolbox,
-                                       settings):
+            if not trajectory.add_turn(ids + ([] if ends_with_call(text) else stop_ids[:1]), processor, toolbox):
                 break
     return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_ids)

@@ -156,16 +156,19 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
             start += n
         pad = torch.zeros(*parts[0].shape[:-1], total - start, dtype=parts[0].dtype, device=device)
         positions.append(torch.cat([*parts, pad], dim=-1))  # (..., 1, L)
-    inputs = _pack_inputs(processor, rows, groups, prompts, tokens, packs, total)
+    inputs = _pack_inputs(processor, rows, groups, prompts, tokens)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     inputs["attention_mask"] = _block_mask(label, hf_model(model).dtype)
     inputs["position_ids"] = torch.cat(positions, dim=-2)  # (..., U, L)
     return inputs, index
 
 
-def _pack_inputs(processor, rows, groups, prompts, tokens, packs, total) -> dict[str, torch.Tensor]:
+def _pack_inputs(processor, rows: list[Example], groups: list[list[int]], prompts: list[dict],
+                 tokens: dict[int, tuple]) -> dict[str, torch.Tensor]:
     """input_ids and other per-token inputs of the packs (right-padded), and the pixel inputs of every
     image: each pack's prompt's, then its trajectories', in order (one processor call)."""
+    packs = [prompt["input_ids"][0].tolist() + [i for r in g for i in tokens[r][0]] for prompt, g in zip(prompts, groups)]
+    total = max(len(p) for p in packs)  # L
     pad = processor.tokenizer.pad_token_id
     inputs = {"input_ids": torch.tensor([p + [pad] * (total - len(p)) for p in packs])}  # (U, L)
     for key in [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]:
