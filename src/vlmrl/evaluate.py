@@ -41,6 +41,7 @@ from vlmrl.scoring import score_completions
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
 from vlmrl.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
+from vlmrl.tools import ToolLimits, resolve_tools
 
 BLANK_COLOR = "white"
 """Colour of the blank image in the blind check (the background of the built-in tasks)."""
@@ -174,11 +175,11 @@ def _answer(sample, task: Task, examples: list[Example], prompts_per_call: int, 
 def _sampler(model, processor, settings: EvalSettings):
     """`sample(rows, generation)` -> a function of (batch, first index) giving a Rollout: single-turn,
     or multi-turn with `settings.tools`; seeded from (seed, "eval", first index)."""
-    if settings.tools:
-        ToolBox.from_config(_tool_settings(settings, GenerationSettings()))  # an unknown tool: an error now
+    tools = resolve_tools(settings.tools)  # once, and an unknown tool is an error before any generation
 
     def sample(generation: GenerationSettings):
-        toolbox = ToolBox.from_config(_tool_settings(settings, generation)) if settings.tools else None
+        rollout = _tool_settings(settings, generation)
+        toolbox = ToolBox(rollout, tools, ToolLimits(timeout_s=rollout.tool_timeout_s)) if tools else None
 
         def run(batch: list[Example], start: int):
             seed = derive_seed(settings.seed, "eval", start)

@@ -59,12 +59,19 @@ class LogprobScorer:
         readout = Readout(self.temperature, self.chunk, with_entropy)
         if getattr(completions, "segments", None) is not None:  # multi-turn trajectories (tool_rollout.py)
             return self._masked(self._trajectories(model, completions, readout), completions)
-        if self.pack_groups and len(group_rows(completions.rows)) < len(completions.rows):
-            reason = packing_unsupported(model) or output_layer_unchunkable(model)
-            if reason is None:
-                return self._masked(self._packed(model, completions, readout), completions)
-            warn_once(f"vlmrl: packed log-probs off ({reason}); every prompt is repeated per completion")
+        if self._packs(model, completions):
+            return self._masked(self._packed(model, completions, readout), completions)
         return self._masked(self._plain(model, completions, readout), completions)
+
+    def _packs(self, model, completions: Completions) -> bool:
+        """Whether each group's prompt is computed once: packing on, some rows share a prompt, and the
+        model supports it (else the plain way, said once)."""
+        if not self.pack_groups or len(group_rows(completions.rows)) == len(completions.rows):
+            return False
+        reason = packing_unsupported(model) or output_layer_unchunkable(model)
+        if reason is not None:
+            warn_once(f"vlmrl: packed log-probs off ({reason}); every prompt is repeated per completion")
+        return reason is None
 
     def _packed(self, model, completions: Completions, readout: Readout):
         """One forward over each unique prompt followed by all of its completions."""
@@ -94,13 +101,10 @@ class LogprobScorer:
         their images in the context: one packed forward per group (each prompt once) when packing is
         on and supported, else one forward per trajectory."""
         ids = completions.completion_ids  # (N, T)
-        if self.pack_groups and len(group_rows(completions.rows)) < len(completions.rows):
-            reason = packing_unsupported(model) or output_layer_unchunkable(model)
-            if reason is None:
-                inputs, index = pack_trajectories(model, self.processor, completions.rows, completions.segments,
-                                                  ids.shape[1])  # (U, L) packs, (N, T) positions
-                return logprobs_at(model, inputs, index, ids, readout)
-            warn_once(f"vlmrl: packed log-probs off ({reason}); every prompt is repeated per trajectory")
+        if self._packs(model, completions):
+            inputs, index = pack_trajectories(model, self.processor, completions.rows, completions.segments,
+                                              ids.shape[1])  # (U, L) packs, (N, T) positions
+            return logprobs_at(model, inputs, index, ids, readout)
         inputs = encode_trajectories(self.processor, completions.rows, completions.segments, ids.device)  # (N, L)
         total = inputs["input_ids"].shape[1]  # L
         lengths = torch.tensor([sum(len(s.ids) for s in row) for row in completions.segments], device=ids.device)

@@ -54,21 +54,29 @@ class Layout:
         return pack, slot, order
 
 
+def segment_attention_mask(segment: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(U, 1, L, L) additive mask of packed sequences: a query sees valid keys at or before it in the
+    shared prefix (segment -1) or in its own segment. segment (U, L) or (L,), valid (U, L)."""
+    total = valid.shape[1]  # L
+    segment = segment.expand_as(valid)  # (U, L)
+    key = segment[:, None, :]  # (U, 1, L)
+    same = (key == -1) | (key == segment[:, :, None])  # (U, L, L) [query, key]
+    causal = torch.ones(total, total, dtype=torch.bool, device=valid.device).tril()  # (L, L)
+    allowed = same & causal & valid.bool()[:, None, :]  # (U, L, L)
+    allowed |= torch.eye(total, dtype=torch.bool, device=valid.device)  # padding rows see themselves: no NaN
+    return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]  # (U, 1, L, L)
+
+
 def block_attention_mask(layout: Layout, prompt_mask: torch.Tensor, slot_mask: torch.Tensor,
                          dtype: torch.dtype) -> torch.Tensor:
     """(U, 1, L, L) additive mask: a query sees valid keys at or before it, in the prompt or in its
     own slot. prompt_mask (U, P), slot_mask (U, K, T)."""
-    device, total = prompt_mask.device, layout.length
-    units = prompt_mask.shape[0]
+    device = prompt_mask.device
     segment = torch.cat([torch.full((layout.prompt_length,), -1, device=device),
                          torch.arange(layout.slots, device=device).repeat_interleave(layout.slot_length)])  # (L,)
-    same_block = (segment[None, :] == -1) | (segment[None, :] == segment[:, None])  # (L, L) [query, key]
-    causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()  # (L, L)
-    key_valid = torch.cat([prompt_mask, slot_mask.view(units, -1)], dim=1).bool()  # (U, L)
-    allowed = (causal & same_block)[None] & key_valid[:, None, :]  # (U, L, L)
-    allowed |= torch.eye(total, dtype=torch.bool, device=device)  # padding rows see themselves: no NaN
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)[:, None]  # (U, 1, L, L)
+    valid = torch.cat([prompt_mask, slot_mask.view(prompt_mask.shape[0], -1)], dim=1)  # (U, L)
+    return segment_attention_mask(segment, valid, dtype)
 
 
 def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions,

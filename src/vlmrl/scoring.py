@@ -24,10 +24,7 @@ def score_completions(task: Task, rollout: Rollout) -> dict[str, torch.Tensor]:
     trajectories = getattr(rollout, "trajectories", None) or [None] * len(rollout.rows)
     for example, text, trajectory in zip(rollout.rows, rollout.texts, trajectories):
         try:
-            if trajectory is not None and hasattr(task, "score_trajectory"):
-                scores = task.score_trajectory(example, trajectory)
-            else:
-                scores = task.score(example, text)
+            scores = task.score(example, text) if trajectory is None else task.score_trajectory(example, trajectory)
         except Exception as error:  # a user reward must not fail silently
             raise VlmrlError(f"reward of task {task.name!r} failed: {type(error).__name__}: {error} "
                              f"| prompt: {example.prompt[:200]!r} | completion: {text[:200]!r}") from error

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmrl.completions import pad_right
 from vlmrl.config import RolloutConfig
 from vlmrl.rollout import Rollout, generation_inputs, stop_token_ids, suppressed_token_ids
 from vlmrl.tasks import Example
@@ -175,7 +174,7 @@ def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> Tool
     rows = [[i for s in o.segments for i in s.ids] for o in ongoing]
     marks = [[int(s.model) for s in o.segments for _ in s.ids] for o in ongoing]
     length = max(max((len(r) for r in rows), default=0), 1)  # T
-    ids = pad_right(torch.tensor([r + [pad_id] * (length - len(r)) for r in rows]), length, pad_id)  # (N, T)
+    ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])  # (N, T)
     mask = torch.tensor([m + [0] * (length - len(m)) for m in marks])  # (N, T)
     for o in ongoing:  # a last turn that neither stopped nor called ran out of tokens
         last = o.segments[-1].ids if o.segments else []
@@ -191,8 +190,8 @@ def trajectory_statistics(rollout: ToolRollout) -> dict[str, torch.Tensor]:
     by the turn or token limit."""
     trajectories = rollout.trajectories
     return {
-        "calls": torch.tensor([float(sum(t.role == "assistant" and t.text.rstrip().endswith(TOOL_CALL_CLOSE)
-                                         for t in tr.turns)) for tr in trajectories]),
+        "calls": torch.tensor([float(sum(t.role == "assistant" and ends_with_call(t.text) for t in tr.turns))
+                               for tr in trajectories]),
         "invalid_calls": torch.tensor([float(len(tr.errors)) for tr in trajectories]),
         "turns": torch.tensor([float(sum(t.role == "assistant" for t in tr.turns)) for tr in trajectories]),
         "cut": torch.tensor([float(tr.cut) for tr in trajectories]),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
-from vlmrl.packing import group_rows
+from vlmrl.packing import group_rows, segment_attention_mask
 from vlmrl.prompts import chat_messages
 from vlmrl.support import hf_model
 from vlmrl.tasks import Example
@@ -80,10 +80,7 @@ def encode_trajectories(processor, examples: list[Example], segments: list[list[
     attention_mask (B, L), other per-token inputs (the prompt's, then each context segment's own,
     0 on the model's tokens), and the pixel inputs of every image of every row (prompt's, then the
     segments', in order)."""
-    texts = [prompt_text(processor, ex) + "".join(s.text for s in row if not s.model)
-             for ex, row in zip(examples, segments)]
-    images = [list(ex.images) + [im for s in row for im in s.images] for ex, row in zip(examples, segments)]
-    pixels = processor(text=texts, images=images, return_tensors="pt", padding=True)  # pixel inputs in its layout
+    pixels = pixel_inputs(processor, examples, segments)
     prompts = [processor(text=[prompt_text(processor, ex)], images=[list(ex.images)], return_tensors="pt")
                for ex in examples]  # (1, P_i) each
     rows = [prompt["input_ids"][0].tolist() + [i for s in row for i in s.ids] for prompt, row in zip(prompts, segments)]
@@ -96,9 +93,25 @@ def encode_trajectories(processor, examples: list[Example], segments: list[list[
             values = [p[key][0].tolist() + [v for s in row for v in s.extras.get(key, [0] * len(s.ids))]
                       for p, row in zip(prompts, segments)]
             inputs[key] = torch.tensor([[0] * (length - len(v)) + v for v in values])  # (B, L)
-    along = set(per_token_keys(pixels))
-    inputs |= {k: v for k, v in pixels.items() if k not in along}
-    return {k: v.to(device) for k, v in inputs.items()}
+    return {k: v.to(device) for k, v in (inputs | pixels).items()}
+
+
+def pixel_inputs(processor, examples: list[Example], segments: list[list[Segment]]) -> dict[str, torch.Tensor]:
+    """The processor's pixel inputs (everything that does not run along the tokens) of every image of
+    each row: its example's, then its context segments', in order; one processor call, so the layout
+    is the processor's own for any family."""
+    texts = ["".join(s.text for s in row if not s.model) for row in segments]
+    images = [[im for s in row for im in s.images] for row in segments]
+    return _pixels(processor, examples, texts, images)
+
+
+def _pixels(processor, examples: list[Example], texts: list[str], images: list[list]) -> dict[str, torch.Tensor]:
+    """Pixel inputs of each example's prompt followed by `texts[i]` (context only) with `images[i]`."""
+    encoded = processor(text=[prompt_text(processor, ex) + text for ex, text in zip(examples, texts)],
+                        images=[list(ex.images) + more for ex, more in zip(examples, images)],
+                        return_tensors="pt", padding=True)
+    along = set(per_token_keys(encoded))
+    return {k: v for k, v in encoded.items() if k not in along}
 
 
 # --------------------------------------------------------------------------- a group's first turn once
@@ -138,8 +151,8 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
                          return_tensors="pt").to(device) for g in groups]  # (1, P_u) each
     keys = [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]
     tokens = {r: _row_tokens(segments[r], keys) for g in groups for r in g}
-    packs = [prompt["input_ids"][0].tolist() + [i for r in g for i in tokens[r][0]] for prompt, g in zip(prompts, groups)]
-    total = max(len(p) for p in packs)  # L
+    inputs = {k: v.to(device) for k, v in _pack_inputs(processor, rows, groups, prompts, tokens).items()}
+    total = inputs["input_ids"].shape[1]  # L
     label = torch.full((len(groups), total), -2, device=device)  # -1 prompt, k slot k, -2 padding
     index = torch.zeros(len(rows), length, dtype=torch.long, device=device)
     positions = []
@@ -156,9 +169,7 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
             start += n
         pad = torch.zeros(*parts[0].shape[:-1], total - start, dtype=parts[0].dtype, device=device)
         positions.append(torch.cat([*parts, pad], dim=-1))  # (..., 1, L)
-    inputs = _pack_inputs(processor, rows, groups, prompts, tokens)
-    inputs = {k: v.to(device) for k, v in inputs.items()}
-    inputs["attention_mask"] = _block_mask(label, hf_model(model).dtype)
+    inputs["attention_mask"] = segment_attention_mask(label, label != -2, hf_model(model).dtype)
     inputs["position_ids"] = torch.cat(positions, dim=-2)  # (..., U, L)
     return inputs, index
 
@@ -174,21 +185,6 @@ def _pack_inputs(processor, rows: list[Example], groups: list[list[int]], prompt
     for key in [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]:
         values = [prompt[key][0].tolist() + [v for r in g for v in tokens[r][1][key]] for prompt, g in zip(prompts, groups)]
         inputs[key] = torch.tensor([v + [0] * (total - len(v)) for v in values])  # (U, L)
-    texts = [prompt_text(processor, rows[g[0]]) + "".join(tokens[r][2] for r in g) for g in groups]
-    images = [list(rows[g[0]].images) + [im for r in g for im in tokens[r][3]] for g in groups]
-    pixels = processor(text=texts, images=images, return_tensors="pt", padding=True)
-    along = set(per_token_keys(pixels))
-    return inputs | {k: v for k, v in pixels.items() if k not in along}
-
-
-def _block_mask(label: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(U, 1, L, L) additive mask from labels (U, L): -1 prompt, k slot k, -2 padding. A query sees
-    earlier keys in the prompt or in its own slot; padding rows see themselves (no NaN)."""
-    total = label.shape[1]
-    key = label[:, None, :]  # (U, 1, L)
-    same = (key == -1) | (key == label[:, :, None])  # (U, L, L) [query, key]
-    causal = torch.ones(total, total, dtype=torch.bool, device=label.device).tril()  # (L, L)
-    allowed = same & causal & (key != -2)
-    allowed |= torch.eye(total, dtype=torch.bool, device=label.device)
-    return torch.zeros(allowed.shape, dtype=dtype, device=label.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)[:, None]  # (U, 1, L, L)
+    texts = ["".join(tokens[r][2] for r in g) for g in groups]  # each pack's context, in order
+    images = [[im for r in g for im in tokens[r][3]] for g in groups]
+    return inputs | _pixels(processor, [rows[g[0]] for g in groups], texts, images)
