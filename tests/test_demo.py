@@ -7,6 +7,7 @@ import json
 import pytest
 
 import vlmrl.demo as demo
+from vlmrl.tasks import get_task
 
 
 @pytest.fixture
@@ -40,3 +41,44 @@ def test_demo_runs_every_phase_and_writes_the_summary(tmp_path, smoke_preset, ca
     again = demo.run_demo(str(tmp_path / "demo"), "smoke")
     assert again["grpo"]["test"]["accuracy"] == summary["grpo"]["test"]["accuracy"]
     assert (tmp_path / "demo" / "grpo" / "metrics.jsonl").read_text() == before
+
+
+def test_an_older_tiny_model_is_rebuilt(tmp_path):
+    from vlmrl.tiny_model import TINY_MODEL_VERSION
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "vlmrl_tiny.json").write_text(json.dumps({"size": "tiny", "seed": 0, "version": TINY_MODEL_VERSION - 1}))
+    demo.ensure_tiny_model(folder, "tiny")
+    info = json.loads((folder / "vlmrl_tiny.json").read_text())
+    assert info["version"] == TINY_MODEL_VERSION and (folder / "model.safetensors").exists()
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    demo.ensure_tiny_model(folder, "tiny")  # the current one is kept
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_every_preset_builds_valid_configs_and_is_offered_by_the_cli(tmp_path):
+    from vlmrl.cli import DEMO_PRESETS
+
+    assert DEMO_PRESETS == tuple(demo.PRESETS)
+    for preset in demo.PRESETS.values():
+        for phase in ("sft", "grpo"):
+            config = demo.phase_config(preset, phase, tmp_path / "model", tmp_path / phase)  # checks the config
+            get_task(config.task.name, seed=config.seed, **config.task.params)  # checks the task parameters
+
+
+def test_a_demo_with_tools_also_answers_with_the_tools_disabled(tmp_path, monkeypatch, capsys):
+    preset = demo.PRESETS["zoom"]
+    smoke = demo.DemoPreset(
+        shared=preset.shared,
+        sft=["sft.batch_size=2", "train.steps=1", "train.micro_batch_size=2", "train.trackers=[]"],
+        grpo=["rollout.prompts_per_step=1", "rollout.group_size=2", "algorithm.beta=0", "train.steps=1",
+              "train.micro_batch_size=2", "train.save_every=1", "train.trackers=[]"],
+        eval_n=2, max_new_tokens=4, size="tiny")
+    monkeypatch.setitem(demo.PRESETS, "smoke_tools", smoke)
+    summary = demo.run_demo(str(tmp_path / "demo"), "smoke_tools")
+    assert "test, tools disabled" in capsys.readouterr().out
+    for phase in ("sft", "grpo"):
+        assert summary[phase]["no_tools"]["n"] == 2 and "tools" not in summary[phase]["no_tools"]
+        assert summary[phase]["test"]["tools"]["turns"] >= 1  # answered with the tool available
+        assert (tmp_path / "demo" / phase / "eval_no_tools.json").exists()

@@ -393,3 +393,78 @@ def test_window_style_references_pick_a_window_holding_the_tag_and_score_the_max
     assert trajectory(call(None, name="zoom_window", window=9), result(), answer())["zoom"] == 0.0  # no such window
     with pytest.raises(VlmrlError, match="call_style must be box or window"):
         get_task("zoom", call_style="grid")
+
+
+# --- the board of panels (layout=panels, the demo's) ---------------------------------------------
+
+PANELS = dict(layout="panels", distractor_shapes=0, digits=1, ood_digits=2, view_side=56, tag_min=48, tag_max=56)
+
+
+@pytest.mark.parametrize("split", ["train", "test", "ood"])
+def test_panels_put_each_tag_alone_in_a_shaded_panel(split):
+    from vlmrl.tasks.zoom import PANEL_SHADES, panel_box
+
+    task = get_task("zoom", seed=0, **PANELS)
+    for idx in range(20):
+        example = task.example(idx, split)
+        boxes = [example.meta["box"]] + [d["box"] for d in example.meta["distractors"]]
+        panels = []
+        for box in boxes:
+            inside = [p for p in range(4) if all(a <= b for a, b in zip(panel_box(p, 448)[:2], box[:2]))
+                      and all(b <= a for a, b in zip(panel_box(p, 448)[2:], box[2:]))]
+            assert len(inside) == 1
+            panels.append(inside[0])
+        assert len(set(panels)) == 3 and example.meta["shapes"] == []
+        original = example.originals[0]
+        for panel in set(range(4)) - set(panels):  # an empty panel is its shade, all over
+            shade = PANEL_SHADES[panel]
+            assert set(pixels(original.crop(panel_box(panel, 448)).resize((8, 8)))) == {(shade, shade, shade)}
+        assert example.image.size == (56, 56)
+
+
+@pytest.mark.parametrize("call_style, tool", [("window", "zoom_window"), ("box", "zoom")])
+def test_panels_reference_zooms_on_the_targets_panel_and_scores_the_maximum(call_style, tool):
+    from vlmrl.tasks.zoom import PANEL_NAMES, panel_box, panel_of
+    from vlmrl.tools import BUILTIN_TOOLS, ToolContext
+
+    task = get_task("zoom", seed=0, call_style=call_style, **PANELS)
+    for idx in range(20):
+        example = task.example(idx, "test")
+        first, last = example.meta["reference_turns"]
+        request = json.loads(first.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
+        panel = panel_of(example.meta["box"], 448)
+        assert f"in the {PANEL_NAMES[panel]} panel" in first and request["name"] == tool
+        expected_arguments = {"window": [0, 2, 6, 8][panel]} if tool == "zoom_window" else {"box": panel_box(panel, 448)}
+        assert request["arguments"] == expected_arguments
+        crop = BUILTIN_TOOLS[tool](ToolContext(example.originals, max_side=168), **request["arguments"])
+        assert crop.size == (168, 168)
+        turns = [Turn("assistant", first, call=ToolCall(tool, request["arguments"])), Turn("tool", "", images=[crop]),
+                 Turn("assistant", last)]
+        assert task.score_trajectory(example, Trajectory(turns=turns))["total"] == 2.0
+
+
+def test_panel_geometry():
+    from vlmrl.tasks.zoom import panel_box, panel_of, panel_window
+
+    assert [panel_box(p, 448) for p in range(4)] == [[0, 0, 224, 224], [224, 0, 448, 224], [0, 224, 224, 448],
+                                                     [224, 224, 448, 448]]
+    assert [panel_of(b, 448) for b in ([10, 10, 60, 60], [300, 20, 350, 70], [0, 400, 40, 440], [230, 230, 448, 448])] \
+        == [0, 1, 2, 3]
+    assert [panel_window(p) for p in range(4)] == [0, 2, 6, 8]
+
+
+def test_without_instructions_the_prompt_only_names_the_tag():
+    example = get_task("zoom", seed=0, instructions=False, **PANELS).example(0)
+    assert example.prompt == f"Read the 1-digit code of the {example.meta['color']} tag."
+    assert "<tool_call>" in get_task("zoom", seed=0, **PANELS).example(0).prompt
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"layout": "grid"}, "layout must be one of free, panels"),
+    ({"layout": "panels"}, "need distractor_tags <= 3 and distractor_shapes=0"),
+    ({"layout": "panels", "distractor_shapes": 0, "distractor_tags": 4}, "need distractor_tags <= 3"),
+    ({"layout": "panels", "distractor_shapes": 0, "tag_min": 200, "tag_max": 220}, "does not fit a 224 px panel"),
+])
+def test_bad_panel_parameters_are_one_line_errors(params, message):
+    with pytest.raises(VlmrlError, match=message):
+        get_task("zoom", **params)

@@ -49,6 +49,17 @@ def test_tokenizer_round_trips_everything_the_tasks_write(tiny_model_dir):
     assert tokenizer.convert_tokens_to_ids("<|image_pad|>") != tokenizer.unk_token_id
 
 
+def test_a_tool_call_is_a_few_tokens_with_its_tags_whole(tiny_model_dir):
+    from vlmrl.tasks.zoom import call_text, window_call_text
+
+    tokenizer = load_processor(tiny_model_dir).tokenizer
+    for text in (window_call_text(6), call_text([224, 0, 448, 224])):
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text and len(ids) <= 30  # 49 and 58 tokens before the tool tags
+        assert ids[0] == tokenizer.convert_tokens_to_ids("<tool_call>")
+        assert ids[-1] == tokenizer.convert_tokens_to_ids("</tool_call>")
+
+
 def test_chat_template_renders_image_and_generation_prompt(tiny_model_dir):
     processor = load_processor(tiny_model_dir)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]

@@ -132,7 +132,7 @@ def _attention(args: argparse.Namespace) -> None:
     print(format_summary(maps))
 
 
-DEMO_PRESETS = ("shapes", "cryptogram")  # vlmrl.demo.PRESETS, without importing torch for --help
+DEMO_PRESETS = ("shapes", "cryptogram", "zoom")  # vlmrl.demo.PRESETS, without importing torch for --help
 
 EVAL_CLI_DEFAULTS = {"k": 8, "blind_check": True}
 """Where `vlmrl eval` departs from EvalSettings' defaults, which are the trainer's cheap periodic
@@ -306,7 +306,8 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
                     "accuracy, blind-image accuracy). Each phase is a run folder under --out; running "
                     "again reuses finished phases and resumes an interrupted one.",
         epilog="examples:\n  vlmrl demo                        # shapes (what `make demo` runs)\n"
-               "  vlmrl demo --preset cryptogram --out runs/demo-cryptogram",
+               "  vlmrl demo --preset cryptogram --out runs/demo-cryptogram\n"
+               "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then read",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vlmrl.checkpoint import latest_checkpoint
@@ -26,7 +26,7 @@ from vlmrl.config import Config, load_config
 from vlmrl.evaluate import EvalSettings, evaluate, format_table, held_out_examples, save_evaluation
 from vlmrl.models import build_tiny_model, load_policy
 from vlmrl.tasks import get_task
-from vlmrl.tiny_model import model_summary
+from vlmrl.tiny_model import TINY_MODEL_VERSION, model_summary
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,36 @@ PRESETS = {
               "train.steps=20", "train.lr=1e-4", "train.warmup_steps=5", "train.micro_batch_size=32",
               "train.save_every=10", "train.log_rollouts_every=5"],
         eval_n=64, max_new_tokens=128),
+    # Thinking with images (issue 15): zoom on the panel of the named card, then read its digit.
+    # - layout=panels, large cards (100-120 px of 448, digits at 0.45 of the card): in the 56 px view
+    #   a card is a quarter of its panel's token, so its colour reaches the random vision tower and
+    #   the panel's shade says where it is; its digit is 4 px there and ~30 px in the zoom (168 px);
+    #   with the default small tags (20-26 px) or 48-56 px tags filled by their digits, 300 SFT steps
+    #   never found the panel (zoom credit at chance, 0.2-0.34);
+    # - the prompt without instructions (SFT teaches the call) and the tiny tokenizer's tool tags:
+    #   a trajectory is ~110 tokens instead of ~300, each SFT step ~2.5x cheaper.
+    "zoom": DemoPreset(
+        shared=["task.name=zoom", "task.params.layout=panels", "task.params.distractor_shapes=0",
+                "task.params.digits=1", "task.params.ood_digits=2", "task.params.view_side=56",
+                "task.params.tag_min=100", "task.params.tag_max=120", "task.params.code_size=0.45",
+                "task.params.instructions=false", "task.params.call_style=window", "model.vision_lr_scale=0",
+                "rollout.tools=[zoom_window]", "rollout.tool_image_side=168", "rollout.max_turns=3",
+                "rollout.max_trajectory_tokens=256"],
+        sft=["sft.batch_size=32", "train.steps=200", "train.lr=1e-3", "train.warmup_steps=20",
+             "train.micro_batch_size=32", "train.save_every=50", "eval.every=50", "eval.n=64"],
+        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.temperature=1.0",
+              "algorithm.beta=0", "algorithm.aggregation=token", "algorithm.eps_high=0.28",
+              "train.steps=40", "train.lr=1e-4", "train.warmup_steps=10", "train.micro_batch_size=64",
+              "train.save_every=10", "train.log_rollouts_every=5", "eval.every=20", "eval.n=64"],
+        eval_n=200, max_new_tokens=48),
 }
 
 
 def ensure_tiny_model(folder: Path, size: str, seed: int = 0) -> Path:
-    """Build the offline model into `folder` unless a matching one is already there."""
+    """Build the offline model into `folder` unless a matching one (same size, seed and version) is there."""
     info = folder / "vlmrl_tiny.json"
-    if info.exists() and json.loads(info.read_text()).get("size") == size:
+    wanted = {"size": size, "seed": seed, "version": TINY_MODEL_VERSION}
+    if info.exists() and wanted.items() <= json.loads(info.read_text()).items():
         return folder
     build_tiny_model(folder, size=size, seed=seed)
     return folder
@@ -100,17 +123,26 @@ def phase_config(preset: DemoPreset, phase: str, model: Path, out: Path) -> Conf
 
 
 def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
-    """Test and OOD accuracy, with the blind-image check on test; eval JSON files into `out`."""
+    """Test and OOD accuracy, with the blind-image check on test; eval JSON files into `out`.
+
+    With tools (rollout.tools), answers are multi-turn with the run's tools and limits, and test is
+    answered once more by the same model with the tools disabled ("no_tools"), in one turn of up to
+    the trajectory's whole token budget."""
     model, processor = load_policy(str(model_dir), device="cpu")
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
-    settings = EvalSettings(batch_size=32, max_new_tokens=config.rollout.max_new_tokens, blind_check=True)
+    rollout = config.rollout
+    settings = EvalSettings(batch_size=32, max_new_tokens=rollout.max_new_tokens, blind_check=True,
+                            tools=list(rollout.tools), max_turns=rollout.max_turns,
+                            max_trajectory_tokens=rollout.max_trajectory_tokens, tool_image_side=rollout.tool_image_side)
+    runs = [(split, split, settings) for split in ("test", "ood") if split in task.splits]
+    if rollout.tools:
+        runs.append(("no_tools", "test", replace(settings, tools=[], blind_check=False,
+                                                       max_new_tokens=rollout.max_trajectory_tokens)))
     results = {}
-    for split in ("test", "ood"):
-        if split not in task.splits:
-            continue
-        evaluation = evaluate(model, processor, task, held_out_examples(task, split, n), settings)
-        save_evaluation(evaluation, out, f"eval_{split}.json")
-        results[split] = evaluation.results
+    for name, split, run_settings in runs:
+        evaluation = evaluate(model, processor, task, held_out_examples(task, split, n), run_settings)
+        save_evaluation(evaluation, out, f"eval_{name}.json")
+        results[name] = evaluation.results
     print(format_table(results["test"]))
     return results
 
@@ -130,6 +162,7 @@ def before_after_table(before: dict, after: dict) -> str:
     lines = [f"  {'':<30}{'SFT':>10}{'+GRPO':>10}{'change':>13}",
              row("test accuracy", lambda r: r["test"]["accuracy"]),
              row("OOD accuracy", lambda r: r["ood"]["accuracy"] if "ood" in r else None),
+             *([row("test, tools disabled", lambda r: r["no_tools"]["accuracy"])] if "no_tools" in before else []),
              row("test, blank image", lambda r: blind(r, "blank")),
              row("test, shuffled image", lambda r: blind(r, "shuffled"))]
     return "\n".join(lines)

@@ -21,8 +21,12 @@ from vlmrl.errors import VlmrlError
 ARCHES = ("qwen2_5_vl", "qwen2_vl", "idefics3")
 SIZES = ("tiny", "small")
 
-# Tags the tasks use; each becomes one token so a small model learns the format quickly.
-TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<chars>", "</chars>")
+# Tags the tasks and tool calls use; each becomes one token so a small model learns the format
+# quickly (Qwen2.5's own tokenizer keeps the four tool tags whole too).
+TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<chars>", "</chars>",
+              "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+TINY_MODEL_VERSION = 2
+"""Bumped when the same (size, arch, seed) builds a different model (2: tool tags, tool-call text)."""
 
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -90,12 +94,16 @@ def tokenizer_corpus() -> list[str]:
         "Decode the message using the decoder image. Each coded letter maps to a plain letter.",
         "Give the bounding box of the blue square as [x1, y1, x2, y2] in pixels.",
         "Think step by step, then give the final answer inside the answer tags.",
+        "Read the 1-digit code of the red tag. The blue tag is in the top left panel. It reads 7.",
         "Solve the geometry problem. Find the angle, the length, the area of the triangle.",
     ]
     spaced = [" ".join(w) for w in words]  # "h e l l o": the cryptogram's spelling
     numbers = [f"[{a}, {b}, {a + 40}, {b + 30}]" for a in range(0, 200, 7) for b in range(0, 200, 29)]
+    calls = [json.dumps({"name": "zoom_window", "arguments": {"window": w}}) for w in range(9)]
+    calls += [json.dumps({"name": "zoom", "arguments": {"box": [a, b, a + 56, b + 40]}}) for a in range(0, 400, 37)
+              for b in range(0, 400, 53)]
     charset = string.ascii_letters + string.digits + string.punctuation
-    return sentences * 20 + words + spaced + numbers + [charset, " ".join(charset)]
+    return sentences * 20 + words + spaced + numbers + calls * 4 + [charset, " ".join(charset)]
 
 
 def build_tokenizer(vocab_size: int, arch: str):
@@ -234,7 +242,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
     model.save_pretrained(out)
     build_processor(arch, tok).save_pretrained(out)
     (out / "vlmrl_tiny.json").write_text(json.dumps(
-        {"size": size, "arch": arch, "seed": seed,
+        {"size": size, "arch": arch, "seed": seed, "version": TINY_MODEL_VERSION,
          "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
     return out
 

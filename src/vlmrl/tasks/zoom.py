@@ -25,6 +25,17 @@ box padded by half the tag height, kept inside the image), then the final answer
 ("<think>The red tag reads 47.</think> <answer>47</answer>"), which is also
 `reference_completion`. The SFT code runs the tool on the call to get the image between the turns.
 
+Layout "panels" (`layout`, what `vlmrl demo --preset zoom` uses): the original is a 2 x 2 board of
+panels shaded from white to grey (`PANEL_SHADES`, top left, top right, bottom left, bottom right),
+each tag alone in its own panel, no shapes. A panel's shade tells where a tag is from the tag's
+own surroundings: a model whose image features carry colour but no position (the random-weight
+vision tower of the offline model; its language model sees positions only through rotary phases)
+can name the panel, where in the free layout it could not (measured: 200 SFT steps on the free
+layout collapsed onto one window). The reference call zooms on the target's whole panel
+(`zoom_window` 0, 2, 6 or 8, or the panel's box), which shows the tag at twice the original's
+scale divided by `image_size / tool_image_side`; pick tag sizes that are readable there and not in
+the view.
+
 Splits: a candidate belongs to "test" when a stable hash of (code, colour, the target's centre cell
 on a 4 x 4 grid of the original) falls below 0.5 (`content_key`, `base.in_split`), else to "train":
 a test example never repeats a train example's code in the same colour and place. "ood": codes of
@@ -70,8 +81,12 @@ PALE = 0.75
 """Distractor shapes are a tag colour mixed with this much white (never mistaken for a tag)."""
 GRID = 4
 """The target's centre cell on a GRID x GRID grid is part of the split key."""
+PANEL_SHADES = (255, 224, 192, 160)
+"""Grey level of each panel of the "panels" layout: top left, top right, bottom left, bottom right."""
+PANEL_NAMES = ("top left", "top right", "bottom left", "bottom right")
 _DIGITS = re.compile(r"[0-9]+")
 _ROWS, _COLUMNS = ("top", "middle", "bottom"), ("left", "centre", "right")
+LAYOUTS = ("free", "panels")
 
 
 @functools.lru_cache(maxsize=64)
@@ -80,9 +95,16 @@ def tag_font(height: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=height)
 
 
-def tag_width(n_digits: int, height: int) -> int:
-    """Width in pixels of a tag `height` high holding `n_digits` digits (digits plus a margin)."""
-    return math.ceil(tag_font(height).getlength("0" * n_digits)) + 2 * max(2, round(0.25 * height))
+def code_font_size(height: int, code_size: float) -> int:
+    """Font size of the code on a tag `height` pixels high (`ZoomParams.code_size`)."""
+    return max(1, round(code_size * height))
+
+
+def tag_width(n_digits: int, height: int, code_size: float = 1.0) -> int:
+    """Width in pixels of a tag `height` high holding `n_digits` digits: the digits plus a margin of a
+    quarter of their font size on each side, and at least `height` (a square card around small digits)."""
+    size = code_font_size(height, code_size)
+    return max(height, math.ceil(tag_font(size).getlength("0" * n_digits)) + 2 * max(2, round(0.25 * size)))
 
 
 def text_color(color: str) -> tuple[int, int, int]:
@@ -120,6 +142,26 @@ def call_text(box: list[int]) -> str:
 def window_call_text(window: int) -> str:
     """The coarse zoom call on window number `window` (vlmrl.tools.zoom_window)."""
     return "<tool_call>\n" + json.dumps({"name": "zoom_window", "arguments": {"window": window}}) + "\n</tool_call>"
+
+
+def panel_of(box: list[int], side: int) -> int:
+    """The panel (0..3: top left, top right, bottom left, bottom right) holding `box`'s centre."""
+    col = min(1, (box[0] + box[2]) // side)
+    row = min(1, (box[1] + box[3]) // side)
+    return 2 * row + col
+
+
+def panel_box(panel: int, side: int) -> list[int]:
+    """Box [x1, y1, x2, y2] of panel `panel` (0..3) of a `side` x `side` board."""
+    half = side // 2
+    row, col = divmod(panel, 2)
+    return [col * half, row * half, side if col else half, side if row else half]
+
+
+def panel_window(panel: int) -> int:
+    """The zoom_window number (0..8) that is panel `panel` (0..3): the corner windows 0, 2, 6, 8."""
+    row, col = divmod(panel, 2)
+    return 2 * WINDOW_GRID * row + 2 * col
 
 
 def best_window(box: list[int], side: int) -> int:
@@ -245,11 +287,23 @@ class ZoomParams(TaskParams):
     """Smallest tag height in original pixels."""
     tag_max: int = 26
     """Largest tag height in original pixels."""
+    code_size: float = 1.0
+    """Font size of the code as a share of the tag height (the digits are ~0.7 of the font size):
+    1 fills the tag; smaller makes the tag a larger coloured card around small digits, easy to find
+    in the view and still unreadable there (the demo: 0.45)."""
     colors: tuple[str, ...] = ("red", "green", "blue", "yellow", "purple")
     """Tag colours (the target's and the distractor tags' are distinct). Orange is left out by
     default: its hue is only 20 degrees from red's and yellow's, too close in a 5-pixel blob."""
     gap: int = 4
     """Least distance in pixels between two things drawn (and from the border)."""
+    layout: str = "free"
+    """Where the tags go: "free" (anywhere among the large pale shapes) or "panels" (each tag alone in
+    one panel of a 2 x 2 board shaded from white to grey, no shapes; needs distractor_tags <= 3 and
+    distractor_shapes = 0). See the module docstring."""
+    instructions: bool = True
+    """Whether the prompt explains the view, the zoom call (with an example) and the answer format;
+    False: it only names the tag ("Read the 1-digit code of the red tag."), for a model that learns
+    the call by SFT (the offline demo: a prompt a sixth as long makes each SFT step ~2x cheaper)."""
     call_style: str = "box"
     """How the prompt and the reference zoom: "box" (zoom on [x1, y1, x2, y2] in original pixels) or
     "window" (zoom_window on one of 9 overlapping windows, a choice rather than four coordinates:
@@ -280,7 +334,9 @@ class ZoomParams(TaskParams):
               f"{', '.join(RGB)}, more than distractor_tags={self.distractor_tags}; got {self.colors!r}")
         check(self.distractor_shapes >= 0, f"distractor_shapes must be >= 0, got {self.distractor_shapes}")
         check(8 <= self.tag_min <= self.tag_max, f"need 8 <= tag_min <= tag_max, got {self.tag_min}, {self.tag_max}")
+        check(0.1 <= self.code_size <= 1, f"code_size must be in 0.1..1, got {self.code_size}")
         check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
+        check(self.layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         check(self.call_style in ("box", "window"), f"call_style must be box or window, got {self.call_style!r}")
         self._validate_rewards()
         self._validate_fit()
@@ -295,7 +351,14 @@ class ZoomParams(TaskParams):
 
     def _validate_fit(self) -> None:
         side = self.image_size
-        tag = tag_width(max(self.digits, self.ood_digits), self.tag_max)
+        tag = tag_width(max(self.digits, self.ood_digits), self.tag_max, self.code_size)
+        if self.layout == "panels":
+            check(self.distractor_tags <= 3 and self.distractor_shapes == 0, "layout=panels puts each tag in "
+                  "its own of 4 panels and draws no shapes: need distractor_tags <= 3 and distractor_shapes=0, "
+                  f"got {self.distractor_tags} and {self.distractor_shapes}")
+            check(max(tag, self.tag_max) + 2 * self.gap <= side // 2, f"a tag ({tag} x {self.tag_max} px) "
+                  f"does not fit a {side // 2} px panel with gap {self.gap}; lower tag_max or raise image_size")
+            return
         used = self.distractor_shapes * (round(SHAPE_SIZES[1] * side) + self.gap) ** 2
         used += (1 + self.distractor_tags) * (tag + 2 * (self.tag_max // 2) + self.gap) ** 2
         check(used <= MAX_FILL * side * side, "the shapes and tags do not fit the image with room to spare; "
@@ -325,7 +388,9 @@ class ZoomTask(Task):
         colors = rng.sample(p.colors, count)
         codes = [str(c) for c in rng.sample(range(10 ** (n - 1), 10 ** n), count)]
         heights = [rng.randint(p.tag_min, p.tag_max) for _ in range(count)]
-        widths = [tag_width(n, h) for h in heights]
+        widths = [tag_width(n, h, p.code_size) for h in heights]
+        if p.layout == "panels":
+            return self._panel_tags(rng, colors, codes, widths, heights), []
         kinds = [rng.choice(KINDS) for _ in range(p.distractor_shapes)]
         tints = [rng.choice(tuple(RGB)) for _ in kinds]
         lo, hi = round(SHAPE_SIZES[0] * p.image_size), round(SHAPE_SIZES[1] * p.image_size)
@@ -340,15 +405,31 @@ class ZoomTask(Task):
             tags.append([c, code, x1, y1, x1 + w, y1 + h])
         return tags, shapes
 
+    def _panel_tags(self, rng: random.Random, colors: list[str], codes: list[str], widths: list[int],
+                    heights: list[int]) -> list[list[Any]]:
+        """Tags of the "panels" layout: each in its own panel, anywhere inside it `gap` from its edges."""
+        p, tags = self.params, []
+        for color, code, w, h, panel in zip(colors, codes, widths, heights, rng.sample(range(4), len(colors))):
+            x0, y0, x1, y1 = panel_box(panel, p.image_size)
+            x, y = rng.randint(x0 + p.gap, x1 - p.gap - w), rng.randint(y0 + p.gap, y1 - p.gap - h)
+            tags.append([color, code, x, y, x + w, y + h])
+        return tags
+
     def _draw(self, tags: list[list[Any]], shapes: list[list[Any]]) -> Image.Image:
         """The full-resolution original."""
-        image = Image.new("RGB", (self.params.image_size, self.params.image_size), "white")
+        side = self.params.image_size
+        image = Image.new("RGB", (side, side), "white")
         draw = ImageDraw.Draw(image)
+        if self.params.layout == "panels":
+            for panel, shade in enumerate(PANEL_SHADES):
+                x1, y1, x2, y2 = panel_box(panel, side)
+                draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=(shade, shade, shade))
         for kind, tint, x, y, size in shapes:
             draw_shape(draw, kind, x, y, size, pale(tint))
         for color, code, x1, y1, x2, y2 in tags:
             draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=RGB[color])
-            draw.text(((x1 + x2) / 2, (y1 + y2) / 2), code, font=tag_font(y2 - y1), fill=text_color(color),
+            draw.text(((x1 + x2) / 2, (y1 + y2) / 2), code,
+                      font=tag_font(code_font_size(y2 - y1, self.params.code_size)), fill=text_color(color),
                       anchor="mm")
         return image
 
@@ -363,11 +444,27 @@ class ZoomTask(Task):
         prompt = (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
                   f"tag in it holds a {len(code)}-digit code, too small to read here. {how}"
                   "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
-        call = (call_text(padded(box, (box[3] - box[1]) // 2, side)) if p.call_style == "box" else
-                window_call_text(best_window(box, side)))
-        turns = [f"<think>The {color} tag is near the {where(box, side)}.</think>\n{call}",
+        if not p.instructions:
+            prompt = f"Read the {len(code)}-digit code of the {color} tag."
+        turns = [f"<think>{self._location(color, box)}</think>\n{self._reference_call(box)}",
                  f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
         return prompt, turns
+
+    def _location(self, color: str, box: list[int]) -> str:
+        """Where the reference's first turn says the target is."""
+        side = self.params.image_size
+        if self.params.layout == "panels":
+            return f"The {color} tag is in the {PANEL_NAMES[panel_of(box, side)]} panel."
+        return f"The {color} tag is near the {where(box, side)}."
+
+    def _reference_call(self, box: list[int]) -> str:
+        """The reference zoom: the target padded by half its height (free layout) or its panel (panels)."""
+        p, side = self.params, self.params.image_size
+        if p.layout == "panels":
+            panel = panel_of(box, side)
+            return call_text(panel_box(panel, side)) if p.call_style == "box" else window_call_text(panel_window(panel))
+        return call_text(padded(box, (box[3] - box[1]) // 2, side)) if p.call_style == "box" else \
+            window_call_text(best_window(box, side))
 
     def _example(self, idx: int, split: str) -> Example:
         p, rng = self.params, self.rng(split, idx)
