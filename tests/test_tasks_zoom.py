@@ -468,3 +468,17 @@ def test_without_instructions_the_prompt_only_names_the_tag():
 def test_bad_panel_parameters_are_one_line_errors(params, message):
     with pytest.raises(VlmrlError, match=message):
         get_task("zoom", **params)
+
+
+def test_a_hint_says_where_the_tag_is():
+    from vlmrl.tasks.zoom import PANEL_NAMES, panel_of
+
+    for idx in range(10):
+        example = get_task("zoom", seed=0, instructions=False, hint=True, **PANELS).example(idx)
+        panel = PANEL_NAMES[panel_of(example.meta["box"], 448)]
+        assert example.prompt == f"Read the 1-digit code of the {example.meta['color']} tag, in the {panel} panel."
+        assert example.meta["reference_turns"][0].startswith(f"<think>The {example.meta['color']} tag is in the "
+                                                             f"{panel} panel.</think>")
+    free = get_task("zoom", seed=0, hint=True).example(0)
+    assert f"tag, near the {free.meta['reference_turns'][0].split('near the ')[1].split('.')[0]}, holds" in free.prompt
+    assert "tag in it holds a 2-digit code" in get_task("zoom", seed=0).example(0).prompt

@@ -304,6 +304,10 @@ class ZoomParams(TaskParams):
     """Whether the prompt explains the view, the zoom call (with an example) and the answer format;
     False: it only names the tag ("Read the 1-digit code of the red tag."), for a model that learns
     the call by SFT (the offline demo: a prompt a sixth as long makes each SFT step ~2x cheaper)."""
+    hint: bool = False
+    """Whether the question also says where the tag is ("the red tag, in the top left panel,"): the
+    model then needs the zoom to read the code but not to find the tag (the offline demo, whose
+    random-weight model does not learn to find it; see the module docstring)."""
     call_style: str = "box"
     """How the prompt and the reference zoom: "box" (zoom on [x1, y1, x2, y2] in original pixels) or
     "window" (zoom_window on one of 9 overlapping windows, a choice rather than four coordinates:
@@ -441,21 +445,26 @@ class ZoomTask(Task):
                f"{call_text([0, 0, half, half])}" if p.call_style == "box" else
                "Zoom in on one of 9 overlapping windows (0-8, rows of 3 from the top left), e.g. the centre:\n"
                f"{window_call_text(4)}")
+        place = f", {self._place(box)}," if p.hint else " in it"
         prompt = (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
-                  f"tag in it holds a {len(code)}-digit code, too small to read here. {how}"
+                  f"tag{place} holds a {len(code)}-digit code, too small to read here. {how}"
                   "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
         if not p.instructions:
-            prompt = f"Read the {len(code)}-digit code of the {color} tag."
+            prompt = f"Read the {len(code)}-digit code of the {color} tag{place.rstrip(',') if p.hint else ''}."
         turns = [f"<think>{self._location(color, box)}</think>\n{self._reference_call(box)}",
                  f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
         return prompt, turns
 
-    def _location(self, color: str, box: list[int]) -> str:
-        """Where the reference's first turn says the target is."""
+    def _place(self, box: list[int]) -> str:
+        """Where the target is, in words: "in the top left panel" (panels) or "near the top left"."""
         side = self.params.image_size
         if self.params.layout == "panels":
-            return f"The {color} tag is in the {PANEL_NAMES[panel_of(box, side)]} panel."
-        return f"The {color} tag is near the {where(box, side)}."
+            return f"in the {PANEL_NAMES[panel_of(box, side)]} panel"
+        return f"near the {where(box, side)}"
+
+    def _location(self, color: str, box: list[int]) -> str:
+        """Where the reference's first turn says the target is."""
+        return f"The {color} tag is {self._place(box)}."
 
     def _reference_call(self, box: list[int]) -> str:
         """The reference zoom: the target padded by half its height (free layout) or its panel (panels)."""
