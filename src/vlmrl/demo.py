@@ -56,6 +56,9 @@ class DemoPreset:
 # - the strict rubric in GRPO: the chapter rubric pays no format, and the policy drifted into
 #   repeated tags until every completion hit the length limit;
 # - GRPO warms up: a fresh AdamW's first full-size steps (no warmup) undid the warm start.
+DAPO_STYLE = ["rollout.temperature=1.0", "algorithm.beta=0", "algorithm.aggregation=token",
+              "algorithm.eps_high=0.28"]
+"""The RL settings every preset shares: sampling at temperature 1, no KL, token-level loss, clip-higher."""
 PRESETS = {
     "shapes": DemoPreset(
         shared=["task.name=shapes", "task.params.targets=[circle]", "task.params.distractors=false",
@@ -63,8 +66,7 @@ PRESETS = {
                 "model.vision_lr_scale=0"],
         sft=["sft.batch_size=32", "train.steps=100", "train.lr=1e-3", "train.warmup_steps=30",
              "train.micro_batch_size=32", "train.save_every=50", "eval.every=50", "eval.n=64"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.temperature=1.0",
-              "algorithm.beta=0", "algorithm.aggregation=token", "algorithm.eps_high=0.28",
+        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
               "train.steps=60", "train.lr=1e-4", "train.warmup_steps=10", "train.micro_batch_size=64",
               "train.save_every=10", "train.log_rollouts_every=5", "eval.every=20", "eval.n=64"],
         eval_n=200, max_new_tokens=40),
@@ -73,22 +75,21 @@ PRESETS = {
                 "task.params.image_size=168"],
         sft=["sft.batch_size=16", "train.steps=150", "train.lr=1e-3", "train.warmup_steps=20",
              "train.micro_batch_size=16", "train.save_every=50"],
-        grpo=["rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.temperature=1.0",
-              "algorithm.beta=0", "algorithm.aggregation=token", "algorithm.eps_high=0.28",
+        grpo=["rollout.prompts_per_step=4", "rollout.group_size=8", *DAPO_STYLE,
               "train.steps=20", "train.lr=1e-4", "train.warmup_steps=5", "train.micro_batch_size=32",
               "train.save_every=10", "train.log_rollouts_every=5"],
         eval_n=64, max_new_tokens=128),
     # Thinking with images (issue 15): zoom on the panel of the named card, then read its digit.
     # - layout=panels, large cards (100-120 px of 448, digits at 0.45 of the card): in the 56 px view
     #   a card is a quarter of its panel's token, so its colour reaches the random vision tower and
-    #   the panel's shade says where it is; its digit is 4 px there and ~30 px in the zoom (168 px);
+    #   the panel's shade says where it is; its digit is ~4 px there and ~26 px in the zoom (168 px);
     #   with the default small tags (20-26 px) or 48-56 px tags filled by their digits, 300 SFT steps
     #   never found the panel (zoom credit at chance, 0.2-0.34);
     # - hint=true: the question names the panel. Even with large cards 125 SFT steps did not learn to
     #   find the named colour's panel (zoom credit 0.14-0.39); told where, the zoom is right at step
     #   50 (0.86) and what is left to learn is reading the digit, only legible in the zoom;
     # - the prompt without instructions (SFT teaches the call) and the tiny tokenizer's tool tags:
-    #   a trajectory is ~110 tokens instead of ~300, each SFT step ~2.5x cheaper.
+    #   a prompt of ~11 text tokens instead of ~180 and a trajectory of ~110 tokens instead of 161.
     "zoom": DemoPreset(
         shared=["task.name=zoom", "task.params.layout=panels", "task.params.distractor_shapes=0",
                 "task.params.digits=1", "task.params.ood_digits=2", "task.params.view_side=56",
@@ -99,8 +100,7 @@ PRESETS = {
                 "rollout.max_trajectory_tokens=256"],
         sft=["sft.batch_size=32", "train.steps=200", "train.lr=1e-3", "train.warmup_steps=20",
              "train.micro_batch_size=32", "train.save_every=50", "eval.every=50", "eval.n=64"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.temperature=1.0",
-              "algorithm.beta=0", "algorithm.aggregation=token", "algorithm.eps_high=0.28",
+        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
               "train.steps=40", "train.lr=1e-4", "train.warmup_steps=10", "train.micro_batch_size=64",
               "train.save_every=10", "train.log_rollouts_every=5", "eval.every=20", "eval.n=64"],
         eval_n=200, max_new_tokens=48),

@@ -28,13 +28,14 @@ box padded by half the tag height, kept inside the image), then the final answer
 Layout "panels" (`layout`, what `vlmrl demo --preset zoom` uses): the original is a 2 x 2 board of
 panels shaded from white to grey (`PANEL_SHADES`, top left, top right, bottom left, bottom right),
 each tag alone in its own panel, no shapes. A panel's shade tells where a tag is from the tag's
-own surroundings: a model whose image features carry colour but no position (the random-weight
-vision tower of the offline model; its language model sees positions only through rotary phases)
-can name the panel, where in the free layout it could not (measured: 200 SFT steps on the free
-layout collapsed onto one window). The reference call zooms on the target's whole panel
-(`zoom_window` 0, 2, 6 or 8, or the panel's box), which shows the tag at twice the original's
-scale divided by `image_size / tool_image_side`; pick tag sizes that are readable there and not in
-the view.
+own surroundings, for a model whose image features carry colour but no position (the random-weight
+vision tower of the offline model; its language model sees positions only through rotary phases).
+Measured on the offline model it was not enough: 125-300 SFT steps never found the named tag's
+panel (zoom credit at chance), hence `hint`. The reference call zooms on the target's whole panel
+(`zoom_window` 0, 2, 6 or 8, or the panel's box), shown at `tool_image_side / (image_size / 2)` of
+the original's scale; pick tag sizes readable there and not in the view (`code_size` < 1 makes the
+tag a large card around small digits). `instructions=false` shortens the prompt to the question,
+`hint=true` adds where the tag is (see the fields).
 
 Splits: a candidate belongs to "test" when a stable hash of (code, colour, the target's centre cell
 on a 4 x 4 grid of the original) falls below 0.5 (`content_key`, `base.in_split`), else to "train":
@@ -439,21 +440,24 @@ class ZoomTask(Task):
 
     def _texts(self, color: str, code: str, box: list[int]) -> tuple[str, list[str]]:
         """The prompt and the reference assistant turns (the call, then the answer)."""
+        turns = [f"<think>{self._location(color, box)}</think>\n{self._reference_call(box)}",
+                 f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
+        return self._prompt(color, code, box), turns
+
+    def _prompt(self, color: str, code: str, box: list[int]) -> str:
+        """The question: the full instructions, or only the tag (`instructions`), with its place (`hint`)."""
         p = self.params
+        if not p.instructions:
+            return f"Read the {len(code)}-digit code of the {color} tag{', ' + self._place(box) if p.hint else ''}."
         side, view, half = p.image_size, p.view_side, p.image_size // 2
         how = (f"Zoom in with a box in pixels of the {side}x{side} image, e.g. its top-left quarter:\n"
                f"{call_text([0, 0, half, half])}" if p.call_style == "box" else
                "Zoom in on one of 9 overlapping windows (0-8, rows of 3 from the top left), e.g. the centre:\n"
                f"{window_call_text(4)}")
         place = f", {self._place(box)}," if p.hint else " in it"
-        prompt = (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
-                  f"tag{place} holds a {len(code)}-digit code, too small to read here. {how}"
-                  "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
-        if not p.instructions:
-            prompt = f"Read the {len(code)}-digit code of the {color} tag{place.rstrip(',') if p.hint else ''}."
-        turns = [f"<think>{self._location(color, box)}</think>\n{self._reference_call(box)}",
-                 f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
-        return prompt, turns
+        return (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
+                f"tag{place} holds a {len(code)}-digit code, too small to read here. {how}"
+                "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
 
     def _place(self, box: list[int]) -> str:
         """Where the target is, in words: "in the top left panel" (panels) or "near the top left"."""
