@@ -482,3 +482,83 @@ def test_a_hint_says_where_the_tag_is():
     free = get_task("zoom", seed=0, hint=True).example(0)
     assert f"tag, near the {free.meta['reference_turns'][0].split('near the ')[1].split('.')[0]}, holds" in free.prompt
     assert "tag in it holds a 2-digit code" in get_task("zoom", seed=0).example(0).prompt
+
+
+# --- codes of patterns (symbols=patterns, the demo's) ----------------------------------------------
+
+PATTERN_BOARD = dict(PANELS, symbols="patterns", distractor_tags=3, tag_min=80, tag_max=104)
+
+
+def test_pattern_masks_are_half_coloured_in_every_period_block():
+    from vlmrl.tasks.zoom import PATTERNS, pattern_mask
+
+    masks = {name: pattern_mask(name, 16, 16, 8) for name in PATTERNS}
+    assert masks["horizontal"][:4].all() and not masks["horizontal"][4:8].any()  # rows 0-3 on, 4-7 off
+    assert masks["vertical"][:, :4].all() and not masks["vertical"][:, 4:8].any()
+    assert masks["checkered"][0, 0] and not masks["checkered"][0, 4] and masks["checkered"][4, 4]
+    assert masks["diagonal"][0, 3] and not masks["diagonal"][0, 4] and masks["diagonal"][3, 0] and not masks["diagonal"][2, 2]
+    for mask in masks.values():  # every 8 x 8 window, wherever it starts, is half coloured
+        assert {int(mask[y:y + 8, x:x + 8].sum()) for y in range(9) for x in range(9)} == {32}
+    assert len({m.tobytes() for m in masks.values()}) == 4
+
+
+FREE_PATTERNS = dict(symbols="patterns", digits=1, ood_digits=2)  # 448 px, 112 px view: a 4 px grid
+
+
+@pytest.mark.parametrize("params, grid", [(PATTERN_BOARD, 8), (FREE_PATTERNS, 4)])
+@pytest.mark.parametrize("split, n", [("train", 1), ("test", 1), ("ood", 2)])
+def test_the_view_is_the_same_whatever_the_patterns(split, n, params, grid):
+    """Tags on the view's grid, stripes half a view pixel wide: the box filter leaves a flat tint, so
+    the view of a board does not depend on its codes at all; the original shows them plainly."""
+    from vlmrl.tasks.zoom import PATTERNS
+
+    task = get_task("zoom", seed=0, **params)
+    side = 448 // grid
+    for idx in range(8):
+        example = task.example(idx, split)
+        meta = example.meta
+        tags = [[meta["color"], meta["code"], *meta["box"]]] + [[d["color"], d["code"], *d["box"]]
+                                                                for d in meta["distractors"]]
+        assert all(v % grid == 0 for tag in tags for v in tag[2:]) and len(meta["code"].split()) == n
+        assert len({tag[1] for tag in tags}) == len(tags) and all(w in PATTERNS for t in tags for w in t[1].split())
+        recoded = [[c, " ".join(PATTERNS[(PATTERNS.index(w) + 1) % 4] for w in code.split()), *box]
+                   for c, code, *box in tags]
+        other = task._draw(recoded, meta["shapes"])
+        assert other.tobytes() != example.originals[0].tobytes()
+        assert other.resize((side, side), Image.Resampling.BOX).tobytes() == example.image.tobytes()
+        x1, y1, x2, y2 = meta["box"]
+        r, g, b = RGB[meta["color"]]
+        tint = (round((r + 255) / 2), round((g + 255) / 2), round((b + 255) / 2))
+        inside = example.image.crop((x1 // grid, y1 // grid, x2 // grid, y2 // grid))
+        assert all(max(abs(a - t) for a, t in zip(px, tint)) <= 1 for px in pixels(inside))
+
+
+def test_pattern_answers_and_prompts():
+    task = get_task("zoom", seed=0, instructions=False, hint=True, **PATTERN_BOARD)
+    example = task.example(0)
+    code, color = example.meta["code"], example.meta["color"]
+    assert example.prompt.startswith(f"Name the pattern of the {color} tag, in the ")
+    assert example.reference_completion == f"<think>The {color} tag shows {code}.</think> <answer>{code}</answer>"
+    assert task.score(example, example.reference_completion) == {"accuracy": 1.0, "format": 1.0, "total": 1.5}
+    assert task.score(example, f"<think>x</think> <answer> {code.upper()} </answer>")["accuracy"] == 1.0
+    other = example.meta["distractors"][0]["code"]
+    assert task.score(example, f"<think>x</think> <answer>{other}</answer>") == {"accuracy": 0.0, "format": 1.0,
+                                                                                   "total": 0.5}
+    assert task.score(example, "<think>x</think> <answer>stripes</answer>")["format"] == 0.0
+    assert task.score(example, "<think>x</think> <answer></answer>")["format"] == 0.0
+    ood = task.example(0, "ood")
+    assert ood.prompt.startswith(f"Name the 2 patterns, left to right, of the {ood.meta['color']} tag")
+    full = get_task("zoom", seed=0, **PATTERN_BOARD).example(0).prompt
+    assert "is filled with a pattern (horizontal, vertical, checkered or diagonal), too fine to see here" in full
+    assert "give the pattern inside <answer> </answer>" in full
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"view_side": 64}, "image_size must be view_side times an even number"),
+    ({"view_side": 149, "image_size": 447}, "image_size must be view_side times an even number"),
+    ({"tag_min": 8, "tag_max": 8, "view_side": 28, "digits": 1, "ood_digits": 2}, "need tag_min >= 16"),
+    ({"symbols": "letters"}, "symbols must be one of digits, patterns"),
+])
+def test_bad_pattern_parameters_are_one_line_errors(params, message):
+    with pytest.raises(VlmrlError, match=message):
+        get_task("zoom", **{"symbols": "patterns", "digits": 1, "ood_digits": 2, **params})

@@ -37,16 +37,27 @@ the original's scale; pick tag sizes readable there and not in the view (`code_s
 tag a large card around small digits). `instructions=false` shortens the prompt to the question,
 `hint=true` adds where the tag is (see the fields).
 
+Codes of patterns (`symbols="patterns"`, what the demo uses): a tag is `digits` square patches side
+by side, each filled with one of PATTERNS (lines across, lines down, a checkerboard, lines at 45
+degrees) in the tag's colour on white, stripes half a view pixel wide (period image_size /
+view_side), every tag on the view's pixel grid. The box filter averages each period x period block
+to the same half tint, so the view is the same image whatever the codes (tested), while a zoom
+shows the lines. The answer names the patterns left to right ("checkered", "vertical diagonal"),
+case and spacing ignored. On the offline model the patterns are read from the zoom at 97% after
+75 SFT steps, where a 1-digit code stayed at chance through 200: the random vision tower's pooled
+features separate the patterns linearly (a ridge probe: 100%), not the digits (14%, chance 11%).
+
 Splits: a candidate belongs to "test" when a stable hash of (code, colour, the target's centre cell
 on a 4 x 4 grid of the original) falls below 0.5 (`content_key`, `base.in_split`), else to "train":
 a test example never repeats a train example's code in the same colour and place. "ood": codes of
-`ood_digits` digits (default 3), a longer code than training ever shows.
+`ood_digits` digits (default 3) or patterns, a longer code than training ever shows.
 
 Rewards (components in [0, 1] unless said):
 
 - `score(example, text)`, a plain final text: "accuracy" (1 iff the single <answer> holds exactly
-  the code, whitespace around ignored) + format_weight (0.5) x "format" (the strict
-  <think>/<answer> layout with an answer of ASCII digits only). Total in [0, 1 + format_weight].
+  the code, whitespace around ignored; patterns: the names in order, case and spacing ignored) +
+  format_weight (0.5) x "format" (the strict <think>/<answer> layout with an answer of ASCII digits
+  only; patterns: of pattern names only). Total in [0, 1 + format_weight].
 - `score_trajectory(example, trajectory)`, a tool-using rollout: accuracy and format as above on
   `trajectory.final_text`, + zoom_weight (0.5) x "zoom" (1 when some call that ran without error
   zoomed on a box which, clipped to the original, covers at least min_cover (0.9) of the target
@@ -60,6 +71,7 @@ Rewards (components in [0, 1] unless said):
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import random
@@ -67,6 +79,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from vlmrl.rewards import Rubric, extract_tag, think_answer_format
@@ -85,6 +98,9 @@ GRID = 4
 PANEL_SHADES = (255, 224, 192, 160)
 """Grey level of each panel of the "panels" layout: top left, top right, bottom left, bottom right."""
 PANEL_NAMES = ("top left", "top right", "bottom left", "bottom right")
+PATTERNS = ("horizontal", "vertical", "checkered", "diagonal")
+"""The patterns of `symbols="patterns"`: lines across, lines down, a checkerboard, lines at 45 degrees."""
+SYMBOLS = ("digits", "patterns")
 _DIGITS = re.compile(r"[0-9]+")
 _ROWS, _COLUMNS = ("top", "middle", "bottom"), ("left", "centre", "right")
 LAYOUTS = ("free", "panels")
@@ -101,11 +117,29 @@ def code_font_size(height: int, code_size: float) -> int:
     return max(1, round(code_size * height))
 
 
-def tag_width(n_digits: int, height: int, code_size: float = 1.0) -> int:
+def tag_width(n_digits: int, height: int, code_size: float = 1.0, symbols: str = "digits") -> int:
     """Width in pixels of a tag `height` high holding `n_digits` digits: the digits plus a margin of a
-    quarter of their font size on each side, and at least `height` (a square card around small digits)."""
+    quarter of their font size on each side, and at least `height` (a square card around small digits).
+    With symbols="patterns": `n_digits` square patches side by side."""
+    if symbols == "patterns":
+        return n_digits * height
     size = code_font_size(height, code_size)
     return max(height, math.ceil(tag_font(size).getlength("0" * n_digits)) + 2 * max(2, round(0.25 * size)))
+
+
+def pattern_mask(pattern: str, width: int, height: int, period: int) -> np.ndarray:
+    """(height, width) bool, True where a patch of `pattern` (PATTERNS) has its colour: stripes
+    period/2 pixels wide, so that every period x period block, wherever it starts, is half coloured."""
+    v, u = np.mgrid[0:height, 0:width]  # (height, width) each: row and column of every pixel
+    half = period // 2
+    phase = {"horizontal": v // half, "vertical": u // half, "checkered": u // half + v // half,
+             "diagonal": (u + v) // half}[pattern]
+    return phase % 2 == 0
+
+
+def on_grid(rng: random.Random, lo: int, hi: int, grid: int) -> int:
+    """A random whole multiple of `grid` in [lo, hi] (for grid 1, exactly rng.randint(lo, hi))."""
+    return grid * rng.randint(-(-lo // grid), hi // grid)
 
 
 def text_color(color: str) -> tuple[int, int, int]:
@@ -277,9 +311,15 @@ class ZoomParams(TaskParams):
     view_side: int = 112
     """Side of the downscaled view the model first sees."""
     digits: int = 2
-    """Digits of a code in train and test (no leading zero)."""
+    """Digits of a code in train and test (no leading zero); with symbols="patterns", patterns."""
     ood_digits: int = 3
-    """Digits of a code in the OOD split (must differ from digits)."""
+    """Digits (patterns) of a code in the OOD split (must differ from digits)."""
+    symbols: str = "digits"
+    """What a code is made of: "digits" printed on the tag, or "patterns": the tag is `digits` square
+    patches side by side, each one of PATTERNS in the tag's colour on white, stripes half a view pixel
+    wide (period image_size / view_side, a whole even number), tags on the view's pixel grid. The
+    view's box filter then turns every patch into the same flat tint: the view does not depend on
+    the code at all, and a zoom shows it plainly. The answer names the patterns left to right."""
     distractor_tags: int = 2
     """Tags of other colours with other codes."""
     distractor_shapes: int = 3
@@ -334,6 +374,7 @@ class ZoomParams(TaskParams):
         check(8 <= self.view_side <= self.image_size, f"need 8 <= view_side <= image_size, got {self.view_side}")
         check(1 <= self.digits <= 6 and 1 <= self.ood_digits <= 6 and self.digits != self.ood_digits,
               f"need digits and ood_digits in 1..6 and different, got {self.digits}, {self.ood_digits}")
+        check(self.symbols in SYMBOLS, f"symbols must be one of {', '.join(SYMBOLS)}, got {self.symbols!r}")
         distinct = len(set(self.colors)) == len(self.colors) and all(c in RGB for c in self.colors)
         check(distinct and 0 <= self.distractor_tags < len(self.colors), "colors must be distinct names from "
               f"{', '.join(RGB)}, more than distractor_tags={self.distractor_tags}; got {self.colors!r}")
@@ -343,8 +384,27 @@ class ZoomParams(TaskParams):
         check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
         check(self.layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         check(self.call_style in ("box", "window"), f"call_style must be box or window, got {self.call_style!r}")
+        if self.symbols == "patterns":
+            self._validate_patterns()
         self._validate_rewards()
         self._validate_fit()
+
+    @property
+    def grid(self) -> int:
+        """Pixels of the original per view pixel when tags sit on the view's grid (patterns), else 1."""
+        return self.image_size // self.view_side if self.symbols == "patterns" else 1
+
+    def _validate_patterns(self) -> None:
+        ratio = self.image_size // self.view_side
+        check(self.image_size % self.view_side == 0 and ratio % 2 == 0, "symbols=patterns draws stripes half a "
+              "view pixel wide: image_size must be view_side times an even number, got "
+              f"{self.image_size} and {self.view_side}")
+        check(self.tag_min >= ratio and (self.layout == "panels" or self.tag_max // 2 >= ratio),
+              f"symbols=patterns puts tags on the view's {ratio} px grid: need tag_min >= {ratio} (and, in the "
+              f"free layout, tag_max >= {2 * ratio}), got {self.tag_min}, {self.tag_max}")
+        codes = len(PATTERNS) ** min(self.digits, self.ood_digits)
+        check(1 + self.distractor_tags <= codes, f"{codes} codes of {min(self.digits, self.ood_digits)} "
+              f"pattern(s) cannot tell {1 + self.distractor_tags} tags apart; lower distractor_tags")
 
     def _validate_rewards(self) -> None:
         weights = (self.format_weight, self.zoom_weight, self.call_cost, self.max_charge)
@@ -356,7 +416,7 @@ class ZoomParams(TaskParams):
 
     def _validate_fit(self) -> None:
         side = self.image_size
-        tag = tag_width(max(self.digits, self.ood_digits), self.tag_max, self.code_size)
+        tag = tag_width(max(self.digits, self.ood_digits), self.tag_max, self.code_size, self.symbols)
         if self.layout == "panels":
             check(self.distractor_tags <= 3 and self.distractor_shapes == 0, "layout=panels puts each tag in "
                   "its own of 4 panels and draws no shapes: need distractor_tags <= 3 and distractor_shapes=0, "
@@ -391,9 +451,12 @@ class ZoomTask(Task):
         n = p.ood_digits if split == "ood" else p.digits
         count = 1 + p.distractor_tags
         colors = rng.sample(p.colors, count)
-        codes = [str(c) for c in rng.sample(range(10 ** (n - 1), 10 ** n), count)]
-        heights = [rng.randint(p.tag_min, p.tag_max) for _ in range(count)]
-        widths = [tag_width(n, h, p.code_size) for h in heights]
+        if p.symbols == "patterns":
+            codes = [" ".join(c) for c in rng.sample(list(itertools.product(PATTERNS, repeat=n)), count)]
+        else:
+            codes = [str(c) for c in rng.sample(range(10 ** (n - 1), 10 ** n), count)]
+        heights = [h - h % p.grid for h in (rng.randint(p.tag_min, p.tag_max) for _ in range(count))]
+        widths = [tag_width(n, h, p.code_size, p.symbols) for h in heights]
         if p.layout == "panels":
             return self._panel_tags(rng, colors, codes, widths, heights), []
         kinds = [rng.choice(KINDS) for _ in range(p.distractor_shapes)]
@@ -407,6 +470,7 @@ class ZoomTask(Task):
         tags = []
         for c, code, (x, y), slot, w, h in zip(colors, codes, corners[len(sizes):], slots, widths, heights):
             x1, y1 = x + (slot - w) // 2, y + (slot - h) // 2
+            x1, y1 = x1 - x1 % p.grid, y1 - y1 % p.grid  # on the view's grid (patterns), within the slot
             tags.append([c, code, x1, y1, x1 + w, y1 + h])
         return tags, shapes
 
@@ -416,7 +480,7 @@ class ZoomTask(Task):
         p, tags = self.params, []
         for color, code, w, h, panel in zip(colors, codes, widths, heights, rng.sample(range(4), len(colors))):
             x0, y0, x1, y1 = panel_box(panel, p.image_size)
-            x, y = rng.randint(x0 + p.gap, x1 - p.gap - w), rng.randint(y0 + p.gap, y1 - p.gap - h)
+            x, y = on_grid(rng, x0 + p.gap, x1 - p.gap - w, p.grid), on_grid(rng, y0 + p.gap, y1 - p.gap - h, p.grid)
             tags.append([color, code, x, y, x + w, y + h])
         return tags
 
@@ -432,32 +496,52 @@ class ZoomTask(Task):
         for kind, tint, x, y, size in shapes:
             draw_shape(draw, kind, x, y, size, pale(tint))
         for color, code, x1, y1, x2, y2 in tags:
+            if self.params.symbols == "patterns":
+                image.paste(self._patterned(color, code.split(), y2 - y1), (x1, y1))
+                continue
             draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=RGB[color])
             draw.text(((x1 + x2) / 2, (y1 + y2) / 2), code,
                       font=tag_font(code_font_size(y2 - y1, self.params.code_size)), fill=text_color(color),
                       anchor="mm")
         return image
 
+    def _patterned(self, color: str, patterns: list[str], height: int) -> Image.Image:
+        """A tag of `patterns` (square patches left to right) in `color` on white."""
+        period = self.params.image_size // self.params.view_side
+        mask = np.concatenate([pattern_mask(name, height, height, period) for name in patterns], axis=1)  # (h, n*h)
+        pixels = np.where(mask[..., None], np.array(RGB[color], dtype=np.uint8), np.uint8(255))  # (h, n*h, 3)
+        return Image.fromarray(pixels.astype(np.uint8), "RGB")
+
     def _texts(self, color: str, code: str, box: list[int]) -> tuple[str, list[str]]:
         """The prompt and the reference assistant turns (the call, then the answer)."""
+        verb = "shows" if self.params.symbols == "patterns" else "reads"
         turns = [f"<think>{self._location(color, box)}</think>\n{self._reference_call(box)}",
-                 f"<think>The {color} tag reads {code}.</think> <answer>{code}</answer>"]
+                 f"<think>The {color} tag {verb} {code}.</think> <answer>{code}</answer>"]
         return self._prompt(color, code, box), turns
 
     def _prompt(self, color: str, code: str, box: list[int]) -> str:
         """The question: the full instructions, or only the tag (`instructions`), with its place (`hint`)."""
         p = self.params
+        n, patterns = len(code.split()), p.symbols == "patterns"
         if not p.instructions:
-            return f"Read the {len(code)}-digit code of the {color} tag{', ' + self._place(box) if p.hint else ''}."
+            place = f", {self._place(box)}" if p.hint else ""
+            if patterns:
+                return f"Name the {'pattern' if n == 1 else f'{n} patterns, left to right,'} of the {color} tag{place}."
+            return f"Read the {len(code)}-digit code of the {color} tag{place}."
         side, view, half = p.image_size, p.view_side, p.image_size // 2
         how = (f"Zoom in with a box in pixels of the {side}x{side} image, e.g. its top-left quarter:\n"
                f"{call_text([0, 0, half, half])}" if p.call_style == "box" else
                "Zoom in on one of 9 overlapping windows (0-8, rows of 3 from the top left), e.g. the centre:\n"
                f"{window_call_text(4)}")
         place = f", {self._place(box)}," if p.hint else " in it"
+        if patterns:
+            what = (f"is filled with {'a pattern' if n == 1 else f'{n} patterns side by side'} "
+                    f"({', '.join(PATTERNS[:-1])} or {PATTERNS[-1]}), too fine to see here")
+            give = f"the pattern{'s, left to right,' if n > 1 else ''}"
+        else:
+            what, give = f"holds a {len(code)}-digit code, too small to read here", "the code"
         return (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image. A small {color} "
-                f"tag{place} holds a {len(code)}-digit code, too small to read here. {how}"
-                "\nThink inside <think> </think>, then give the code inside <answer> </answer>.")
+                f"tag{place} {what}. {how}\nThink inside <think> </think>, then give {give} inside <answer> </answer>.")
 
     def _place(self, box: list[int]) -> str:
         """Where the target is, in words: "in the top left panel" (panels) or "near the top left"."""
@@ -501,9 +585,14 @@ class ZoomTask(Task):
     def score(self, example: Example, completion: str) -> dict[str, float]:
         """accuracy + format_weight * format; total in [0, 1 + format_weight]. See the module docstring."""
         answer = extract_tag(completion, "answer")
-        exact = answer is not None and answer == example.meta["code"]
-        digits = answer is not None and _DIGITS.fullmatch(answer) is not None
-        well_formed = float(digits and think_answer_format(completion) == 1.0)
+        if self.params.symbols == "patterns":
+            words = [] if answer is None else answer.lower().split()
+            exact = answer is not None and " ".join(words) == example.meta["code"]
+            symbols = bool(words) and all(word in PATTERNS for word in words)
+        else:
+            exact = answer is not None and answer == example.meta["code"]
+            symbols = answer is not None and _DIGITS.fullmatch(answer) is not None
+        well_formed = float(symbols and think_answer_format(completion) == 1.0)
         return Rubric({"accuracy": 1.0, "format": self.params.format_weight})(
             {"accuracy": float(exact), "format": well_formed})
 
