@@ -82,6 +82,10 @@ class TaskConfig:
     """Task parameters, passed to get_task (see `vlmrl tasks list`)."""
 
 
+DECODES = ("auto", "dynamic", "static", "compiled")
+"""The values of `decode` (decoding.py)."""
+
+
 @dataclass
 class GenerationSettings:
     """How one generate call samples completions: rollouts, evaluation, attention maps."""
@@ -99,6 +103,15 @@ class GenerationSettings:
     """Encode each image and prefill each prompt once per group, then let its G samples continue
     from copies of that KV cache (same sampling distribution). False repeats every prompt G times in
     generation, as TRL does (for comparison). Model families not checked for it always repeat."""
+    decode: str = "auto"
+    """How generation decodes (decoding.py): "dynamic" (a growing KV cache, eager), "static" (a KV
+    cache allocated once), "compiled" (static, and the decode step compiled: CUDA graphs on a GPU);
+    "auto" = compiled on CUDA, dynamic elsewhere. All give the same tokens; the first compiled call
+    per shape pays the compilation."""
+
+    def validate(self) -> None:
+        if self.decode not in DECODES:
+            raise VlmrlError(f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}")
 
 
 @dataclass
@@ -131,6 +144,7 @@ class RolloutConfig(GenerationSettings):
     resized to it, small crops enlarged). Each returned image costs image tokens of the budget."""
 
     def validate(self) -> None:
+        super().validate()
         if self.max_turns < 1 or self.max_trajectory_tokens < 1 or self.tool_timeout_s <= 0 or self.tool_image_side < 1:
             raise VlmrlError("rollout.max_turns, max_trajectory_tokens and tool_image_side must be >= 1, "
                              "tool_timeout_s > 0")

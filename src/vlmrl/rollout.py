@@ -5,7 +5,8 @@ itself and returns a `Rollout`: completion ids and masks, texts, and which rows 
 Completions end at the first end-of-turn token, which is kept (the model must learn to stop).
 By default each image is encoded and each prompt prefilled once per group, and the KV cache is
 shared by its G samples (prefill.py); with `share_prompt_cache=False`, or for a model family not
-checked for it, every prompt is repeated G times in the batch, as TRL does.
+checked for it, every prompt is repeated G times in the batch, as TRL does. The KV cache grows
+or is static, and the decode step eager or compiled, as `settings.decode` says (decoding.py).
 
 Nothing here keeps the logits of every step: `generate` returns only the sampled ids, and the
 training pass computes the log-probs it needs (logprobs.py).
@@ -19,6 +20,7 @@ import torch
 
 from vlmrl.completions import Completions, pad_right
 from vlmrl.config import GenerationSettings
+from vlmrl.decoding import decode_kwargs
 from vlmrl.prefill import last_prompt_token_is_text, prefill_once
 from vlmrl.prompts import encode_prompts
 from vlmrl.support import shared_prefill_unsupported, warn_once
@@ -107,6 +109,7 @@ def generate_groups(model, processor, examples: list[Example], settings: Generat
     prompt cache. With `seed`, sampling is reproducible for this batch alone.
     """
     inputs = generation_inputs(model, processor, examples, settings)
+    inputs |= decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     stop_ids = stop_token_ids(processor, model)
     sampling = {"do_sample": False} if settings.temperature == 0 else {
         "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}

@@ -1,7 +1,7 @@
 """What a model supports, so each speedup takes its fast path or falls back to the plain one.
 
-Three speedups need more of a model than a plain forward (see prefill.py, packing.py,
-output_layer.py). Each has a check here that returns None when the model supports it, or the
+Four speedups need more of a model than a plain forward (see prefill.py, packing.py,
+output_layer.py, decoding.py). Each has a check here that returns None when the model supports it, or the
 reason it does not; the caller then takes the plain path and says why once (`warn_once`).
 Families checked to match the plain way (tests/test_speedups.py) are listed in
 `CHECKED_MODEL_TYPES`.
@@ -40,6 +40,14 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def shared_prefill_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot share one prefill among a group's samples, or None when it can."""
+    kind = hf_model(model).config.model_type
+    if kind not in CHECKED_MODEL_TYPES:
+        return f"model type {kind!r} is not one of {', '.join(CHECKED_MODEL_TYPES)}"
+    return None
+
+
+def static_cache_unsupported(model: torch.nn.Module) -> str | None:
+    """Why generation cannot decode into a static (compilable) KV cache, or None when it can."""
     kind = hf_model(model).config.model_type
     if kind not in CHECKED_MODEL_TYPES:
         return f"model type {kind!r} is not one of {', '.join(CHECKED_MODEL_TYPES)}"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from vlmrl.config import RolloutConfig
+from vlmrl.decoding import decode_kwargs
 from vlmrl.rollout import Rollout, generation_inputs, stop_token_ids, suppressed_token_ids
 from vlmrl.tasks import Example
 from vlmrl.tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolContext, ToolLimits, Trajectory, Turn, ends_with_call,
@@ -99,6 +100,7 @@ def sample_turn(model, processor, rows: list[Example], segments: list[list[Segme
     first = not any(segments)
     inputs = (generation_inputs(model, processor, rows[::settings.group_size], settings) if first else
               encode_trajectories(processor, rows, segments, next(model.parameters()).device))
+    inputs |= decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     stop_ids = stop_token_ids(processor, model)
     sampling = {"do_sample": False} if settings.temperature == 0 else {
         "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}

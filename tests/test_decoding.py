@@ -1,0 +1,106 @@
+"""The decode paths give the same tokens: a static KV cache (and its compiled decode step) against
+transformers' dynamic cache, greedy and sampled with one seed, with and without the shared prompt
+cache, for Qwen2.5-VL, Qwen2-VL and Idefics3 in fp32 on the CPU; tool-using rollouts too."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from PIL import Image
+
+from vlmrl import decoding
+from vlmrl.config import GenerationSettings, load_config
+from vlmrl.errors import VlmrlError
+from vlmrl.models import load_policy
+from vlmrl.rollout import generate_groups
+from vlmrl.tasks import Example
+from vlmrl.tool_rollout import ToolBox, generate_trajectories
+
+ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[Example]:
+    """Prompts of different image sizes and lengths: left padding differs per prompt."""
+    return [Example(Image.new("RGB", (56, 84), (200, 10, 10)), "Count.", "1"),
+            Example(Image.new("RGB", (112, 112), (20, 100, 10)), "How many circles are in the image?", "2")]
+
+
+def completions(model, processor, examples, decode: str, shared: bool, temperature: float) -> torch.Tensor:
+    settings = GenerationSettings(group_size=3, max_new_tokens=12, temperature=temperature,
+                                  share_prompt_cache=shared, decode=decode)
+    return generate_groups(model, processor, examples, settings, seed=5).completion_ids
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_static_cache_gives_the_dynamic_caches_tokens(arch, tiny_model_factory, examples):
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    for shared in (True, False):
+        for temperature in (0, 1.0):  # greedy, then sampled with the same seed
+            dynamic = completions(model, processor, examples, "dynamic", shared, temperature)
+            static = completions(model, processor, examples, "static", shared, temperature)
+            assert torch.equal(dynamic, static), (shared, temperature)
+    assert len({tuple(row) for row in dynamic.tolist()}) > 1  # really sampled
+
+
+def test_tool_rollouts_take_the_same_turns_with_a_static_cache(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    original = Image.new("RGB", (112, 56), (255, 255, 255))
+    example = Example(original.resize((56, 28)), "What is the code?", "3", originals=[original])
+
+    def trajectories(decode: str):
+        rollout = load_config(None, ["rollout.group_size=3", "rollout.max_new_tokens=16", "rollout.tools=[zoom]",
+                                     "rollout.max_turns=2", f"rollout.decode={decode}"]).rollout
+        return generate_trajectories(model, processor, [example], ToolBox.from_config(rollout), seed=2)
+
+    dynamic, static = trajectories("dynamic"), trajectories("static")
+    assert torch.equal(dynamic.completion_ids, static.completion_ids) and dynamic.texts == static.texts
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_step_gives_the_same_tokens(tiny_model_dir, examples):
+    """torch.compile of the decode step on the CPU (~40 s to compile), greedy and sampled."""
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    for temperature in (0, 1.0):
+        dynamic = completions(model, processor, examples, "dynamic", True, temperature)
+        assert torch.equal(dynamic, completions(model, processor, examples, "compiled", True, temperature))
+
+
+def test_the_decode_setting(tiny_model_dir, monkeypatch):
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    assert decoding.decode_mode(model, "auto") == "dynamic"  # on the CPU; "compiled" on CUDA
+    assert [decoding.decode_mode(model, d) for d in ("dynamic", "static", "compiled")] == ["dynamic", "static",
+                                                                                            "compiled"]
+    assert [decoding.cache_length(n) for n in (1, 256, 257)] == [256, 256, 512]
+    monkeypatch.setattr(decoding, "static_cache_unsupported", lambda model: "model type 'x' is not checked")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert decoding.decode_mode(model, "compiled") == "dynamic"
+    assert any("falls back to the dynamic cache (model type 'x' is not checked)" in str(w.message) for w in caught)
+    with pytest.raises(VlmrlError, match="decode must be one of auto, dynamic, static, compiled"):
+        load_config(None, ["rollout.decode=fast"])
+
+
+def test_a_static_copy_holds_the_prefilled_keys(tiny_model_dir, examples):
+    from vlmrl.prefill import prefill_once
+    from vlmrl.prompts import encode_prompts
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    inputs = prefill_once(model, encode_prompts(processor, examples, torch.device("cpu")), 2)
+    dynamic = inputs["past_key_values"]
+    static = decoding.static_copy(model, dynamic, 256)
+    seen = dynamic.get_seq_length()
+    assert static.get_seq_length() == seen and all(s.keys.shape[2] == 256 for s in static.layers)
+    for d, s in zip(dynamic.layers, static.layers):
+        assert torch.equal(s.keys[:, :, :seen], d.keys) and torch.equal(s.values[:, :, :seen], d.values)
+        assert not s.keys[:, :, seen:].any()
