@@ -558,6 +558,7 @@ def test_pattern_answers_and_prompts():
     ({"view_side": 149, "image_size": 447}, "image_size must be view_side times an even number"),
     ({"tag_min": 8, "tag_max": 8, "view_side": 28, "digits": 1, "ood_digits": 2}, "need tag_min >= 16"),
     ({"symbols": "letters"}, "symbols must be one of digits, patterns"),
+    ({"ood_digits": 3}, r"a tag is 3 squares wide: lower digits or ood_digits"),
 ])
 def test_bad_pattern_parameters_are_one_line_errors(params, message):
     with pytest.raises(VlmrlError, match=message):

@@ -426,8 +426,10 @@ class ZoomParams(TaskParams):
             return
         used = self.distractor_shapes * (round(SHAPE_SIZES[1] * side) + self.gap) ** 2
         used += (1 + self.distractor_tags) * (tag + 2 * (self.tag_max // 2) + self.gap) ** 2
+        wide = (f" (with symbols=patterns a tag is {max(self.digits, self.ood_digits)} squares wide: lower digits or "
+                "ood_digits)" if self.symbols == "patterns" else "")
         check(used <= MAX_FILL * side * side, "the shapes and tags do not fit the image with room to spare; "
-              "lower distractor_shapes, distractor_tags or tag_max, or raise image_size")
+              f"lower distractor_shapes, distractor_tags or tag_max, or raise image_size{wide}")
 
 
 @register_task
