@@ -47,3 +47,15 @@ def circle_image() -> Image.Image:
 def letter_task(monkeypatch):
     """Make `letter_task:LetterTask` / `letter_task:ColorTask` importable as task names."""
     monkeypatch.syspath_prepend(str(TESTS))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """For a module of tiny-model tests: one torch thread is fastest, and many times faster on a busy
+    machine. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,12 +21,7 @@ from vlmrl.tool_rollout import ToolBox, generate_trajectories
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
 
 
 @pytest.fixture(scope="module")

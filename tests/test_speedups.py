@@ -30,13 +30,7 @@ ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 G = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: one thread is fastest, and many times faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
 
 
 @pytest.fixture(scope="module")
