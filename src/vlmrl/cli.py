@@ -303,11 +303,11 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "demo", help="SFT then GRPO on the offline small model, before/after table and report",
         description="On a CPU, offline: build the small model, supervised warm start, evaluate, GRPO, "
                     "evaluate again, write the report and print a before/after table (test and OOD "
-                    "accuracy, blind-image accuracy). Each phase is a run folder under --out; running "
+                    "accuracy, blind-image accuracy; with tools also accuracy with the tools disabled). Each phase is a run folder under --out; running "
                     "again reuses finished phases and resumes an interrupted one.",
         epilog="examples:\n  vlmrl demo                        # shapes (what `make demo` runs)\n"
                "  vlmrl demo --preset cryptogram --out runs/demo-cryptogram\n"
-               "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then read",
+               "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then name the pattern",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
