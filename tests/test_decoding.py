@@ -86,16 +86,18 @@ def test_the_decode_setting(tiny_model_dir, monkeypatch):
         load_config(None, ["rollout.decode=fast"])
 
 
-def test_a_static_copy_holds_the_prefilled_keys(tiny_model_dir, examples):
+def test_a_static_cache_takes_over_the_prefilled_keys(tiny_model_dir, examples):
     from vlmrl.prefill import prefill_once
     from vlmrl.prompts import encode_prompts
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     inputs = prefill_once(model, encode_prompts(processor, examples, torch.device("cpu")), 2)
     dynamic = inputs["past_key_values"]
-    static = decoding.static_copy(model, dynamic, 256)
     seen = dynamic.get_seq_length()
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in dynamic.layers]
+    static = decoding.static_move(model, dynamic, 256)
     assert static.get_seq_length() == seen and all(s.keys.shape[2] == 256 for s in static.layers)
-    for d, s in zip(dynamic.layers, static.layers):
-        assert torch.equal(s.keys[:, :, :seen], d.keys) and torch.equal(s.values[:, :, :seen], d.values)
+    assert len(static.layers) == len(before) and dynamic.layers == []  # moved: the dynamic cache is empty
+    for (keys, values), s in zip(before, static.layers):
+        assert torch.equal(s.keys[:, :, :seen], keys) and torch.equal(s.values[:, :, :seen], values)
         assert not s.keys[:, :, seen:].any()

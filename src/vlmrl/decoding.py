@@ -15,7 +15,7 @@
 The three give the same tokens: greedy completions token for token, and sampled ones with the
 same seed (tests/test_decoding.py: Qwen2.5-VL, Qwen2-VL, Idefics3 in fp32 on the CPU). A model
 family not checked for the static cache falls back to "dynamic" with a one-time warning. With the
-shared prompt cache (prefill.py) the prefilled keys and values are copied into the static cache.
+shared prompt cache (prefill.py) the prefilled keys and values are moved into the static cache.
 """
 
 from __future__ import annotations
@@ -45,13 +45,16 @@ def cache_length(tokens: int) -> int:
     return -(-tokens // CACHE_BUCKET) * CACHE_BUCKET
 
 
-def static_copy(model: torch.nn.Module, cache, length: int):
+def static_move(model: torch.nn.Module, cache, length: int):
     """A StaticCache of `length` tokens holding what `cache` (a prefilled DynamicCache, or None for
-    an empty one) holds, at the same positions."""
+    an empty one) holds, at the same positions. `cache` is emptied layer by layer as it is copied,
+    so memory holds one layer twice at most, not the whole prefill."""
     from transformers import StaticCache
 
     static = StaticCache(config=hf_model(model).config, max_cache_len=length)
-    for index, layer in enumerate(getattr(cache, "layers", [])):
+    layers = getattr(cache, "layers", [])
+    for index in range(len(layers)):
+        layer = layers.pop(0)  # the cache keeps no reference: its tensors go once copied
         seen = layer.keys.shape[-2]  # keys: (N, heads, seen, head_dim)
         static.update(layer.keys, layer.values, index, {"cache_position": torch.arange(seen, device=layer.keys.device)})
     return static
@@ -67,7 +70,7 @@ def decode_kwargs(model: torch.nn.Module, inputs: dict, decode: str, max_new_tok
     from transformers import CompileConfig
 
     length = cache_length(inputs["input_ids"].shape[1] + max_new_tokens)
-    extra = {"past_key_values": static_copy(model, inputs.get("past_key_values"), length)}
+    extra = {"past_key_values": static_move(model, inputs.get("past_key_values"), length)}
     if mode == "static":
         return extra | {"disable_compile": True}
     cuda = next(model.parameters()).device.type == "cuda"

@@ -512,7 +512,7 @@ class ZoomTask(Task):
         period = self.params.image_size // self.params.view_side
         mask = np.concatenate([pattern_mask(name, height, height, period) for name in patterns], axis=1)  # (h, n*h)
         pixels = np.where(mask[..., None], np.array(RGB[color], dtype=np.uint8), np.uint8(255))  # (h, n*h, 3)
-        return Image.fromarray(pixels.astype(np.uint8), "RGB")
+        return Image.fromarray(pixels, "RGB")
 
     def _texts(self, color: str, code: str, box: list[int]) -> tuple[str, list[str]]:
         """The prompt and the reference assistant turns (the call, then the answer)."""
@@ -589,7 +589,7 @@ class ZoomTask(Task):
         answer = extract_tag(completion, "answer")
         if self.params.symbols == "patterns":
             words = [] if answer is None else answer.lower().split()
-            exact = answer is not None and " ".join(words) == example.meta["code"]
+            exact = " ".join(words) == example.meta["code"]
             symbols = bool(words) and all(word in PATTERNS for word in words)
         else:
             exact = answer is not None and answer == example.meta["code"]
