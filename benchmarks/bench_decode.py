@@ -16,7 +16,10 @@ token. Printed per path:
   would be bound by memory bandwidth alone. Needs the device's bandwidth (`--bandwidth` GB/s; known
   for H100 SXM and H200); blank when unknown (CPUs).
 - same tokens: whether the path's completions equal the dynamic path's (greedy, `--greedy`) or, sampled
-  with one seed, the share of equal rows.
+  with one seed, the share of equal rows;
+- mismatch KL: sampled only, KL(sampler || training) (k3, mean over tokens) between the log-probs the
+  sampler recorded and the training pass's (LogprobScorer) on one call left free to stop; the
+  rollout/training mismatch that `algorithm.tis_cap` corrects (docs/algorithms.md).
 `--results FILE` appends the table in Markdown with date, machine and command.
 """
 
@@ -37,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vs_trl import circle_image, machine, qwen25vl_3b_folder, sync  # noqa: E402
 
+from vlmrl import grpo  # noqa: E402
 from vlmrl.config import GenerationSettings  # noqa: E402
+from vlmrl.logprobs import LogprobScorer  # noqa: E402
 from vlmrl.prompts import encode_prompts  # noqa: E402
 from vlmrl.rollout import generate_groups  # noqa: E402
 from vlmrl.support import hf_model  # noqa: E402
@@ -66,6 +71,15 @@ def timed(model, processor, examples, settings, seed: int = 0):
     rollout = generate_groups(model, processor, examples, settings, seed=seed)
     sync(device)
     return time.perf_counter() - start, rollout
+
+
+def mismatch_kl(model, processor, examples, settings) -> str:
+    """KL(sampler || training) of one sampled call (k3, mean over completion tokens)."""
+    rollout = generate_groups(model, processor, examples, settings, seed=1)
+    with torch.no_grad():
+        trained = LogprobScorer(processor, temperature=settings.temperature)(model, rollout)[0]  # (N, T)
+    kl = grpo.kl_penalty(rollout.sampler_logp, trained, "k3")  # (N, T)
+    return f"{float(grpo.masked_mean(kl, rollout.completion_mask)):.2e}"
 
 
 def main() -> None:
@@ -102,11 +116,12 @@ def main() -> None:
         name = torch.cuda.get_device_name()
         bandwidth = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
     plain_generate = model.generate
-    model.generate = lambda **kw: plain_generate(**kw, min_new_tokens=kw["max_new_tokens"])  # no early stop
+    forced = lambda **kw: plain_generate(**kw, min_new_tokens=kw["max_new_tokens"])  # noqa: E731 (no early stop)
+    model.generate = forced
     rows = args.prompts * args.group
     reference = None
-    lines = ["| path | generation (s) | decode ms/step | tokens/s | floor share | same tokens |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| path | generation (s) | decode ms/step | tokens/s | floor share | same tokens | mismatch KL |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for path in args.paths.split(","):
         settings = {n: GenerationSettings(group_size=args.group, max_new_tokens=n, decode=path,
                                           temperature=0 if args.greedy else 1.0) for n in (args.tokens, 1)}
@@ -124,8 +139,11 @@ def main() -> None:
         else:
             equal = (rollout.completion_ids == reference).all(-1).float().mean().item()
             same = "yes" if equal == 1.0 else f"{equal:.0%} of rows"
+        model.generate = plain_generate  # free to stop: min_new_tokens would ban the stop token
+        kl = "n/a" if args.greedy else mismatch_kl(model, processor, examples, settings[args.tokens])
+        model.generate = forced
         lines.append(f"| {path} | {seconds:.3f} | {step_ms:.2f} | {rows * args.tokens / seconds:.0f} | {share} "
-                     f"| {same} |")
+                     f"| {same} | {kl} |")
         print(lines[-1], flush=True)
     name = f"Qwen2.5-VL-3B architecture ({args.layers} layers)" if args.arch_3b else f"tiny-model {args.size}"
     header = (f"{name}, {args.device}, {args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} "

@@ -52,3 +52,10 @@ def test_a_resumed_run_keeps_only_the_alarms_up_to_its_checkpoint(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [3]
     Alarms(path)  # a fresh run starts empty
     assert path.read_text() == ""
+
+
+def test_a_sampler_far_from_the_training_pass_raises_the_mismatch_alarm():
+    rows = [{"mismatch_kl": 1e-6, "tis_capped_fraction": 0.0}, {"mismatch_kl": 0.05, "tis_capped_fraction": 0.0},
+            {"mismatch_kl": 1e-3, "tis_capped_fraction": 0.0}, {"mismatch_kl": 1e-3, "tis_capped_fraction": 0.02},
+            {"mismatch_kl": None, "tis_capped_fraction": None}]
+    assert _steps(Alarms(), rows) == [(2, "sampler_mismatch"), (4, "sampler_mismatch")]

@@ -412,3 +412,63 @@ def test_gspo_token_with_per_token_advantages_routes_gradient_per_token():
     assert_close(out.loss, scalar(-1.0))  # -(3 + 0 + 0) / 3
     out.loss.backward()
     assert_close(logp.grad, torch.tensor([[-1.0, 0.0, 0.0]]))
+
+
+# ---------------------------------------------------------------- rollout/training mismatch (TIS)
+
+TIS_ADV = torch.tensor([1.0, -2.0])  # (2,)
+TIS_MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # (2, 2): three valid tokens
+
+
+def tis_inputs(sampler_logp: torch.Tensor):
+    """logp = old = 0 on every token (ratio 1): only the TIS weights move the loss."""
+    logp = torch.zeros(2, 2, requires_grad=True)
+    return logp, grpo.LossInputs(torch.zeros(2, 2), TIS_ADV, TIS_MASK, sampler_logp=sampler_logp)
+
+
+def test_tis_weights_are_the_capped_ratio_of_training_to_sampler():
+    # old - sampler = ln 2, ln 5, -ln 2 (and garbage on padding): weights 2, min(5, 3) = 3, 1/2; padding 1.
+    sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 50.0]])
+    weight, capped = grpo.tis_weights(torch.zeros(2, 2), sampler, TIS_MASK, cap=3.0)
+    assert_close(weight, torch.tensor([[2.0, 3.0], [0.5, 1.0]]))
+    assert capped.tolist() == [[False, True], [False, False]]
+
+
+def test_tis_reweights_each_tokens_surrogate_and_logs_the_mismatch():
+    sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 0.0]])
+    logp, inputs = tis_inputs(sampler)
+    out = grpo.policy_loss(logp, inputs, grpo.LossSettings(aggregation="token", tis_cap=3.0))
+    # per token -c_t * A: row 0 (A = 1): -2, -3; row 1 (A = -2): +1; token mean = (-2 - 3 + 1) / 3
+    assert_close(out.loss, scalar(-4.0 / 3.0))
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[-2.0, -3.0], [1.0, 0.0]]) / 3.0)  # the weight is a constant
+    assert_close(out.tis_weight_mean, scalar((2.0 + 3.0 + 0.5) / 3.0))
+    assert_close(out.tis_capped_fraction, scalar(1.0 / 3.0))
+    # k3 of KL(sampler || training), d = old - sampler: e^d - d - 1 = (1 - ln 2), (4 - ln 5), (ln 2 - 0.5)
+    k3 = ((1 - math.log(2)) + (4 - math.log(5)) + (math.log(2) - 0.5)) / 3.0
+    assert_close(out.mismatch_kl, scalar(k3))
+
+
+def test_tis_off_logs_the_mismatch_and_leaves_the_loss():
+    sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 0.0]])
+    logp, inputs = tis_inputs(sampler)
+    off = grpo.policy_loss(logp, inputs, grpo.LossSettings(aggregation="token"))
+    plain = grpo.policy_loss(logp, inputs._replace(sampler_logp=None), grpo.LossSettings(aggregation="token"))
+    assert_close(off.loss, plain.loss)  # -(1 + 1 - 2) / 3 = 0
+    assert off.mismatch_kl > 0 and plain.mismatch_kl == 0
+    assert_close(off.tis_weight_mean, scalar(1.0))
+    assert off.tis_capped_fraction == 0
+
+
+def test_tis_is_exactly_one_when_the_sampler_is_the_training_pass():
+    logp, inputs = tis_inputs(torch.zeros(2, 2))
+    on = grpo.policy_loss(logp, inputs, grpo.LossSettings(tis_cap=2.0))
+    plain = grpo.policy_loss(logp, inputs._replace(sampler_logp=None), grpo.LossSettings())
+    assert torch.equal(on.loss, plain.loss)
+    assert on.mismatch_kl == 0 and on.tis_weight_mean == 1 and on.tis_capped_fraction == 0
+
+
+def test_tis_cap_below_one_is_rejected():
+    logp, inputs = tis_inputs(torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="tis_cap"):
+        grpo.policy_loss(logp, inputs, grpo.LossSettings(tis_cap=0.5))

@@ -41,11 +41,15 @@ def session(*overrides: str) -> SimpleNamespace:
 def test_every_knob_of_the_loss_comes_from_the_config():
     config = load_config(None, ["algorithm.eps_low=0.1", "algorithm.eps_high=0.28", "algorithm.ratio_level=sequence",
                                 "algorithm.aggregation=constant", "rollout.max_new_tokens=12", "algorithm.beta=0.5",
-                                "algorithm.kl_estimator=k2", "algorithm.dual_clip=3"])
+                                "algorithm.kl_estimator=k2", "algorithm.dual_clip=3", "algorithm.tis_cap=2"])
     assert loss_settings(config) == grpo.LossSettings(eps_low=0.1, eps_high=0.28, ratio_level="sequence",
                                                       aggregation="constant", max_len=12, beta=0.5, kl_kind="k2",
-                                                      dual_clip=3.0)
+                                                      dual_clip=3.0, tis_cap=2.0)
     assert loss_settings(load_config(None, [])).dual_clip is None  # 0 = off
+    assert loss_settings(load_config(None, ["algorithm.tis_cap=0"])).tis_cap is None  # 0 = off
+    assert loss_settings(load_config(None, [])).tis_cap == 3.0  # on by default
+    with pytest.raises(Exception, match=r"algorithm.tis_cap must be 0 \(off\) or >= 1; got 0.5"):
+        load_config(None, ["algorithm.tis_cap=0.5"])
 
 
 def test_dual_clip_must_be_off_or_above_one():

@@ -14,7 +14,7 @@ from vlmrl.models import load_policy
 from vlmrl.rollout import stop_token_ids
 from vlmrl.tasks import Example
 from vlmrl.tool_rollout import ToolBox, ToolRollout, generate_trajectories
-from vlmrl.trajectories import prompt_text
+from vlmrl.trajectories import Segment, prompt_text
 
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 CALL = '<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 56, 28]}}\n</tool_call>'
@@ -129,8 +129,8 @@ def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, lett
         tokens = processor.tokenizer
         stop = stop_token_ids(processor, model)[0]
         first = not any(segments)
-        return [tokens(CALL, add_special_tokens=False).input_ids if first and i % 2 == 0
-                else tokens("a a" if i % 4 else "b a", add_special_tokens=False).input_ids + [stop]
+        return [Segment(tokens(CALL, add_special_tokens=False).input_ids if first and i % 2 == 0
+                        else tokens("a a" if i % 4 else "b a", add_special_tokens=False).input_ids + [stop], model=True)
                 for i in range(len(rows))]
 
     monkeypatch.setattr(tool_rollout, "sample_turn", sample_turn)

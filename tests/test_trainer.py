@@ -59,8 +59,11 @@ def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path, tiny
     for key in ("reward", "accuracy", "reward/share", "reward_std/share", "loss", "kl", "clip_fraction",
                 "clip_low_fraction", "clip_high_fraction", "entropy", "completion_length", "completion_length_max", "groups_drawn",
                 "zero_variance_groups", "advantage/std", "grad_norm", "lr", "time/generate", "time/score",
-                "time/train", "tokens_per_s"):
+                "time/train", "tokens_per_s", "mismatch_kl", "tis_weight_mean", "tis_capped_fraction"):
         assert key in row, key
+    # fp32 on the CPU: the sampler's log-probs are the training pass's to rounding, so TIS weighs ~1
+    assert 0 <= row["mismatch_kl"] < 1e-9 and row["tis_weight_mean"] == pytest.approx(1, abs=1e-5)
+    assert row["tis_capped_fraction"] == 0
     rollouts = (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in rollouts]
     assert len(rows) == 16 and [r["group"] for r in rows] == [g for g in range(4) for _ in range(4)]

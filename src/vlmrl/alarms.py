@@ -12,7 +12,10 @@ again while it stays true) and comes back as a line for the terminal and a row f
                    0.05, both averaged over the last `short` steps;
 - no_signal:       most groups zero-variance (share above `no_signal_share` over `short` steps):
                    equal rewards in a group give no gradient;
-- length_limit:    more than `truncated_share` of completions cut at max_new_tokens (`short` steps).
+- length_limit:    more than `truncated_share` of completions cut at max_new_tokens (`short` steps);
+- sampler_mismatch: the sampler's log-probs far from the training pass's: KL(sampler || training)
+                   above `mismatch_kl` (a bf16 compiled decode step sits near 1e-3), or more than
+                   `tis_capped_share` of tokens at the TIS cap.
 
 Only the main process checks; no torch here.
 """
@@ -39,6 +42,8 @@ class AlarmSettings:
     collapse_margin: float = 0.1
     no_signal_share: float = 0.8
     truncated_share: float = 0.5
+    mismatch_kl: float = 0.01
+    tis_capped_share: float = 0.01
 
 
 class Alarms:
@@ -102,6 +107,12 @@ class Alarms:
         if len(truncated) == s.short and min(truncated) > s.truncated_share:
             found["length_limit"] = (f"over {min(truncated):.0%} of completions hit max_new_tokens: raise "
                                      "rollout.max_new_tokens or add overlong shaping")
+
+        mismatch, capped = metrics.get("mismatch_kl") or 0.0, metrics.get("tis_capped_fraction") or 0.0
+        if mismatch > s.mismatch_kl or capped > s.tis_capped_share:
+            found["sampler_mismatch"] = (f"the sampler's log-probs differ from the training pass's (KL {mismatch:.3g}, "
+                                         f"{capped:.1%} of tokens at the TIS cap): check rollout.decode and "
+                                         "the dtype; importance sampling corrects only a small mismatch")
         return found
 
     def check(self, metrics: dict) -> list[dict]:

@@ -215,6 +215,11 @@ class AlgorithmConfig:
     overlong_penalty reward, linearly (0 = off)."""
     overlong_penalty: float = 1.0
     """Reward lost by a completion that reaches max_new_tokens when overlong_buffer > 0."""
+    tis_cap: float = 3.0
+    """Truncated importance sampling against the rollout/training mismatch: each token's surrogate
+    is weighted by min(pi_train / pi_sampler, tis_cap), from the log-probs the sampler recorded
+    (a compiled or bf16 decode step is not the training forward); 0 = off. The mismatch is logged
+    either way (mismatch_kl, tis_capped_fraction)."""
 
     def validate(self) -> None:
         if not 0 < self.ref_mix <= 1:
@@ -225,6 +230,8 @@ class AlgorithmConfig:
             raise VlmrlError("algorithm.eps_low, eps_high and beta must be >= 0")
         if self.dual_clip != 0 and self.dual_clip <= 1:
             raise VlmrlError(f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}")
+        if self.tis_cap != 0 and self.tis_cap < 1:
+            raise VlmrlError(f"algorithm.tis_cap must be 0 (off) or >= 1; got {self.tis_cap}")
 
 
 @dataclass

@@ -30,6 +30,15 @@ and the per-token loss is the clipped surrogate plus an optional KL penalty to a
 reduced to a scalar by `aggregate`: mean over all tokens of the batch ("token"), mean per
 sequence then over sequences ("sequence"), or sum divided by B * max_len ("constant").
 
+Rollout/training mismatch. The sampler's log-probs samp_t (recorded during generation) can differ
+from old_t, the training forward's log-probs of the same policy (another kernel, bf16, a compiled
+decode step). Truncated importance sampling (TIS) reweights each token's surrogate by
+
+    c_t = min(exp(old_t - samp_t), C)          (constant: no gradient; C = `tis_cap`)
+
+so that l_t = -c_t * min(w_t A, clip(w_t) A) + beta * KL_t. The mismatch itself is logged as
+KL(sampler || training) estimated with k3 from the sampled tokens, and how often C binds.
+
     preset    advantages         eps_low / eps_high  ratio     aggregation  KL         extras
     --------  -----------------  ------------------  --------  -----------  ---------  ---------------------------
     GRPO      z-score ("group")  0.2 / 0.2           token     sequence     beta>0 k3  -
@@ -82,6 +91,13 @@ class LossOutput(NamedTuple):
     """Scalar, detached: the part of clip_fraction above: A > 0 and w > 1 + eps_high."""
     ratio_mean: Tensor
     """Scalar, detached: mean importance ratio over valid tokens."""
+    mismatch_kl: Tensor
+    """Scalar, detached: mean k3 estimate of KL(sampler || training) over valid tokens (0 without
+    sampler log-probs)."""
+    tis_weight_mean: Tensor
+    """Scalar, detached: mean TIS weight c_t over valid tokens (1 when off; 0 on an empty mask)."""
+    tis_capped_fraction: Tensor
+    """Scalar, detached: fraction of valid tokens whose TIS weight the cap C bound."""
 
 
 def _check_groups(n: int, group_size: int) -> int:
@@ -250,6 +266,8 @@ class LossInputs(NamedTuple):
     """(B, T) 1/True on the completion tokens that count."""
     ref_logp: Tensor | None = None
     """(B, T) log-probs under the reference policy; needed when beta > 0."""
+    sampler_logp: Tensor | None = None
+    """(B, T) log-probs the sampler recorded for the sampled tokens; None = not recorded (no TIS)."""
 
     def rows(self, index) -> LossInputs:
         """The rows `index` of every tensor (a micro-batch)."""
@@ -275,6 +293,18 @@ class LossSettings(NamedTuple):
     """KL estimator (`kl_penalty`)."""
     dual_clip: float | None = None
     """c > 1 caps the loss of a negative-advantage token at c * |A| (dual-clip PPO); None = off."""
+    tis_cap: float | None = None
+    """C >= 1: weight each token's surrogate by min(exp(old - sampler), C) when the sampler's
+    log-probs are given (truncated importance sampling); None = off."""
+
+
+def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """(B, T) truncated importance weights min(exp(old - sampler), cap), 1 on padding, and (B, T)
+    bool where the cap bound. Both inputs are constants here."""
+    valid = mask.bool()  # (B, T)
+    log_w = torch.where(valid, old_logp - sampler_logp, torch.zeros_like(old_logp))  # (B, T)
+    weight = torch.exp(log_w)  # (B, T), may be inf before the cap
+    return weight.clamp(max=cap), valid & (weight > cap)  # (B, T) each
 
 
 def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossSettings()) -> LossOutput:
@@ -289,6 +319,8 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
     if s.dual_clip is not None and s.dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1; got {s.dual_clip}")
+    if s.tis_cap is not None and s.tis_cap < 1.0:
+        raise ValueError(f"tis_cap must be >= 1; got {s.tis_cap}")
     valid = inputs.mask.bool()  # (B, T)
     adv = inputs.advantages.detach().to(logp.dtype)  # (B,) or (B, T)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
@@ -302,8 +334,19 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
         pg = torch.where(adv < 0, torch.minimum(pg, -s.dual_clip * adv), pg)  # (B, T)
         binds = binds | ((adv < 0) & (ratio > s.dual_clip))  # (B, T)
 
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    mismatch_kl, tis_capped = zero, zero
+    tis_mean = masked_mean(torch.ones_like(logp.detach()), valid)  # 1 (0 on an empty mask) when off
+    if inputs.sampler_logp is not None:
+        old, sampler = inputs.old_logp.detach().to(logp.dtype), inputs.sampler_logp.detach().to(logp.dtype)  # (B, T)
+        mismatch_kl = masked_mean(kl_penalty(sampler, old, "k3"), valid)  # samples drawn by the sampler
+        if s.tis_cap is not None:
+            weight, capped = tis_weights(old, sampler, valid, s.tis_cap)  # (B, T) each
+            pg = pg * weight  # (B, T)
+            tis_mean, tis_capped = masked_mean(weight, valid), masked_mean(capped.to(logp.dtype), valid)
+
     per_token = pg  # (B, T)
-    kl_mean = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    kl_mean = zero
     if inputs.ref_logp is not None:
         kl = kl_penalty(logp, inputs.ref_logp.detach(), s.kl_kind)  # (B, T)
         kl_mean = masked_mean(kl.detach(), valid)
@@ -318,4 +361,7 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
         clip_low_fraction=masked_mean(clip_low.to(logp.dtype), valid),
         clip_high_fraction=masked_mean(clip_high.to(logp.dtype), valid),
         ratio_mean=masked_mean(ratio.detach(), valid),
+        mismatch_kl=mismatch_kl,
+        tis_weight_mean=tis_mean,
+        tis_capped_fraction=tis_capped,
     )

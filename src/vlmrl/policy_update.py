@@ -31,7 +31,7 @@ from vlmrl.experience import Experience
 from vlmrl.logprobs import LogprobScorer
 
 LOSS_STATISTICS = ("loss", "pg_loss", "kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
-                   "ratio_mean")
+                   "ratio_mean", "mismatch_kl", "tis_weight_mean", "tis_capped_fraction")
 
 
 def loss_settings(config: Config) -> grpo.LossSettings:
@@ -40,7 +40,7 @@ def loss_settings(config: Config) -> grpo.LossSettings:
     return grpo.LossSettings(
         eps_low=algo.eps_low, eps_high=algo.eps_high, ratio_level=algo.ratio_level,
         aggregation=algo.aggregation, max_len=config.rollout.max_new_tokens, beta=algo.beta,
-        kl_kind=algo.kl_estimator, dual_clip=algo.dual_clip or None)
+        kl_kind=algo.kl_estimator, dual_clip=algo.dual_clip or None, tis_cap=algo.tis_cap or None)
 
 
 @dataclass
@@ -54,12 +54,14 @@ class LossBatch:
     shares: list[torch.Tensor]  # () each micro-batch's share of the loss weight of all processes' batch
     reference: torch.Tensor | None = None  # (N, T) reference log-probs, when beta > 0
     old: torch.Tensor | None = None  # (N, T) log-probs before the updates, when updates_per_batch > 1
+    sampler: torch.Tensor | None = None  # (N, T) the sampler's log-probs, when it recorded them
 
     def loss_inputs(self, rows: list[int], logp: torch.Tensor) -> grpo.LossInputs:
         """The constants of the loss for micro-batch `rows`, whose current log-probs are `logp`."""
         old = self.old[rows] if self.old is not None else logp.detach()  # (n, T)
         reference = self.reference[rows] if self.reference is not None else None  # (n, T)
-        return grpo.LossInputs(old, self.advantages[rows], self.loss_mask[rows], reference)
+        sampler = self.sampler[rows] if self.sampler is not None else None  # (n, T)
+        return grpo.LossInputs(old, self.advantages[rows], self.loss_mask[rows], reference, sampler)
 
 
 def loss_batch(session, experience: Experience) -> LossBatch:
@@ -75,7 +77,8 @@ def loss_batch(session, experience: Experience) -> LossBatch:
     weights = loss_mask.sum(-1).float() if config.algorithm.aggregation == "token" else torch.ones(n, device=device)
     total = session.accelerator.reduce(weights.sum(), "sum").clamp(min=1.0)  # over all processes
     shares = [weights[rows].sum() / total for rows in micro]  # () each
-    return LossBatch(completions, experience.advantages.to(device), loss_mask, micro, shares)
+    sampler = None if rollout.sampler_logp is None else rollout.sampler_logp.to(device)  # (N, T)
+    return LossBatch(completions, experience.advantages.to(device), loss_mask, micro, shares, sampler=sampler)
 
 
 def fixed_logprobs(session, scorer: LogprobScorer, batch: LossBatch) -> None:

@@ -8,13 +8,14 @@ shared by its G samples (prefill.py); with `share_prompt_cache=False`, or for a 
 checked for it, every prompt is repeated G times in the batch, as TRL does. The KV cache grows
 or is static, and the decode step eager or compiled, as `settings.decode` says (decoding.py).
 
-Nothing here keeps the logits of every step: `generate` returns only the sampled ids, and the
-training pass computes the log-probs it needs (logprobs.py).
+Nothing here keeps the logits of every step: `generate` returns the sampled ids, and the sampler's
+log-prob of each (sampling.py: one step's distribution held at a time), which the loss compares
+with the training pass's (logprobs.py) to correct the rollout/training mismatch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -23,6 +24,7 @@ from vlmrl.config import GenerationSettings
 from vlmrl.decoding import decode_kwargs
 from vlmrl.prefill import last_prompt_token_is_text, prefill_once
 from vlmrl.prompts import encode_prompts
+from vlmrl.sampling import SampledLogprobs, sampling_kwargs
 from vlmrl.support import shared_prefill_unsupported, warn_once
 from vlmrl.tasks import Example
 
@@ -33,25 +35,34 @@ class Rollout(Completions):
 
     texts: list[str]  # (N,) decoded completions, special tokens dropped
     truncated: torch.Tensor  # (N,) True where no stop token came within max_new_tokens
+    sampler_logp: torch.Tensor | None = None  # (N, T) the sampler's log-probs (0 off the mask); None: greedy
 
     def select(self, index: list[int]) -> Rollout:
-        """The rows `index`, in that order."""
+        """The rows `index`, in that order (the same kind of rollout: a subclass's own fields are
+        selected by its own `select`)."""
         part = Completions.select(self, index)
         at = torch.tensor(index, dtype=torch.long, device=self.truncated.device)
-        return Rollout(part.rows, part.completion_ids, part.completion_mask, [self.texts[i] for i in index],
-                       self.truncated[at])
+        sampler = None if self.sampler_logp is None else self.sampler_logp[at.to(self.sampler_logp.device)]
+        return replace(self, rows=part.rows, completion_ids=part.completion_ids, completion_mask=part.completion_mask,
+                       texts=[self.texts[i] for i in index], truncated=self.truncated[at], sampler_logp=sampler)
 
     @staticmethod
     def concat(parts: list[Rollout], pad_id: int) -> Rollout:
         """Rows of all parts, completions right-padded to the longest."""
         length = max(p.completion_ids.shape[1] for p in parts)
+        recorded = all(p.sampler_logp is not None for p in parts)
         return Rollout(
             rows=[r for p in parts for r in p.rows],
             completion_ids=torch.cat([pad_right(p.completion_ids, length, pad_id) for p in parts]),
             completion_mask=torch.cat([pad_right(p.completion_mask, length, 0) for p in parts]),
             texts=[t for p in parts for t in p.texts],
             truncated=torch.cat([p.truncated for p in parts]),
+            sampler_logp=torch.cat([pad_right(p.sampler_logp, length, 0.0) for p in parts]) if recorded else None,
         )
+
+    def base_fields(self) -> dict:
+        """This rollout's Rollout fields by name (what a subclass adds its own to)."""
+        return {f.name: getattr(self, f.name) for f in fields(Rollout)}
 
 
 def stop_token_ids(processor, model) -> list[int]:
@@ -111,17 +122,17 @@ def generate_groups(model, processor, examples: list[Example], settings: Generat
     inputs = generation_inputs(model, processor, examples, settings)
     inputs |= decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     stop_ids = stop_token_ids(processor, model)
-    sampling = {"do_sample": False} if settings.temperature == 0 else {
-        "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+    recorder = SampledLogprobs(settings.temperature, suppressed_token_ids(processor, stop_ids))
     if seed is not None:
         torch.manual_seed(seed)
     out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids,
-                         suppress_tokens=suppressed_token_ids(processor, stop_ids),
                          pad_token_id=processor.tokenizer.pad_token_id, use_cache=True,
-                         return_dict_in_generate=False, **sampling)
+                         return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
     ids = out[:, inputs["input_ids"].shape[1]:]  # (N, T)
+    sampler_logp = recorder.logprobs(ids)  # (N, T) or None
     mask, truncated = completion_mask(ids, stop_ids)  # (N, T), (N,)
     ids = torch.where(mask.bool(), ids, torch.full_like(ids, processor.tokenizer.pad_token_id))
     texts = processor.batch_decode(ids, skip_special_tokens=True)
     rows = [example for example in examples for _ in range(settings.group_size)]
-    return Rollout(rows, ids, mask, texts=[t.strip() for t in texts], truncated=truncated)
+    return Rollout(rows, ids, mask, texts=[t.strip() for t in texts], truncated=truncated,
+                   sampler_logp=None if sampler_logp is None else sampler_logp * mask)

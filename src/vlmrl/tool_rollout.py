@@ -19,13 +19,14 @@ the log-prob pass, the rewards and the logs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vlmrl.config import RolloutConfig
 from vlmrl.decoding import decode_kwargs
 from vlmrl.rollout import Rollout, generation_inputs, stop_token_ids, suppressed_token_ids
+from vlmrl.sampling import SampledLogprobs, sampling_kwargs
 from vlmrl.tasks import Example
 from vlmrl.tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolContext, ToolLimits, Trajectory, Turn, ends_with_call,
                          parse_tool_call, resolve_tools, run_tool, tool_result_text)
@@ -41,15 +42,14 @@ class ToolRollout(Rollout):
     trajectories: list[Trajectory] | None = None
 
     def select(self, index: list[int]) -> ToolRollout:
-        part = Rollout.select(self, index)
-        return ToolRollout(part.rows, part.completion_ids, part.completion_mask, part.texts, part.truncated,
-                           [self.segments[i] for i in index], [self.trajectories[i] for i in index])
+        return replace(Rollout.select(self, index), segments=[self.segments[i] for i in index],
+                       trajectories=[self.trajectories[i] for i in index])
 
     @staticmethod
     def concat(parts: list[ToolRollout], pad_id: int) -> ToolRollout:
         whole = Rollout.concat(parts, pad_id)
-        return ToolRollout(whole.rows, whole.completion_ids, whole.completion_mask, whole.texts, whole.truncated,
-                           [s for p in parts for s in p.segments], [t for p in parts for t in p.trajectories])
+        return ToolRollout(**whole.base_fields(), segments=[s for p in parts for s in p.segments],
+                           trajectories=[t for p in parts for t in p.trajectories])
 
 
 @dataclass
@@ -95,23 +95,27 @@ def turn_end(ids: list[int], stop_ids: list[int], tokenizer) -> int:
 
 @torch.no_grad()
 def sample_turn(model, processor, rows: list[Example], segments: list[list[Segment]],
-                settings: RolloutConfig) -> list[list[int]]:
-    """One turn of each trajectory: the sampled ids of each row, cut at its end (`turn_end`)."""
+                settings: RolloutConfig) -> list[Segment]:
+    """One turn of each trajectory: the model segment of each row (its sampled ids and their
+    sampler log-probs), cut at the turn's end (`turn_end`)."""
     first = not any(segments)
     inputs = (generation_inputs(model, processor, rows[::settings.group_size], settings) if first else
               encode_trajectories(processor, rows, segments, next(model.parameters()).device))
     inputs |= decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     stop_ids = stop_token_ids(processor, model)
-    sampling = {"do_sample": False} if settings.temperature == 0 else {
-        "do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+    banned = sorted(set(suppressed_token_ids(processor, stop_ids)) - tool_tag_ids(processor.tokenizer))
+    recorder = SampledLogprobs(settings.temperature, banned)
     out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids,
                          stop_strings=[TOOL_CALL_CLOSE], tokenizer=processor.tokenizer,
-                         suppress_tokens=sorted(set(suppressed_token_ids(processor, stop_ids))
-                                                - tool_tag_ids(processor.tokenizer)),
                          pad_token_id=processor.tokenizer.pad_token_id, use_cache=True,
-                         return_dict_in_generate=False, **sampling)
-    new = out[:, inputs["input_ids"].shape[1]:].tolist()  # (n, t)
-    return [row[:turn_end(row, stop_ids, processor.tokenizer)] for row in new]
+                         return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
+    new = out[:, inputs["input_ids"].shape[1]:]  # (n, t)
+    logprobs = recorder.logprobs(new)  # (n, t) or None
+    turns = []
+    for i, row in enumerate(new.tolist()):
+        end = turn_end(row, stop_ids, processor.tokenizer)
+        turns.append(Segment(row[:end], model=True, logprobs=[] if logprobs is None else logprobs[i, :end].tolist()))
+    return turns
 
 
 @dataclass
@@ -127,13 +131,14 @@ class Ongoing:
         """Tokens after the prompt so far, the model's and the tools'."""
         return sum(len(s.ids) for s in self.segments)
 
-    def add_turn(self, ids: list[int], processor, toolbox: ToolBox) -> bool:
-        """Append the model's turn `ids`; when it ends in a call, run the tool and append its result.
+    def add_turn(self, turn: Segment, processor, toolbox: ToolBox) -> bool:
+        """Append the model's `turn`; when it ends in a call, run the tool and append its result.
         Returns whether the trajectory goes on (a result was appended and turns and tokens are left)."""
         settings = toolbox.settings
-        ids = ids[:max(settings.max_trajectory_tokens - self.used, 0)]
+        left = max(settings.max_trajectory_tokens - self.used, 0)
+        ids = turn.ids[:left]
         text = turn_text(processor.tokenizer, ids)
-        self.segments.append(Segment(ids, model=True))
+        self.segments.append(Segment(ids, model=True, logprobs=turn.logprobs[:left]))
         if not ends_with_call(text):
             self.trajectory.turns.append(Turn("assistant", text))
             return False
@@ -167,23 +172,28 @@ def generate_trajectories(model, processor, examples: list[Example], toolbox: To
     while active:
         turns = sample_turn(model, processor, [ongoing[i].example for i in active],
                             [ongoing[i].segments for i in active], settings)
-        active = [i for i, ids in zip(active, turns) if ongoing[i].add_turn(ids, processor, toolbox)]
+        active = [i for i, turn in zip(active, turns) if ongoing[i].add_turn(turn, processor, toolbox)]
     return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
 
 
 def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> ToolRollout:
-    """The trajectories as a ToolRollout: every token after the prompt, the model's marked."""
+    """The trajectories as a ToolRollout: every token after the prompt, the model's marked, and
+    the sampler's log-probs of the model's tokens when every model turn recorded them."""
     rows = [[i for s in o.segments for i in s.ids] for o in ongoing]
     marks = [[int(s.model) for s in o.segments for _ in s.ids] for o in ongoing]
     length = max(max((len(r) for r in rows), default=0), 1)  # T
     ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])  # (N, T)
     mask = torch.tensor([m + [0] * (length - len(m)) for m in marks])  # (N, T)
+    model_turns = [s for o in ongoing for s in o.segments if s.model]
+    recorded = bool(model_turns) and all(len(s.logprobs) == len(s.ids) for s in model_turns)
+    logps = [[p for s in o.segments for p in (s.logprobs if s.model else [0.0] * len(s.ids))] for o in ongoing]
+    sampler_logp = torch.tensor([p + [0.0] * (length - len(p)) for p in logps]) if recorded else None  # (N, T)
     for o in ongoing:  # a last turn that neither stopped nor called ran out of tokens
         last = o.segments[-1].ids if o.segments else []
         o.trajectory.cut |= not (last and last[-1] in stop_ids) and not o.trajectory.turns[-1].call
     return ToolRollout(rows=[o.example for o in ongoing], completion_ids=ids, completion_mask=mask,
                        texts=[o.trajectory.final_text for o in ongoing],
-                       truncated=torch.tensor([o.trajectory.cut for o in ongoing]),
+                       truncated=torch.tensor([o.trajectory.cut for o in ongoing]), sampler_logp=sampler_logp,
                        segments=[o.segments for o in ongoing], trajectories=[o.trajectory for o in ongoing])
 
 
@@ -208,6 +218,7 @@ def reference_rollout(processor, examples: list[Example], toolbox: ToolBox, stop
     for trajectory in ongoing:
         for text in trajectory.example.meta["reference_turns"]:
             ids = processor.tokenizer(text, add_special_tokens=False).input_ids
-            if not trajectory.add_turn(ids + ([] if ends_with_call(text) else stop_ids[:1]), processor, toolbox):
+            turn = Segment(ids + ([] if ends_with_call(text) else stop_ids[:1]), model=True)
+            if not trajectory.add_turn(turn, processor, toolbox):
                 break
     return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_ids)

@@ -43,6 +43,9 @@ class Segment:
     ids: list[int]
     model: bool
     """True for tokens the model sampled (they get a loss); False for context."""
+    logprobs: list[float] = field(default_factory=list)
+    """Model segments of a rollout: the sampler's log-prob of each token (sampling.py); [] when not
+    recorded (greedy decoding, reference turns)."""
     text: str = ""
     """Context segments: the template text, image placeholders unexpanded (for the pixel call)."""
     images: list[Image.Image] = field(default_factory=list)
