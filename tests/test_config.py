@@ -65,7 +65,7 @@ def test_values_follow_one_rule_from_yaml_overrides_and_python(tmp_path):
     assert config.train.lr == 1e-6 and isinstance(config.train.lr, float)
     assert from_dict(Config, {"train": {"steps": "7"}}).train.steps == 7
     assert from_dict(Config, {"output_dir": 5}).output_dir == "5"
-    assert from_dict(Config, {"model": {"attn_implementation": "null"}}).model.attn_implementation == "null"
+    assert from_dict(Config, {"model": {"name_or_path": "null"}}).model.name_or_path == "null"
     assert load_config(None, ["model.attn_implementation=null"]).model.attn_implementation is None
     with pytest.raises(VlmrlError, match=r"^train\.steps must be int; got 3\.0 \(float\)$"):
         from_dict(Config, {"train": {"steps": 3.0}})

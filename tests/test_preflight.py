@@ -11,6 +11,7 @@ from vlmrl.cli import main
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.models import load_policy
+from vlmrl.early_checks import check_before_loading
 from vlmrl.preflight import check, preflight
 from vlmrl.tasks import Example, get_task
 
@@ -128,9 +129,8 @@ def test_training_warns_before_step_one_when_memory_is_short(tmp_path, tiny_mode
     assert "warning: this run may not fit" in captured.err
 
 
-def test_an_unknown_tool_is_an_error_before_training(tiny_model_dir, letter_task):
+def test_an_unknown_tool_is_an_error_before_the_model_loads(tiny_model_dir, letter_task):
     config = load_config(None, overrides(tiny_model_dir, "rollout.tools=[zom]"))
-    policy, processor = load_policy(tiny_model_dir, device="cpu")
     with pytest.raises(VlmrlError, match="unknown tool 'zom'; did you mean zoom"):
-        preflight(config, policy, processor, get_task("letter_task:LetterTask"), "train")
+        check_before_loading(config, "train")
 

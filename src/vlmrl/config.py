@@ -11,6 +11,8 @@ error naming the field and the type.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +29,20 @@ RENAMED_KEYS: dict[str, str] = {
     "algorithm.cubic_shaping": "algorithm.advantage_shaping",
 }
 """Old dotted key -> its new name: a config that still uses an old key gets an error saying so."""
+
+ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""Values of model.attn_implementation transformers knows by name (a hub kernel "org/name" too)."""
+
+
+def require(*rules: tuple[bool, str]) -> None:
+    """VlmrlError with the message of the first rule whose condition is false."""
+    for ok, message in rules:
+        if not ok:
+            raise VlmrlError(message)
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)
 
 
 @dataclass
@@ -46,6 +62,12 @@ class LoraConfig:
     """Module names (suffixes) that get an adapter."""
     include_vision: bool = False
     """Also put adapters in the vision tower (left out by default)."""
+
+    def validate(self) -> None:
+        require((self.r >= 1 and self.alpha >= 1, f"model.lora.r and alpha must be >= 1; got r={self.r}, alpha={self.alpha}"),
+                (finite(self.dropout) and 0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1); got {self.dropout}"),
+                (bool(self.target_modules) and all(self.target_modules),
+                 f"model.lora.target_modules must name at least one module; got {self.target_modules}"))
 
 
 @dataclass
@@ -71,6 +93,17 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter settings."""
 
+    def validate(self) -> None:
+        kernel = self.attn_implementation
+        require((bool(self.name_or_path.strip()), "model.name_or_path is empty"),
+                (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+                 f"model.device must be auto, cpu, mps, cuda or cuda:N; got {self.device!r}"),
+                (kernel is None or kernel in ATTENTION_KERNELS or "/" in kernel,
+                 f"model.attn_implementation must be one of {', '.join(ATTENTION_KERNELS)} (or a hub kernel "
+                 f"org/name); got {kernel!r}"),
+                (finite(self.vision_lr_scale) and self.vision_lr_scale >= 0,
+                 f"model.vision_lr_scale must be >= 0; got {self.vision_lr_scale}"))
+
 
 @dataclass
 class TaskConfig:
@@ -80,6 +113,9 @@ class TaskConfig:
     """Registered task name (see `vlmrl tasks list`)."""
     params: dict[str, Any] = field(default_factory=dict)
     """Task parameters, passed to get_task (see `vlmrl tasks list`)."""
+
+    def validate(self) -> None:
+        require((bool(self.name.strip()), "task.name is empty (see `vlmrl tasks list`)"))
 
 
 DECODES = ("auto", "dynamic", "static", "compiled")
@@ -110,8 +146,11 @@ class GenerationSettings:
     per shape pays the compilation."""
 
     def validate(self) -> None:
-        if self.decode not in DECODES:
-            raise VlmrlError(f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}")
+        require((self.decode in DECODES, f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}"),
+                (self.group_size >= 1 and self.max_new_tokens >= 1,
+                 f"group_size and max_new_tokens must be >= 1; got {self.group_size}, {self.max_new_tokens}"),
+                (finite(self.temperature) and self.temperature >= 0, f"temperature must be >= 0; got {self.temperature}"),
+                (finite(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1]; got {self.top_p}"))
 
 
 @dataclass
@@ -144,15 +183,18 @@ class RolloutConfig(GenerationSettings):
     resized to it, small crops enlarged). Each returned image costs image tokens of the budget."""
 
     def validate(self) -> None:
-        super().validate()
-        if self.max_turns < 1 or self.max_trajectory_tokens < 1 or self.tool_timeout_s <= 0 or self.tool_image_side < 1:
-            raise VlmrlError("rollout.max_turns, max_trajectory_tokens and tool_image_side must be >= 1, "
-                             "tool_timeout_s > 0")
-        if self.temperature <= 0:
-            raise VlmrlError(f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}")
-        if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.generation_batch_size) < 1:
-            raise VlmrlError("rollout.prompts_per_step, group_size, max_new_tokens and generation_batch_size "
-                             "must be >= 1")
+        try:
+            super().validate()
+        except VlmrlError as error:
+            raise VlmrlError(f"rollout.{error}") from None
+        require((self.max_turns >= 1 and self.max_trajectory_tokens >= 1 and self.tool_image_side >= 1
+                 and finite(self.tool_timeout_s) and self.tool_timeout_s > 0,
+                 "rollout.max_turns, max_trajectory_tokens and tool_image_side must be >= 1, tool_timeout_s > 0"),
+                (self.temperature > 0, f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}"),
+                (self.group_size >= 2, f"rollout.group_size must be >= 2 (advantages compare the completions of one "
+                                       f"prompt: a group of one never learns); got {self.group_size}"),
+                (min(self.prompts_per_step, self.generation_batch_size, self.max_prompt_length) >= 1,
+                 "rollout.prompts_per_step, generation_batch_size and max_prompt_length must be >= 1"))
 
     def per_process(self, world: int) -> int:
         """Prompts each of `world` processes handles per step."""
@@ -222,16 +264,18 @@ class AlgorithmConfig:
     either way (mismatch_kl, tis_capped_fraction)."""
 
     def validate(self) -> None:
-        if not 0 < self.ref_mix <= 1:
-            raise VlmrlError(f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}")
-        if self.updates_per_batch < 1:
-            raise VlmrlError(f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}")
-        if self.eps_low < 0 or self.eps_high < 0 or self.beta < 0:
-            raise VlmrlError("algorithm.eps_low, eps_high and beta must be >= 0")
-        if self.dual_clip != 0 and self.dual_clip <= 1:
-            raise VlmrlError(f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}")
-        if self.tis_cap != 0 and self.tis_cap < 1:
-            raise VlmrlError(f"algorithm.tis_cap must be 0 (off) or >= 1; got {self.tis_cap}")
+        numbers = (self.eps_low, self.eps_high, self.beta, self.dual_clip, self.ref_mix, self.overlong_penalty,
+                   self.tis_cap)
+        require((all(map(finite, numbers)), "algorithm's numbers must be finite (no nan or inf)"),
+                (0 < self.ref_mix <= 1, f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}"),
+                (self.updates_per_batch >= 1, f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}"),
+                (self.eps_low >= 0 and self.eps_high >= 0 and self.beta >= 0, "algorithm.eps_low, eps_high and beta must be >= 0"),
+                (self.eps_low < 1, f"algorithm.eps_low must be < 1 (the ratio's lower clip is 1 - eps_low); got {self.eps_low}"),
+                (self.dual_clip == 0 or self.dual_clip > 1, f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}"),
+                (self.tis_cap == 0 or self.tis_cap >= 1, f"algorithm.tis_cap must be 0 (off) or >= 1; got {self.tis_cap}"),
+                (self.ref_refresh_steps >= 0 and self.overlong_buffer >= 0 and self.overlong_penalty >= 0,
+                 "algorithm.ref_refresh_steps, overlong_buffer and overlong_penalty must be >= 0"),
+                (self.max_sampling_rounds >= 1, f"algorithm.max_sampling_rounds must be >= 1; got {self.max_sampling_rounds}"))
 
 
 @dataclass
@@ -286,14 +330,20 @@ class TrainConfig:
     """Project that wandb and trackio file the run under (the run is named after output_dir)."""
 
     def validate(self) -> None:
-        if self.steps < 1 or self.micro_batch_size < 1:
-            raise VlmrlError("train.steps and train.micro_batch_size must be >= 1")
-        if len(self.adam_betas) != 2:
-            raise VlmrlError(f"train.adam_betas must be two numbers; got {self.adam_betas}")
-        if self.max_bad_steps < 0:
-            raise VlmrlError(f"train.max_bad_steps must be >= 0; got {self.max_bad_steps}")
-        if self.logprob_chunk < 0:
-            raise VlmrlError(f"train.logprob_chunk must be >= 0; got {self.logprob_chunk}")
+        counts = {"warmup_steps": self.warmup_steps, "max_bad_steps": self.max_bad_steps,
+                  "logprob_chunk": self.logprob_chunk, "save_every": self.save_every,
+                  "keep_checkpoints": self.keep_checkpoints, "log_rollouts_every": self.log_rollouts_every,
+                  "attention_every": self.attention_every}
+        negative = [f"{name}={value}" for name, value in counts.items() if value < 0]
+        require((self.steps >= 1 and self.micro_batch_size >= 1, "train.steps and train.micro_batch_size must be >= 1"),
+                (not negative, f"train.{', '.join(negative)}: must be >= 0"),
+                (finite(self.lr) and self.lr >= 0, f"train.lr must be >= 0; got {self.lr}"),
+                (finite(self.weight_decay) and self.weight_decay >= 0, f"train.weight_decay must be >= 0; got {self.weight_decay}"),
+                (finite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                 f"train.max_grad_norm must be >= 0 (0 = no clipping); got {self.max_grad_norm}"),
+                (len(self.adam_betas) == 2 and all(finite(b) and 0 <= b < 1 for b in self.adam_betas),
+                 f"train.adam_betas must be two numbers in [0, 1); got {self.adam_betas}"),
+                (bool(self.tracker_project.strip()), "train.tracker_project is empty"))
 
 
 @dataclass
@@ -314,8 +364,9 @@ class EvalConfig:
     """Prompts per generate call; the same default as EvalSettings.batch_size and `vlmrl eval --batch-size`."""
 
     def validate(self) -> None:
-        if self.every < 0 or self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 0:
-            raise VlmrlError("eval.every and eval.max_new_tokens must be >= 0, eval.n and eval.batch_size >= 1")
+        require((self.every >= 0 and self.n >= 1 and self.batch_size >= 1 and self.max_new_tokens >= 0,
+                 "eval.every and eval.max_new_tokens must be >= 0, eval.n and eval.batch_size >= 1"),
+                (bool(self.splits) or self.every == 0, "eval.splits is empty while eval.every > 0"))
 
 
 @dataclass
@@ -355,6 +406,14 @@ class Config:
     """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
     resume: bool = False
     """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
+
+    def validate(self) -> None:
+        """The rules between sections (each section checks its own fields when it is built)."""
+        require((0 <= self.seed < 2 ** 32, f"seed must be in [0, 2**32) (numpy's range); got {self.seed}"),
+                (bool(self.output_dir.strip()), "output_dir is empty"),
+                (self.algorithm.overlong_buffer <= self.rollout.max_new_tokens,
+                 f"algorithm.overlong_buffer={self.algorithm.overlong_buffer} must be at most "
+                 f"rollout.max_new_tokens={self.rollout.max_new_tokens} (the penalty ramps over the last tokens)"))
 
 
 # --------------------------------------------------------------------------- reading and writing

@@ -19,6 +19,7 @@ from vlmrl.config import LoraConfig, ModelConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.processing import image_text_processor_class
 from vlmrl.support import hf_model
+from vlmrl.model_source import check_model_source, first_line
 from vlmrl.tiny_model import build_tiny_model  # noqa: F401  (public API: vlmrl.models.build_tiny_model)
 
 # Module names under which the families keep their vision encoder (Qwen: `visual`; Idefics3,
@@ -49,17 +50,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _check_source(name_or_path: str) -> None:
-    """A path that looks local must exist; a hub id is left to the hub (which may be offline)."""
-    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
-    path = Path(name_or_path).expanduser()
-    if looks_local and not path.exists():
-        raise VlmrlError(f"model folder {name_or_path!r} does not exist (build an offline one with "
-                         f"`vlmrl tiny-model {name_or_path}`, or give a hub id)")
-    if path.is_dir() and not (path / "config.json").exists():
-        raise VlmrlError(f"{name_or_path!r} is not a model folder: it has no config.json")
-
-
 def load_processor(name_or_path: str, trust_remote_code: bool = False):
     """The model's processor (image processor + tokenizer + chat template).
 
@@ -69,18 +59,18 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
     from transformers import AutoProcessor, ProcessorMixin
     from transformers.models.auto.processing_auto import processor_class_from_name
 
-    _check_source(name_or_path)
+    check_model_source(name_or_path)
     try:
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ImportError, ValueError) as auto_error:
         class_name = _saved_processor_class(name_or_path)
         base = processor_class_from_name(class_name) if class_name else None
         if base is None:
-            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {_first_line(auto_error)}")
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(auto_error)}")
         try:
             processor = image_text_processor_class(base).from_pretrained(name_or_path)
         except (OSError, ImportError, ValueError) as error:
-            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {_first_line(error)}")
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(error)}")
     if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
         raise VlmrlError(
             f"{name_or_path!r} has no image processor (no processor_config.json or "
@@ -98,11 +88,6 @@ def _saved_processor_class(name_or_path: str) -> str | None:
             if name:
                 return name
     return None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def load_policy(
@@ -134,7 +119,7 @@ def load_policy(
             use_safetensors=True,
         )
     except (OSError, ValueError) as error:
-        raise VlmrlError(f"cannot load model {name_or_path!r}: {_first_line(error)}")
+        raise VlmrlError(f"cannot load model {name_or_path!r}: {first_line(error)}")
     model.to(target)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
@@ -192,7 +177,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraConfig):
     try:
         return get_peft_model(model, config)
     except ValueError as error:
-        raise VlmrlError(f"LoRA: {_first_line(error)} (target_modules={settings.target_modules})")
+        raise VlmrlError(f"LoRA: {first_line(error)} (target_modules={settings.target_modules})")
 
 
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:

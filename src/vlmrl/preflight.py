@@ -1,8 +1,8 @@
 """Preflight: the checks that make a run fail in seconds, before step 1, rather than at hour three.
 
-`vlmrl train` and `vlmrl sft` run them once the model is loaded; `vlmrl check CONFIG` runs them
+`vlmrl train` and `vlmrl sft` run them once the model is loaded, after the checks that need no
+model (early_checks.py: layout, task, tools, trackers, model path); `vlmrl check CONFIG` runs both
 alone and prints the report. They:
-- resolve `rollout.tools` (an unknown name or a module that fails to import is an error now);
 - make the first batch of every split the run uses (train, and eval.splits when eval.every > 0)
   and encode each prompt with the model's own processor, so a task error, a bad image, a processor
   error or an unknown split shows now, naming the split and the example (the geometry task checks
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from vlmrl.config import Config
+from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.models import is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
 from vlmrl.tasks import Example, Task
-from vlmrl.tools import resolve_tools
 
 ACTIVATION_VALUES = 26
 """Values kept for backward per token, per layer, per hidden unit without checkpointing: attention
@@ -143,8 +143,6 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
     """
-    if config.rollout.tools:
-        resolve_tools(config.rollout.tools)  # an unknown tool or an import that fails: an error now
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
@@ -172,10 +170,7 @@ def first_batches(config: Config, task: Task, mode: str, world: int, start: int)
     per_process = (config.rollout.prompts_per_step if mode == "train" else config.sft.batch_size) // max(world, 1)
     batches = {"train": list(range(start, start + max(per_process, 1)))}
     if config.eval.every > 0:
-        for split in config.eval.splits:
-            if split not in task.splits:
-                raise VlmrlError(f"eval.splits names {split!r}, which task {task.name!r} does not have; "
-                                 f"valid: {', '.join(task.splits)}")
+        for split in config.eval.splits:  # each one the task has (early_checks.py)
             batches[split] = list(range(min(config.eval.n, config.eval.batch_size)))
     return batches
 
@@ -329,10 +324,7 @@ def check(config: Config, mode: str = "train") -> PreflightReport:
     """`vlmrl check`: load the model and task as a run would (one process, no checkpoint) and run
     the preflight alone."""
     from vlmrl.models import resolve_device
-    from vlmrl.tasks import get_task
 
-    if mode == "train":
-        config.rollout.check_layout(1)
+    task = check_before_loading(config, mode)
     policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
     return preflight(config, policy, processor, task, mode)

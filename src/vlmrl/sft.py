@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from vlmrl.completions import Completions
 from vlmrl.config import Config
+from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError
 from vlmrl.logprobs import LogprobScorer
 from vlmrl.preflight import run_preflight
@@ -33,7 +34,7 @@ from vlmrl.prompts import chat_messages
 from vlmrl.rollout import stop_token_ids
 from vlmrl.seeds import derive_seed
 from vlmrl.session import TrainingSession
-from vlmrl.tasks import Example, get_task
+from vlmrl.tasks import Example
 from vlmrl.tool_rollout import ToolBox, reference_rollout
 
 
@@ -67,12 +68,12 @@ def completion_tokens(processor, examples: list[Example], stop_ids: list[int]) -
 
 def sft(config: Config) -> Path:
     """Fine-tune on reference completions as configured; returns the run directory (model in final/)."""
+    task = check_before_loading(config, "sft")  # layout, task, tools, trackers, model path: before loading
     session = TrainingSession(config, config.train.steps)
     batch = config.sft.batch_size
     if batch % session.world:
         raise VlmrlError(f"sft.batch_size={batch} must be divisible by the {session.world} processes")
     per_process = batch // session.world
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device
     run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1

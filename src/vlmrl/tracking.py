@@ -14,6 +14,7 @@ behind one `Trackers` object:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -114,13 +115,26 @@ def scalars(metrics: dict) -> dict[str, float]:
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value)}
 
 
+def not_installed(name: str) -> VlmrlError:
+    return VlmrlError(f"train.trackers asks for {name}, but {name} is not installed: "
+                      f"`pip install {name}`, or remove {name} from train.trackers")
+
+
+def check_trackers(names: list[str]) -> None:
+    """VlmrlError for a tracker that is unknown or not installed, without importing it."""
+    for name in names:
+        if name not in TRACKERS:
+            raise VlmrlError(f"unknown tracker {name!r} in train.trackers; choose from {', '.join(TRACKERS)}")
+        if importlib.util.find_spec(name) is None:  # each tracker's package is named as the tracker
+            raise not_installed(name)
+
+
 def import_tracker(name: str, module: str):
     """Import a tracker's module, or say in one line how to get it."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise VlmrlError(f"train.trackers asks for {name}, but {name} is not installed: "
-                         f"`pip install {name}`, or remove {name} from train.trackers") from None
+        raise not_installed(name) from None
 
 
 class TensorBoardSink:

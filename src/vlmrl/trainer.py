@@ -25,6 +25,7 @@ from tqdm import tqdm
 from vlmrl.alarms import Alarms
 from vlmrl.attention import completion_image_attention
 from vlmrl.config import Config
+from vlmrl.early_checks import check_before_loading
 from vlmrl.experience import Experience, GroupSampler, collect_experience
 from vlmrl.logprobs import LogprobScorer
 from vlmrl.policy_update import update_policy
@@ -32,16 +33,15 @@ from vlmrl.preflight import run_preflight
 from vlmrl.rollout_log import rollout_rows, write_rollouts
 from vlmrl.seeds import derive_seed
 from vlmrl.session import TrainingSession
-from vlmrl.tasks import get_task
 from vlmrl.tool_rollout import trajectory_statistics
 
 
 def train(config: Config) -> Path:
     """Run GRPO as configured; returns the run directory (final model in `final/`)."""
+    task = check_before_loading(config, "train")  # layout, task, tools, trackers, model path: before loading
     session = TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
                               with_reference=True)
     config.rollout.check_layout(session.world)
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
     run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                            config.train.logprob_chunk)
