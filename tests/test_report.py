@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -192,7 +193,10 @@ def _chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no chromium binary on PATH (apt-get install chromium): browser test skipped")
+    message = "no chromium binary on PATH (apt-get install chromium)"
+    if os.environ.get("VLMRL_REQUIRE_BROWSER") or os.environ.get("CI"):
+        pytest.fail(f"{message}: CI requires the browser tests (.ci/run installs it)")
+    pytest.skip(f"{message}: browser test skipped")
 
 
 def _open_in_chromium(url: str, profile: Path, screenshot: Path | None = None) -> tuple[str, list[str]]:

@@ -5,7 +5,9 @@ processor, and `trainer_state.pt`: optimizer, scheduler, RNG states, step and da
 reference copy, when there is one, is saved beside them. `final/` is the trained model alone.
 
 A checkpoint is written into a temporary folder and renamed into place, so a kill while saving
-never leaves a half-written `step_*` folder; the newest `keep` are kept. Weights are safetensors,
+never leaves a half-written `step_*` folder; the newest `keep` are kept. A disk that fills up while
+saving is one DiskFull error: the temporary folder is removed, the previous checkpoint is left
+intact, and `resume=true` continues from it once space is freed. Weights are safetensors,
 and `trainer_state.pt` holds only tensors, numbers, strings and containers, read back with
 `torch.load(weights_only=True)`: no checkpoint can run code. On resume, `find_resumable` takes the
 newest checkpoint that is whole (trainer state readable, every safetensors file as long as its
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlmrl.disk import DiskFull, writing
 from vlmrl.errors import VlmrlError, warn
 
 STATE_FILE = "trainer_state.pt"
@@ -46,19 +49,27 @@ def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, sched
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(tmp, model, processor)
-    torch.save({
-        "step": step,
-        "data_position": data_position,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": {"python": random.getstate(), "numpy": _numpy_rng_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-        "extra": extra or {},
-    }, tmp / STATE_FILE)
-    if reference is not None:
-        reference.save(tmp)
+    try:
+        with writing(f"checkpoint step {step}", tmp):
+            save_model(tmp, model, processor)
+            torch.save({
+                "step": step,
+                "data_position": data_position,
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": {"python": random.getstate(), "numpy": _numpy_rng_state(),
+                        "torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                "extra": extra or {},
+            }, tmp / STATE_FILE)
+            if reference is not None:
+                reference.save(tmp)
+    except DiskFull as full:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(run_dir)
+        kept = f"{previous} is intact" if previous is not None else "there is no earlier checkpoint"
+        raise DiskFull(f"{full}. The partial checkpoint was removed and {kept}: free some space, then "
+                       "rerun with resume=true") from full.__cause__
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:

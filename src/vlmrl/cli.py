@@ -105,7 +105,9 @@ def _check(args: argparse.Namespace) -> None:
 
     report = check(load_config(*_config_and_overrides(args)), mode="sft" if args.sft else "train")
     print("\n".join(report.lines()))
-    print("ok" if report.memory.fits is not False else f"ok, but {memory_advice(report.memory)}")
+    worries = [memory_advice(report.memory)] if report.memory.fits is False else []
+    worries += [report.disk.advice()] if report.disk.fits is False else []
+    print("ok" if not worries else "ok, but " + "; and ".join(worries))
 
 
 def _demo(args: argparse.Namespace) -> None:

@@ -8,13 +8,15 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
   evaluation asks for;
 - `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
   not installed);
-- the model: a local folder that does not exist, a hub id while offline (model_source.py).
+- the model: a local folder that does not exist, a hub id while offline (model_source.py), and a
+  FlashAttention kernel without its package or a GPU.
 No torch here. The checks that need the model (prompt lengths in its tokens, memory, disk space)
 follow once it is loaded (preflight.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from vlmrl.config import Config
@@ -31,6 +33,22 @@ def launched_world() -> int:
         return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
     except ValueError:
         return 1
+
+
+FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+"""The package each FlashAttention kernel of transformers needs."""
+
+
+def check_attention_kernel(kernel: str | None, device: str) -> None:
+    """A FlashAttention kernel needs its package and a GPU."""
+    package = FLASH_PACKAGES.get(kernel or "")
+    if package is None:
+        return
+    if device == "cpu":
+        raise VlmrlError(f"model.attn_implementation={kernel} needs a GPU; model.device is cpu (use sdpa)")
+    if importlib.util.find_spec(package) is None:
+        raise VlmrlError(f"model.attn_implementation={kernel} needs the {package} package, which is not installed "
+                         "(install it, or use sdpa)")
 
 
 def check_before_loading(config: Config, mode: str) -> Task:
@@ -50,5 +68,6 @@ def check_before_loading(config: Config, mode: str) -> Task:
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)
+    check_attention_kernel(config.model.attn_implementation, config.model.device)
     check_model_source(config.model.name_or_path)
     return task

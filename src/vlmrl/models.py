@@ -118,7 +118,7 @@ def load_policy(
             trust_remote_code=trust_remote_code,
             use_safetensors=True,
         )
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:
         raise VlmrlError(f"cannot load model {name_or_path!r}: {first_line(error)}")
     model.to(target)
     if model.generation_config.pad_token_id is None:

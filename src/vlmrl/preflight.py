@@ -14,17 +14,21 @@ alone and prints the report. They:
 - estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
   moments, the reference copy, the generation KV cache, training activations) and warn
   when it exceeds what the device has free. The estimate is rough (allocator overhead, fused
-  kernels and framework buffers are not counted): a warning to heed, not a guarantee either way.
+  kernels and framework buffers are not counted): a warning to heed, not a guarantee either way;
+- estimate what the run writes at most at one time (step checkpoints kept plus the one being
+  written, the final model, logs) and warn when the output filesystem has less free (disk.py).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from vlmrl.config import Config
+from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.models import is_vision_parameter
@@ -99,6 +103,7 @@ class PreflightReport:
     trainable: int
     dtype: str
     max_prompt_length: int
+    disk: DiskEstimate
     bad_rows: list = field(default_factory=list)
     """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
 
@@ -122,18 +127,11 @@ class PreflightReport:
                        + ("fits" if m.fits else "DOES NOT FIT"))
         out.append(f"memory     about {gib(m.peak)} per process at peak; {verdict}")
         out.append(f"           ({', '.join(parts)})")
+        out.append(self.disk.line())
         if self.bad_rows:
             split, row, problem = self.bad_rows[0]
             out.append(f"data       {len(self.bad_rows)} bad rows skipped (first: {problem})")
         return out
-
-
-def gib(n: int) -> str:
-    """Bytes in the unit that reads best."""
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n / 2 ** 10:.0f} KiB"
 
 
 def preflight(config: Config, policy, processor, task: Task, mode: str, world: int = 1, start: int = 0,
@@ -161,7 +159,30 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                     if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
     return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
                            trainable=trainable, dtype=str(params[0].dtype).replace("torch.", ""),
-                           max_prompt_length=limit, bad_rows=list(getattr(task, "bad_rows", ())))
+                           max_prompt_length=limit, disk=estimate_disk(config, policy, mode),
+                           bad_rows=list(getattr(task, "bad_rows", ())))
+
+
+def estimate_disk(config: Config, policy, mode: str) -> DiskEstimate:
+    """What the run writes at most at one time under config.output_dir (checkpoint.py's layout):
+    each step checkpoint holds the weights (the adapter under LoRA), AdamW's two moments of every
+    trainable parameter and, for RL with a KL term and no LoRA, the reference copy; a checkpoint is
+    written beside the kept ones before the oldest is removed; then the final model; rollout logs
+    (texts, each prompt's image) and metrics are guessed at a few KB per completion and image."""
+    train = config.train
+    element = next(policy.parameters()).element_size()
+    total = sum(p.numel() for p in policy.parameters()) * element
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad) * element
+    lora = config.model.lora.enabled
+    reference = total if mode == "train" and config.algorithm.beta > 0 and not lora else 0
+    saves = train.steps // train.save_every if train.save_every > 0 else 0
+    at_once = min(saves, train.keep_checkpoints + 1) if train.keep_checkpoints > 0 else saves
+    rows = config.rollout.prompts_per_step * (config.rollout.group_size if mode == "train" else 1)
+    logged = train.steps // train.log_rollouts_every if train.log_rollouts_every > 0 else 0
+    logs = logged * (rows * (8 * config.rollout.max_new_tokens + 500) + config.rollout.prompts_per_step * 50_000)
+    free, where = free_space(Path(config.output_dir))
+    return DiskEstimate(checkpoint=(trainable if lora else total) + 2 * trainable + reference, checkpoints=at_once,
+                        final=trainable if lora else total, logs=logs + train.steps * 2_000, free=free, where=where)
 
 
 def first_batches(config: Config, task: Task, mode: str, world: int, start: int) -> dict[str, list[int]]:
@@ -311,6 +332,8 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
             print(f"preflight: {line}", flush=True)
         if report.memory.fits is False:
             warn(memory_advice(report.memory))
+        if report.disk.fits is False:
+            warn(report.disk.advice())
     return report
 
 

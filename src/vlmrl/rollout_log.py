@@ -18,6 +18,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from vlmrl.disk import writing
+
 
 def store_image(folder: Path, image: Image.Image) -> str:
     """Save `image` under folder/images/ named by its content hash (once); returns the relative path."""
@@ -56,11 +58,12 @@ def turns_of(rollout, i: int) -> dict:
 def write_rollouts(run_dir: Path, step: int, rows: list[dict]) -> Path:
     """Write rollouts/step_XXXXXX.jsonl from `rollout_rows` of every process (images stored once)."""
     folder = Path(run_dir) / "rollouts"
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = [{**row, "image": store_image(folder, row["image"]),
-              "images": [store_image(folder, image) for image in row["images"]],
-              **({"turns": [{**turn, "images": [store_image(folder, image) for image in turn["images"]]}
-                            for turn in row["turns"]]} if "turns" in row else {})} for row in rows]
     path = folder / f"step_{step:06d}.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with writing("rollouts", path):
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = [{**row, "image": store_image(folder, row["image"]),
+                  "images": [store_image(folder, image) for image in row["images"]],
+                  **({"turns": [{**turn, "images": [store_image(folder, image) for image in turn["images"]]}
+                                for turn in row["turns"]]} if "turns" in row else {})} for row in rows]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

@@ -22,6 +22,7 @@ from accelerate.utils import set_seed
 from vlmrl.checkpoint import (find_resumable, load_adapter_weights, restore_trainer_state, save_checkpoint,
                               save_model)
 from vlmrl.config import Config, save_config
+from vlmrl.disk import writing
 from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
 from vlmrl.faults import NumericGuard, StopSignals
@@ -166,7 +167,8 @@ class TrainingSession:
         """Save the final model into run_dir/final and close the processes; returns run_dir."""
         self.accelerator.wait_for_everyone()
         if self.main:
-            save_model(self.run_dir / "final", self.policy, self.processor)
+            with writing("the final model", self.run_dir / "final"):
+                save_model(self.run_dir / "final", self.policy, self.processor)
         self.close()
         return self.run_dir
 

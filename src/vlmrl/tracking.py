@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from vlmrl.config import Config, to_dict
+from vlmrl.disk import writing
 from vlmrl.errors import VlmrlError
 
 
@@ -40,7 +41,7 @@ class MetricsLog:
     def log(self, metrics: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                  for k, v in metrics.items()}
-        with self.path.open("a") as f:
+        with writing("metrics", self.path), self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
 
     def close(self) -> None:
