@@ -162,14 +162,14 @@ def check(tiny_model_dir: str, drawn: dict, mode: str) -> None:
     one_line_or_one_step(tiny_model_dir, drawn, mode)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=drawn_values(), mode=st.sampled_from(["train", "sft"]))
 def test_any_config_is_refused_in_one_line_or_runs_one_step(tiny_model_dir, drawn, mode):
     check(tiny_model_dir, drawn, mode)
 
 
 @pytest.mark.slow
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=drawn_values(), mode=st.sampled_from(["train", "sft"]))
 def test_many_configs_are_refused_in_one_line_or_run_one_step(tiny_model_dir, drawn, mode):
     check(tiny_model_dir, drawn, mode)
