@@ -54,6 +54,7 @@ def check_attention_kernel(kernel: str | None, device: str) -> None:
 def check_before_loading(config: Config, mode: str) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task."""
+    check_model_source(config.model.name_or_path)  # the first thing a new user builds: said first
     world = launched_world()
     if mode == "train":
         config.rollout.check_layout(world)
@@ -69,5 +70,4 @@ def check_before_loading(config: Config, mode: str) -> Task:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)
     check_attention_kernel(config.model.attn_implementation, config.model.device)
-    check_model_source(config.model.name_or_path)
     return task
