@@ -80,7 +80,8 @@ def test_hub_ids_offline_and_unreachable(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
     with pytest.raises(VlmrlError, match=r"^model 'org/some-vlm' is not a local folder and the hub cannot be "
-                                         r"reached \(Name or service not known\); give a local folder"):
+                                         r"reached \(Name or service not known\); set HF_HUB_OFFLINE=1 to use the hub cache only, "
+                                         r"or give a local model folder$"):
         model_source.check_model_source("org/some-vlm")
 
 

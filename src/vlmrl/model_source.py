@@ -74,8 +74,8 @@ def check_model_source(name_or_path: str) -> None:
                          f"{build_hint(name_or_path)}") from None
     except Exception as error:  # no network, DNS, proxy, timeout: one line instead of minutes of retries
         raise VlmrlError(f"model {name_or_path!r} is not a local folder and the hub cannot be reached "
-                         f"({first_line(error)}); give a local folder, set HF_HUB_OFFLINE=1 to use the cache "
-                         f"only, or {build_hint(name_or_path)}") from None
+                         f"({first_line(error)}); set HF_HUB_OFFLINE=1 to use the hub cache only, or "
+                         f"{build_hint(name_or_path)}") from None
 
 
 def first_line(error: BaseException) -> str:
