@@ -21,6 +21,15 @@ medians over the next `--steps`. Per step:
 - peak memory: on a GPU, torch's peak allocated memory during the step; on a CPU, the peak rise
   of the process's resident memory during the step (sampled every millisecond; the script re-runs
   itself with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the system).
+- training model FLOPs, TFLOP/s, MFU: the training phase's model FLOPs (`training_flops`: 6 x
+  parameters x tokens for the update, 2 x parameters x tokens for each extra forward, i.e. the
+  reference's; the text model on text and image tokens, the vision tower on its own patches;
+  attention's own FLOPs and gradient checkpointing's recomputation left out, as MFU counts them)
+  over the phase's time, and over the device's bf16 dense peak (`--peak-tflops`, known for H100
+  and H200 SXM). Each side is counted on the sequences it runs: vlmrl each prompt once per group,
+  TRL each prompt G times;
+- tokens/s per GPU as EasyR1 counts it: prompt + image + response tokens of every sequence (the
+  same count for both sides) per second of the training phase.
 Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results FILE` appends
 the table in Markdown with date, machine and command.
 """
@@ -48,6 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so `bench_vs_trl:Cir
 
 from vlmrl.tasks import Example, Task
 from vlmrl.tasks.base import TaskParams
+
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
+"""Dense bf16 tensor-core peak by GPU name fragment (SXM parts), TFLOP/s."""
 
 QUESTION = "How many circles are in the image? Think, then answer inside <answer> </answer>."
 
@@ -197,6 +209,56 @@ class Side:
         return statistics.median(s[key] for s in self.steps[skip:])
 
 
+@dataclasses.dataclass
+class StepWork:
+    """What one training phase computes: parameters, and the tokens and patches each side runs."""
+
+    text_params: int
+    vision_params: int
+    prompt_tokens: int  # P: one prompt's tokens, image tokens included
+    patches: int  # one image's rows into the vision tower
+    prompts: int  # B
+    group: int  # G
+    completion: int  # T: every completion runs to max new tokens
+    forwards: int  # extra forwards without gradient (1 with a reference model)
+
+    def flops(self, prompt_copies: int) -> float:
+        """Model FLOPs when each prompt (and image) is run `prompt_copies` times (1: packed, G: repeated)."""
+        tokens = self.prompts * (prompt_copies * self.prompt_tokens + self.group * self.completion)
+        patches = self.prompts * prompt_copies * self.patches
+        per_pass = self.text_params * tokens + self.vision_params * patches  # a forward: 2 FLOPs each
+        return (6 + 2 * self.forwards) * per_pass
+
+    @property
+    def easyr1_tokens(self) -> int:
+        """Prompt + image + response tokens of every sequence."""
+        return self.prompts * self.group * (self.prompt_tokens + self.completion)
+
+
+def step_work(args, session) -> StepWork:
+    """The training phase's work in the benchmark's setting (every prompt has the same length)."""
+    from vlmrl.models import is_vision_parameter
+    from vlmrl.prompts import encode_prompts
+
+    named = list(session.policy.named_parameters())
+    vision = sum(p.numel() for n, p in named if is_vision_parameter(n))
+    encoded = encode_prompts(session.processor, [Example(circle_image(0, args.image), QUESTION, "1")],
+                             torch.device("cpu"))
+    return StepWork(text_params=sum(p.numel() for _, p in named) - vision, vision_params=vision,
+                    prompt_tokens=int(encoded["attention_mask"].sum()), patches=int(encoded["pixel_values"].shape[0]),
+                    prompts=args.prompts, group=args.group, completion=args.tokens, forwards=int(args.beta > 0))
+
+
+def peak_tflops(args) -> float | None:
+    """The device's bf16 dense peak (--peak-tflops, else known GPUs), None when unknown or not bf16."""
+    if args.peak_tflops:
+        return args.peak_tflops
+    if args.device != "cuda" or args.dtype != "bfloat16":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -339,7 +401,7 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
 # --------------------------------------------------------------------------- report
 
 
-def table(args, trl: Side, ours: Side) -> list[str]:
+def table(args, trl: Side, ours: Side, work: StepWork) -> list[str]:
     skip = args.warmup
     rows = [("vision rows / step", "vision_rows", "{:.0f}"), ("step (s)", "step", "{:.3f}"),
             ("generation (s)", "generate", "{:.3f}"), ("training phase (s)", "train", "{:.3f}"),
@@ -350,6 +412,19 @@ def table(args, trl: Side, ours: Side) -> list[str]:
         a, b = trl.median(key, skip), ours.median(key, skip)
         ratio = f"{b / a:.3f}" if a > 0 else "n/a"
         lines.append(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
+    seconds = {"TRL": trl.median("train", skip), "vlmrl": ours.median("train", skip)}
+    flops = {"TRL": work.flops(work.group), "vlmrl": work.flops(1)}
+    rate = {side: flops[side] / seconds[side] / 1e12 for side in seconds}  # TFLOP/s
+    peak = peak_tflops(args)
+    lines.append(f"| training model FLOPs (TFLOP) | {flops['TRL'] / 1e12:.3g} | {flops['vlmrl'] / 1e12:.3g} | "
+                 f"{flops['vlmrl'] / flops['TRL']:.3f} |")
+    lines.append(f"| training TFLOP/s | {rate['TRL']:.3g} | {rate['vlmrl']:.3g} | {rate['vlmrl'] / rate['TRL']:.3f} |")
+    if peak:
+        lines.append(f"| training MFU (of {peak:.0f} TFLOP/s) | {rate['TRL'] / peak:.1%} | {rate['vlmrl'] / peak:.1%} | "
+                     f"{rate['vlmrl'] / rate['TRL']:.3f} |")
+    tokens = {side: work.easyr1_tokens / seconds[side] for side in seconds}
+    lines.append(f"| tokens/s per GPU (EasyR1 count, training) | {tokens['TRL']:.0f} | {tokens['vlmrl']:.0f} | "
+                 f"{tokens['vlmrl'] / tokens['TRL']:.3f} |")
     return lines
 
 
@@ -396,6 +471,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--vlmrl-plain", action="store_true", help="vlmrl with shared prefix off (control)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
     args = parser.parse_args()
     if args.device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
@@ -421,6 +498,7 @@ def main() -> None:
         memory = MemoryPeak(torch.device(args.device))
         trl, ours = Side("TRL"), Side("vlmrl")
         step, session = vlmrl_stepper(args, model_dir, Path(tmp) / "vlmrl", memory, ours)
+        work = step_work(args, session)
         trainer = trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step)
         started = time.perf_counter()
         trainer.train()
@@ -437,7 +515,7 @@ def main() -> None:
               f"micro-batch {args.micro}; torch threads {torch.get_num_threads()}; "
               f"vlmrl shared prefix {'off' if args.vlmrl_plain else 'on'}; "
               f"vlmrl completion length {tokens:.0f}; wall {time.perf_counter() - started:.0f} s", ""]
-    lines = header + table(args, trl, ours) + [""]
+    lines = header + table(args, trl, ours, work) + [""]
     print("\n".join(lines))
     if args.results:
         with open(args.results, "a") as f:
