@@ -9,13 +9,11 @@ import pytest
 from vlmrl import preflight as preflight_module
 from vlmrl.cli import main
 from vlmrl.config import load_config
-from vlmrl.errors import VlmrlError
-from vlmrl.models import load_policy
 from vlmrl.early_checks import check_before_loading
-from vlmrl.preflight import check, preflight
+from vlmrl.errors import VlmrlError
+from vlmrl.models import is_checkpointing, load_policy
+from vlmrl.preflight import check, micro_batch_candidates, preflight
 from vlmrl.tasks import Example, get_task
-
-
 
 
 def overrides(model_dir: str, *extra: str) -> list[str]:
@@ -134,3 +132,61 @@ def test_an_unknown_tool_is_an_error_before_the_model_loads(tiny_model_dir, lett
     with pytest.raises(VlmrlError, match="unknown tool 'zom'; did you mean zoom"):
         check_before_loading(config, "train")
 
+
+
+# --------------------------------------------------------------------------- "auto" memory settings
+
+
+def estimates(model_dir: str, *extra: str) -> dict[tuple[int, bool], int]:
+    """The memory needed for every (micro-batch, checkpointing) the auto settings choose from."""
+    config = load_config(None, overrides(model_dir, *extra))
+    needed = {}
+    for recompute in (False, True):
+        for micro in (16, 12, 8, 4):
+            fixed = load_config(None, overrides(model_dir, *extra, f"train.micro_batch_size={micro}",
+                                                f"model.gradient_checkpointing={str(recompute).lower()}"))
+            needed[micro, recompute] = check(fixed).memory.needed
+    assert micro_batch_candidates(config, "train", 1) == [16, 12, 8, 4]  # 4 prompts x G=4, whole groups
+    return needed
+
+
+def test_auto_picks_the_largest_micro_batch_that_fits_then_checkpointing(tiny_model_dir, letter_task,
+                                                                           monkeypatch):
+    auto = ("train.micro_batch_size=auto", "model.gradient_checkpointing=auto")
+    needed = estimates(tiny_model_dir)
+    assert needed[16, False] > needed[8, False] > needed[4, False] > needed[4, True]
+    config = lambda: load_config(None, overrides(tiny_model_dir, *auto))  # noqa: E731
+    for free, settled in [(needed[16, False], (16, False)),  # all fits: the largest, no recompute
+                          (needed[8, False], (8, False)),  # a smaller micro-batch before recomputation
+                          (needed[4, True], (4, True)),  # only with checkpointing
+                          (needed[4, True] - 1, (4, True))]:  # nothing fits: the smallest, and a warning
+        monkeypatch.setattr(preflight_module, "free_memory", lambda device, free=free: free)
+        report = check(config())
+        assert (report.settled.micro_batch_size, report.settled.gradient_checkpointing) == settled, free
+        assert report.memory.fits == (free >= needed[4, True])
+    assert "auto       model.gradient_checkpointing, train.micro_batch_size: micro-batch 4, gradient " \
+           "checkpointing on" in "\n".join(report.lines())
+    fixed = check(load_config(None, overrides(tiny_model_dir, "model.gradient_checkpointing=auto")))
+    assert fixed.settled.micro_batch_size == 8 and fixed.settled.automatic == ("model.gradient_checkpointing",)
+
+
+def test_a_run_trains_with_what_auto_settled(tmp_path, tiny_model_dir, letter_task, monkeypatch, capsys):
+    from vlmrl.trainer import train
+
+    needed = estimates(tiny_model_dir)
+    monkeypatch.setattr(preflight_module, "free_memory", lambda device: needed[4, True])
+    config = load_config(None, overrides(tiny_model_dir, "train.micro_batch_size=auto", "train.steps=1",
+                                         "model.gradient_checkpointing=auto", f"output_dir={tmp_path / 'run'}",
+                                         "train.trackers=[]"))
+    seen = []
+    real = preflight_module.Settled.apply
+
+    def apply(self, config, policy):
+        real(self, config, policy)
+        seen.append((config.train.micro_batch_size, is_checkpointing(policy)))
+
+    monkeypatch.setattr(preflight_module.Settled, "apply", apply)
+    train(config)
+    assert seen == [(4, True)]
+    assert "preflight: auto       model.gradient_checkpointing, train.micro_batch_size: micro-batch 4" in \
+        capsys.readouterr().out

@@ -84,8 +84,9 @@ class ModelConfig:
     """Attention kernel (eager, sdpa, flash_attention_2); None is the model's default."""
     trust_remote_code: bool = False
     """Run Python code shipped with the model. Off unless you trust the source."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute activations in backward to save memory (about a third more compute): true, false,
+    or auto = on only when the preflight's memory estimate says the activations would not fit."""
     freeze_vision: bool = False
     """Keep the vision tower's weights fixed."""
     vision_lr_scale: float = 1.0
@@ -300,9 +301,11 @@ class TrainConfig:
     """An update whose loss or gradient is NaN/inf is skipped (no optimizer step; the lr schedule
     still advances) and counted as skipped_steps in the metrics; this many in a row stop the run
     with a checkpoint and an error (0 = never stop, keep skipping)."""
-    micro_batch_size: int = 16
+    micro_batch_size: int | Literal["auto"] = 16
     """Completions per forward/backward pass; gradients accumulate over the whole rollout batch.
-    A multiple of rollout.group_size keeps each group in one pass (see pack_groups)."""
+    A multiple of rollout.group_size keeps each group in one pass (see pack_groups). auto = the
+    largest that the preflight's memory estimate says fits (RL: a multiple of the group size, at
+    most one process's rows of a step; SFT: at most one process's examples of a step)."""
     pack_groups: bool = True
     """Log-prob passes (policy, old, reference) compute each prompt and image once per group: the
     prompt and its completions are packed into one sequence under a block attention mask; exact
@@ -335,7 +338,8 @@ class TrainConfig:
                   "keep_checkpoints": self.keep_checkpoints, "log_rollouts_every": self.log_rollouts_every,
                   "attention_every": self.attention_every}
         negative = [f"{name}={value}" for name, value in counts.items() if value < 0]
-        require((self.steps >= 1 and self.micro_batch_size >= 1, "train.steps and train.micro_batch_size must be >= 1"),
+        require((self.steps >= 1 and (self.micro_batch_size == "auto" or self.micro_batch_size >= 1),
+                 "train.steps and train.micro_batch_size must be >= 1 (micro_batch_size may be auto)"),
                 (not negative, f"train.{', '.join(negative)}: must be >= 0"),
                 (finite(self.lr) and self.lr >= 0, f"train.lr must be >= 0; got {self.lr}"),
                 (finite(self.weight_decay) and self.weight_decay >= 0, f"train.weight_decay must be >= 0; got {self.weight_decay}"),

@@ -142,12 +142,27 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether gradient checkpointing is on (the property was renamed in transformers 5.x)."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Turn gradient checkpointing on in a loaded policy (a LoRA one too: its inputs then need grad)."""
+    if is_checkpointing(model):
+        return
+    enable_checkpointing(model)
+    if hasattr(model, "peft_config"):
+        model.enable_input_require_grads()
+
+
 def load_policy_from_config(config: ModelConfig):
     """`load_policy` with the options of a run's `model` section."""
     return load_policy(
         config.name_or_path, dtype=config.dtype, device=config.device,
         attn_implementation=config.attn_implementation, lora=config.lora,
-        freeze_vision=config.freeze_vision, gradient_checkpointing=config.gradient_checkpointing,
+        freeze_vision=config.freeze_vision, gradient_checkpointing=config.gradient_checkpointing is True,
         trust_remote_code=config.trust_remote_code,
     )
 

@@ -15,12 +15,16 @@ alone and prints the report. They:
   moments, the reference copy, the generation KV cache, training activations) and warn
   when it exceeds what the device has free. The estimate is rough (allocator overhead, fused
   kernels and framework buffers are not counted): a warning to heed, not a guarantee either way;
+- settle `model.gradient_checkpointing` and `train.micro_batch_size` when they are "auto": the
+  largest micro-batch whose estimate fits, without checkpointing if any fits so, else with it
+  (`settle`); the run then trains with what was settled, the same on every process;
 - estimate what the run writes at most at one time (step checkpoints kept plus the one being
   written, the final model, logs) and warn when the output filesystem has less free (disk.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +35,7 @@ from vlmrl.config import Config
 from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
-from vlmrl.models import is_vision_parameter
+from vlmrl.models import checkpoint_activations, is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
 from vlmrl.tasks import Example, Task
@@ -104,6 +108,8 @@ class PreflightReport:
     dtype: str
     max_prompt_length: int
     disk: DiskEstimate
+    settled: Settled
+    """What the "auto" memory settings became (and the fixed ones)."""
     bad_rows: list = field(default_factory=list)
     """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
 
@@ -127,6 +133,8 @@ class PreflightReport:
                        + ("fits" if m.fits else "DOES NOT FIT"))
         out.append(f"memory     about {gib(m.peak)} per process at peak; {verdict}")
         out.append(f"           ({', '.join(parts)})")
+        if self.settled.automatic:
+            out.append(self.settled.line())
         out.append(self.disk.line())
         if self.bad_rows:
             split, row, problem = self.bad_rows[0]
@@ -152,15 +160,77 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                              for ex in examples) + 2  # end-of-turn tokens
     longest = max(check.longest for check in checks)
     image_tokens = max(check.image_tokens for check in checks)
-    memory = estimate_memory(config, policy, mode, world, longest, completion, image_tokens, loaded)
+    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), loaded)
     params = list(policy.parameters())
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
     trainable = sum(p.numel() for name, p in policy.named_parameters()
                     if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
     return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
                            trainable=trainable, dtype=str(params[0].dtype).replace("torch.", ""),
-                           max_prompt_length=limit, disk=estimate_disk(config, policy, mode),
+                           max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())))
+
+
+@dataclass
+class Settled:
+    """The memory settings a run trains with: `model.gradient_checkpointing` and
+    `train.micro_batch_size`, chosen by the estimate where they were "auto"."""
+
+    micro_batch_size: int
+    gradient_checkpointing: bool
+    automatic: tuple[str, ...] = ()
+    """The keys that were "auto"."""
+
+    def line(self) -> str:
+        return (f"auto       {', '.join(self.automatic)}: micro-batch {self.micro_batch_size}, gradient "
+                f"checkpointing {'on' if self.gradient_checkpointing else 'off'}")
+
+    def apply(self, config: Config, policy) -> None:
+        """Train with these: written into `config`, checkpointing turned on in `policy` if settled so."""
+        config.train.micro_batch_size = self.micro_batch_size
+        config.model.gradient_checkpointing = self.gradient_checkpointing
+        if self.gradient_checkpointing:
+            checkpoint_activations(policy)
+
+
+def micro_batch_candidates(config: Config, mode: str, world: int) -> list[int]:
+    """Micro-batch sizes "auto" chooses from, largest first: RL, multiples of the group size up to a
+    process's rows per step; SFT, a process's examples per step and the powers of two below."""
+    if mode == "train":
+        group = config.rollout.group_size
+        rows = config.rollout.per_process(world) * group
+        return [k * group for k in range(max(rows // group, 1), 0, -1)]
+    rows = max(config.sft.batch_size // world, 1)
+    return [rows] + [2 ** i for i in range(rows.bit_length() - 1, -1, -1) if 2 ** i < rows]
+
+
+def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, int, int],
+           loaded: int | None) -> tuple[Settled, MemoryEstimate]:
+    """The memory settings to train with, and their estimate. `lengths`: the longest prompt, the
+    completion and the image tokens. Without a free-memory figure, auto means no checkpointing and
+    a micro-batch of about 16 rows."""
+    model, train = config.model, config.train
+    automatic = tuple(key for key, value in (("model.gradient_checkpointing", model.gradient_checkpointing),
+                                              ("train.micro_batch_size", train.micro_batch_size)) if value == "auto")
+    micros = micro_batch_candidates(config, mode, world) if train.micro_batch_size == "auto" else [train.micro_batch_size]
+    checkpointing = [False, True] if model.gradient_checkpointing == "auto" else [model.gradient_checkpointing]
+
+    def estimate(micro: int, recompute: bool) -> MemoryEstimate:
+        trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
+                                    train=dataclasses.replace(train, micro_batch_size=micro))
+        return estimate_memory(trial, policy, mode, world, *lengths, loaded)
+
+    options = [(micro, recompute) for recompute in checkpointing for micro in micros]
+    first = estimate(*options[0])
+    if first.fits is None:  # free memory unknown: no checkpointing, about 16 rows
+        micro = next((m for m in micros if m <= 16), micros[-1])
+        return Settled(micro, checkpointing[0], automatic), estimate(micro, checkpointing[0])
+    for micro, recompute in options:
+        memory = first if (micro, recompute) == options[0] else estimate(micro, recompute)
+        if memory.fits:
+            return Settled(micro, recompute, automatic), memory
+    micro, recompute = options[-1]  # nothing fits: the smallest footprint, and the preflight warns
+    return Settled(micro, recompute, automatic), estimate(micro, recompute)
 
 
 def estimate_disk(config: Config, policy, mode: str) -> DiskEstimate:
@@ -327,6 +397,11 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     if reference is not None:
         loaded += sum(p.numel() * p.element_size() for p in reference.parameters())
     report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
+    if session.world > 1:  # every process trains with the main process's choice
+        from accelerate.utils import broadcast_object_list
+
+        report.settled = broadcast_object_list([report.settled])[0]
+    report.settled.apply(config, session.policy)
     if session.main:
         for line in report.lines():
             print(f"preflight: {line}", flush=True)

@@ -180,7 +180,7 @@ def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path
     policy, processor = load_policy(
         source, dtype=settings.dtype, device=str(device), attn_implementation=settings.attn_implementation,
         lora=settings.lora, freeze_vision=settings.freeze_vision,
-        gradient_checkpointing=settings.gradient_checkpointing, trust_remote_code=settings.trust_remote_code)
+        gradient_checkpointing=settings.gradient_checkpointing is True, trust_remote_code=settings.trust_remote_code)
     if checkpoint is not None and settings.lora.enabled:
         load_adapter_weights(policy, checkpoint)
     return policy, processor
