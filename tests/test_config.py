@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,10 @@ def test_every_field_has_a_docstring():
     lines = describe(Config())
     assert any(line.startswith("model.lora.r = 16  # ") for line in lines)
     assert "model.lora.r" in all_keys(Config)
+
+
+def test_every_preset_in_configs_is_a_valid_config():
+    presets = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    assert len(presets) >= 18
+    for preset in presets:
+        load_config(preset)  # every key known, every value in range (raises VlmrlError otherwise)

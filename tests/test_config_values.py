@@ -62,6 +62,8 @@ VALUES: dict[str, list] = {
     "algorithm.eps_high": [0.0, 0.28, -1.0],
     "algorithm.dual_clip": [0.0, 0.5, 3.0],
     "algorithm.ratio_level": ["token", "sequence"],
+    "algorithm.surrogate": ["clip", "cispo", "gmpo", "ppo"],
+    "algorithm.top_entropy_share": [0.0, 0.2, 1.0, 1.5],
     "algorithm.aggregation": ["token", "sequence", "constant", "mean"],
     "algorithm.beta": [0.0, 0.04, -1.0, NAN],
     "algorithm.kl_estimator": ["k1", "k2", "k3", "k4"],

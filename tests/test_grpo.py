@@ -472,3 +472,69 @@ def test_tis_cap_below_one_is_rejected():
     logp, inputs = tis_inputs(torch.zeros(2, 2))
     with pytest.raises(ValueError, match="tis_cap"):
         grpo.policy_loss(logp, inputs, grpo.LossSettings(tis_cap=0.5))
+
+
+# ---------------------------------------------------------------- CISPO, GMPO, high-entropy tokens
+
+def test_cispo_clips_the_weight_and_keeps_every_tokens_gradient():
+    # ratios e^0.5 = 1.65 (clipped to 1.28) and e^-0.5 = 0.61 (no lower bound with eps_low = 1); A = +1, -2
+    logp = torch.tensor([[0.5], [-0.5]], requires_grad=True)
+    inputs = grpo.LossInputs(torch.zeros(2, 1), torch.tensor([1.0, -2.0]), torch.ones(2, 1))
+    out = grpo.policy_loss(logp, inputs, grpo.LossSettings(surrogate="cispo", eps_low=1.0, eps_high=0.28,
+                                                           aggregation="token"))
+    w = math.exp(-0.5)
+    # l = -sg[clip(w)] A logp: -(1.28 * 1 * 0.5) and -(0.61 * -2 * -0.5) = -0.64, -0.61; token mean
+    assert_close(out.loss, scalar((-0.64 - w) / 2))
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[-1.28], [2 * w]]) / 2)  # neither token's gradient is removed
+    assert_close(out.clip_fraction, scalar(0.5))  # the first one's weight was capped
+    assert_close(out.clip_high_fraction, scalar(0.5))
+
+
+def test_cispo_on_policy_is_reinforce():
+    logp = torch.tensor([[-0.3, -1.2]], requires_grad=True)
+    inputs = grpo.LossInputs(logp.detach(), torch.tensor([2.0]), torch.ones(1, 2))
+    out = grpo.policy_loss(logp, inputs, grpo.LossSettings(surrogate="cispo", aggregation="token"))
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[-1.0, -1.0]]))  # -A / 2 tokens each
+    assert_close(out.loss, scalar(-2.0 * (-0.3 - 1.2) / 2))
+
+
+def test_gmpo_is_the_geometric_mean_of_clipped_token_ratios():
+    # row 0 (A = 1): log-ratios 0.2 and 0.6; 0.6 is clipped to 0.4 (A > 0: a ratio too high is cut, as
+    # in PPO); rho = exp((0.2 + 0.4) / 2) = e^0.3. Row 1 (A = -1): -0.6 is clipped to -0.4 (A < 0: a
+    # ratio too low is cut), 0.1 stays; rho = exp((-0.4 + 0.1) / 2) = e^-0.15.
+    logp = torch.tensor([[0.2, 0.6], [-0.6, 0.1]], requires_grad=True)
+    inputs = grpo.LossInputs(torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2))
+    out = grpo.policy_loss(logp, inputs, grpo.LossSettings(surrogate="gmpo", eps_low=0.4, eps_high=0.4))
+    rho0, rho1 = math.exp(0.3), math.exp(-0.15)
+    assert_close(out.loss, scalar((-rho0 + rho1) / 2))  # sequence aggregation: the mean of -A rho
+    out.loss.backward()
+    # d(-A rho)/d logp_t = -A rho / |y| where the token is not clipped, 0 where it is; / 2 rows
+    assert_close(logp.grad, torch.tensor([[-rho0 / 2, 0.0], [0.0, rho1 / 2]]) / 2)
+    assert_close(out.clip_high_fraction, scalar(0.25))
+    assert_close(out.clip_low_fraction, scalar(0.25))
+    # with every ratio 1 (one update per batch) it is REINFORCE on the mean log-prob: -A / |y| per token
+    fresh = torch.tensor([[0.2, 0.6], [-0.6, 0.1]], requires_grad=True)
+    grpo.policy_loss(fresh, grpo.LossInputs(fresh.detach(), torch.tensor([1.0, -1.0]), torch.ones(2, 2)),
+                     grpo.LossSettings(surrogate="gmpo", eps_low=0.4, eps_high=0.4)).loss.backward()
+    assert_close(fresh.grad, torch.tensor([[-0.25, -0.25], [0.25, 0.25]]))
+
+
+def test_gmpo_and_cispo_need_token_ratios_and_no_dual_clip():
+    logp, old, mask = one_token(0.0)
+    inputs = grpo.LossInputs(old, torch.tensor([1.0]), mask)
+    for bad in (grpo.LossSettings(surrogate="gmpo", ratio_level="sequence"),
+                grpo.LossSettings(surrogate="cispo", dual_clip=3.0), grpo.LossSettings(surrogate="ppo")):
+        with pytest.raises(ValueError):
+            grpo.policy_loss(logp, inputs, bad)
+
+
+def test_high_entropy_mask_keeps_the_top_share_of_valid_tokens():
+    entropy = torch.tensor([[0.1, 2.0, 0.5, 9.0], [1.5, 0.2, 3.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])  # 9.0 is padding: never counted or kept
+    # 7 valid tokens, share 0.3 -> ceil(2.1) = 3 kept: 3.0, 2.0, 1.5
+    kept = grpo.high_entropy_mask(entropy, mask, 0.3)
+    assert kept.tolist() == [[False, True, False, False], [True, False, True, False]]
+    assert torch.equal(grpo.high_entropy_mask(entropy, mask, 1.0), mask.bool())
+    assert grpo.high_entropy_mask(entropy, torch.zeros(2, 4), 0.2).sum() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -119,6 +120,30 @@ def test_dynamic_sampling_keeps_the_batch_full(tmp_path, tiny_model_dir, letter_
         assert 4 <= row["groups_drawn"] <= 12 and row["groups_drawn"] % 4 == 0
     rollouts = (run / "rollouts" / "step_000002.jsonl").read_text().splitlines()
     assert len(rollouts) == 16
+
+
+@pytest.mark.parametrize("surrogate", ["cispo", "gmpo"])
+def test_other_surrogates_and_the_forking_tokens_train(tmp_path, tiny_model_dir, letter_task, monkeypatch, surrogate):
+    """Two updates per batch (ratios move) under CISPO / GMPO, the loss seeing only the top 25% of
+    tokens by entropy: the weights move and the loss saw a quarter of the tokens."""
+    from vlmrl import grpo
+
+    seen = []
+    real = grpo.policy_loss
+
+    def spy(logp, inputs, settings):
+        seen.append((int(inputs.mask.sum()), settings.surrogate))
+        return real(logp, inputs, settings)
+
+    monkeypatch.setattr(grpo, "policy_loss", spy)
+    run = train(_config(tmp_path, tiny_model_dir, "train.steps=1", f"algorithm.surrogate={surrogate}",
+                        "algorithm.top_entropy_share=0.25", "algorithm.updates_per_batch=2", "algorithm.beta=0",
+                        "train.log_rollouts_every=0", "train.micro_batch_size=16"))
+    (row,) = read_metrics(run / "metrics.jsonl")
+    assert row["loss"] is not None and row["grad_norm"] > 0
+    completions = row["completion_length"] * 16  # tokens of the step's 16 completions
+    assert all(s == surrogate for _, s in seen) and len(seen) == 2
+    assert all(abs(kept - math.ceil(completions / 4)) <= 2 for kept, _ in seen)  # ties may keep a few more
 
 
 def test_batch_layout_errors(tmp_path, tiny_model_dir, letter_task):

@@ -233,6 +233,14 @@ class AlgorithmConfig:
     c > 1, commonly 3; 0 = off). Only binds when ratios move (updates_per_batch > 1)."""
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or per sequence, length-normalised (GSPO)."""
+    surrogate: Literal["clip", "cispo", "gmpo"] = "clip"
+    """Policy-gradient surrogate: PPO's clipped one (GRPO, DAPO, GSPO), CISPO (the importance
+    weight clipped, every token keeps its gradient; eps_low=1 means no lower bound), or GMPO (the
+    geometric mean of token ratios, clipped in log space to [-eps_low, eps_high]). See
+    docs/algorithms.md."""
+    top_entropy_share: float = 1.0
+    """Train only on the highest-entropy share of each micro-batch's tokens (0.2: the "80/20"
+    forking tokens); 1 = every token."""
     aggregation: Literal["token", "sequence", "constant"] = "sequence"
     """Loss over tokens: mean over all tokens of the batch (DAPO), mean per sequence then over
     sequences (GRPO), or sum divided by rollout.max_new_tokens per sequence (Dr. GRPO)."""
@@ -266,12 +274,15 @@ class AlgorithmConfig:
 
     def validate(self) -> None:
         numbers = (self.eps_low, self.eps_high, self.beta, self.dual_clip, self.ref_mix, self.overlong_penalty,
-                   self.tis_cap)
+                   self.tis_cap, self.top_entropy_share)
         require((all(map(finite, numbers)), "algorithm's numbers must be finite (no nan or inf)"),
                 (0 < self.ref_mix <= 1, f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}"),
                 (self.updates_per_batch >= 1, f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}"),
                 (self.eps_low >= 0 and self.eps_high >= 0 and self.beta >= 0, "algorithm.eps_low, eps_high and beta must be >= 0"),
-                (self.eps_low < 1, f"algorithm.eps_low must be < 1 (the ratio's lower clip is 1 - eps_low); got {self.eps_low}"),
+                (self.eps_low <= 1, f"algorithm.eps_low must be <= 1 (the ratio's lower clip is 1 - eps_low); got {self.eps_low}"),
+                (self.surrogate == "clip" or (self.ratio_level == "token" and self.dual_clip == 0),
+                 f"algorithm.surrogate={self.surrogate} needs ratio_level=token and no dual_clip"),
+                (0 < self.top_entropy_share <= 1, f"algorithm.top_entropy_share must be in (0, 1]; got {self.top_entropy_share}"),
                 (self.dual_clip == 0 or self.dual_clip > 1, f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}"),
                 (self.tis_cap == 0 or self.tis_cap >= 1, f"algorithm.tis_cap must be 0 (off) or >= 1; got {self.tis_cap}"),
                 (self.ref_refresh_steps >= 0 and self.overlong_buffer >= 0 and self.overlong_penalty >= 0,

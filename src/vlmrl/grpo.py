@@ -23,11 +23,24 @@ the importance ratio is either per token or per sequence (GSPO, length-normalise
     ratio_level="sequence":  s   = exp( (1/|y|) sum_t (logp_t - old_t) )
                              w_t = sg[s] * exp(logp_t - sg[logp_t])   (value s, gradient per token)
 
-and the per-token loss is the clipped surrogate plus an optional KL penalty to a reference model:
+and the per-token loss is a surrogate plus an optional KL penalty to a reference model. The
+surrogate is PPO's clipped one (`surrogate="clip"`, GRPO and its variants), or one of two others:
 
-    l_t = -min(w_t A, clip(w_t, 1 - eps_low, 1 + eps_high) A)  +  beta * KL_t
+    clip:   l_t = -min(w_t A, clip(w_t, 1 - eps_low, 1 + eps_high) A)            + beta * KL_t
+    cispo:  l_t = -sg[clip(w_t, 1 - eps_low, 1 + eps_high)] A logp_t              + beta * KL_t
+    gmpo:   l_t = -A exp( (1/|y|) sum_s sgn(A) min(sgn(A) d_s, sgn(A) clip(d_s, -eps_low, eps_high)) )
+                                                                                  + beta * KL_t
+            with d_s = logp_s - old_s: the same value on every token of a row
 
-reduced to a scalar by `aggregate`: mean over all tokens of the batch ("token"), mean per
+CISPO (MiniMax-M1) clips the importance weight, never the gradient: every token keeps its
+gradient, scaled by the clipped weight (its preset sets eps_low = 1, no lower bound). GMPO
+(geometric-mean policy optimization) maximises the geometric mean of the token ratios, each
+clipped in log space to [-eps_low, eps_high] (its preset: 0.4 both), a sequence-level objective
+whose gradient per token is A rho / |y|. Both need per-token ratios (`ratio_level="token"`).
+`high_entropy_mask` keeps only the highest-entropy share of tokens in the loss ("80/20": the
+forking tokens, `top_entropy_share=0.2`).
+
+The per-token losses are reduced to a scalar by `aggregate`: mean over all tokens of the batch ("token"), mean per
 sequence then over sequences ("sequence"), or sum divided by B * max_len ("constant").
 
 Rollout/training mismatch. The sampler's log-probs samp_t (recorded during generation) can differ
@@ -46,6 +59,9 @@ KL(sampler || training) estimated with k3 from the sampled tokens, and how often
                                                                                        shaping (penalty / filter)
     Dr. GRPO  r - mean ("none")  0.2 / 0.2           token     constant     beta=0     divide by max_new_tokens
     GSPO      z-score ("group")  3e-4 / 4e-4         sequence  sequence     beta=0     -
+    CISPO     z-score ("group")  1.0 / 0.28          token     token        beta=0     surrogate="cispo"
+    GMPO      z-score ("group")  0.4 / 0.4 (log)     token     sequence     beta=0     surrogate="gmpo"
+    80/20     any                any                 any       any          any        top_entropy_share=0.2
     cubic     any, then A**3     any                 any       any          any        `shape_advantages`
 
 When old_logp == logp.detach() (one optimizer step per batch, the common case) every ratio is 1,
@@ -58,6 +74,7 @@ prompt 1's, and so on.
 
 from __future__ import annotations
 
+import math
 from typing import Literal, NamedTuple
 
 import torch
@@ -67,6 +84,7 @@ AdvantageScale = Literal["group", "batch", "none"]
 Shaping = Literal["none", "cubic", "cubic_rescaled"]
 Aggregation = Literal["token", "sequence", "constant"]
 RatioLevel = Literal["token", "sequence"]
+Surrogate = Literal["clip", "cispo", "gmpo"]
 KLKind = Literal["k1", "k2", "k3"]
 
 LOG_RATIO_CLAMP = 20.0
@@ -88,7 +106,8 @@ class LossOutput(NamedTuple):
     clip_low_fraction: Tensor
     """Scalar, detached: the part of clip_fraction below: A < 0 and w < 1 - eps_low."""
     clip_high_fraction: Tensor
-    """Scalar, detached: the part of clip_fraction above: A > 0 and w > 1 + eps_high."""
+    """Scalar, detached: the part of clip_fraction above: A > 0 and w > 1 + eps_high (with dual_clip
+    also A < 0 and w > c)."""
     ratio_mean: Tensor
     """Scalar, detached: mean importance ratio over valid tokens."""
     mismatch_kl: Tensor
@@ -292,7 +311,10 @@ class LossSettings(NamedTuple):
     kl_kind: KLKind = "k3"
     """KL estimator (`kl_penalty`)."""
     dual_clip: float | None = None
-    """c > 1 caps the loss of a negative-advantage token at c * |A| (dual-clip PPO); None = off."""
+    """c > 1 caps the loss of a negative-advantage token at c * |A| (dual-clip PPO; surrogate "clip"
+    only); None = off."""
+    surrogate: Surrogate = "clip"
+    """The policy-gradient surrogate: PPO's clipped one, CISPO's or GMPO's (see the module doc)."""
     tis_cap: float | None = None
     """C >= 1: weight each token's surrogate by min(exp(old - sampler), C) when the sampler's
     log-probs are given (truncated importance sampling); None = off."""
@@ -307,38 +329,103 @@ def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float
     return weight.clamp(max=cap), valid & (weight > cap)  # (B, T) each
 
 
-def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossSettings()) -> LossOutput:
-    """The one GRPO-family loss: clipped surrogate (+ beta * KL), aggregated; see the module doc.
+class SurrogateTerms(NamedTuple):
+    """A surrogate's per-token loss and what its clip did, all (B, T)."""
 
-    logp (B, T) requires grad; everything in `inputs` is treated as a constant.
-    clip_fraction counts valid tokens whose gradient a clip removed: A > 0 and w > 1 + eps_high,
-    A < 0 and w < 1 - eps_low, or (dual_clip) A < 0 and w > c.
-    """
-    s = settings
-    if s.beta > 0 and inputs.ref_logp is None:
-        raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
-    if s.dual_clip is not None and s.dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1; got {s.dual_clip}")
-    if s.tis_cap is not None and s.tis_cap < 1.0:
-        raise ValueError(f"tis_cap must be >= 1; got {s.tis_cap}")
-    valid = inputs.mask.bool()  # (B, T)
-    adv = inputs.advantages.detach().to(logp.dtype)  # (B,) or (B, T)
-    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
-    ratio = importance_ratio(logp, inputs.old_logp.detach(), valid, s.ratio_level)  # (B, T)
+    pg: Tensor
+    """The per-token policy-gradient loss (differentiable w.r.t. logp)."""
+    ratio: Tensor
+    """The importance ratio w_t (detached)."""
+    clip_low: Tensor
+    """bool: the lower clip bound (A < 0 under "clip" and "gmpo"; any A under "cispo")."""
+    clip_high: Tensor
+    """bool: the upper clip bound."""
+
+
+def clipped_surrogate(logp: Tensor, old: Tensor, adv: Tensor, valid: Tensor, s: LossSettings) -> SurrogateTerms:
+    """PPO's clipped surrogate -min(w A, clip(w) A) (+ dual clip); adv (B, 1) or (B, T)."""
+    ratio = importance_ratio(logp, old, valid, s.ratio_level)  # (B, T)
     clipped = ratio.clamp(1.0 - s.eps_low, 1.0 + s.eps_high)  # (B, T)
     pg = torch.maximum(-ratio * adv, -clipped * adv)  # (B, T) = -min(w A, clip(w) A)
     clip_high = (adv > 0) & (ratio > 1.0 + s.eps_high)  # (B, T)
     clip_low = (adv < 0) & (ratio < 1.0 - s.eps_low)  # (B, T)
-    binds = clip_high | clip_low  # (B, T)
     if s.dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -s.dual_clip * adv), pg)  # (B, T)
-        binds = binds | ((adv < 0) & (ratio > s.dual_clip))  # (B, T)
+        clip_high = clip_high | ((adv < 0) & (ratio > s.dual_clip))  # (B, T) the dual clip bounds from above
+    return SurrogateTerms(pg, ratio.detach(), clip_low, clip_high)
+
+
+def cispo_surrogate(logp: Tensor, old: Tensor, adv: Tensor, valid: Tensor, s: LossSettings) -> SurrogateTerms:
+    """CISPO: -sg[clip(w, 1 - eps_low, 1 + eps_high)] A logp; every token keeps its gradient."""
+    ratio = importance_ratio(logp, old, valid, "token").detach()  # (B, T)
+    weight = ratio.clamp(1.0 - s.eps_low, 1.0 + s.eps_high)  # (B, T) a constant
+    return SurrogateTerms(-weight * adv * logp, ratio, ratio < 1.0 - s.eps_low, ratio > 1.0 + s.eps_high)
+
+
+def gmpo_surrogate(logp: Tensor, old: Tensor, adv: Tensor, valid: Tensor, s: LossSettings) -> SurrogateTerms:
+    """GMPO: -A rho with rho = exp(row mean of the sign-aware clipped log-ratios), on every token."""
+    log_ratio = torch.where(valid, logp - old, torch.zeros_like(logp))  # (B, T)
+    row_adv = masked_mean(adv.expand_as(logp), valid, dim=-1).unsqueeze(-1)  # (B, 1)
+    sign = torch.sign(row_adv)  # (B, 1)
+    clamped = log_ratio.clamp(-s.eps_low, s.eps_high)  # (B, T)
+    chosen = sign * torch.minimum(sign * log_ratio, sign * clamped)  # (B, T) the pessimistic one
+    rho = torch.exp(masked_mean(chosen, valid, dim=-1)).unsqueeze(-1)  # (B, 1)
+    pg = (-row_adv * rho).expand_as(logp)  # (B, T) the row's loss on each of its tokens
+    clip_high = (sign > 0) & (log_ratio > s.eps_high)  # (B, T)
+    clip_low = (sign < 0) & (log_ratio < -s.eps_low)  # (B, T)
+    return SurrogateTerms(pg, torch.exp(log_ratio).detach(), clip_low, clip_high)
+
+
+SURROGATES = {"clip": clipped_surrogate, "cispo": cispo_surrogate, "gmpo": gmpo_surrogate}
+
+
+def check_settings(s: LossSettings) -> None:
+    """ValueError for knobs out of range or that do not go together."""
+    if s.surrogate not in SURROGATES:
+        raise ValueError(f"surrogate must be one of {', '.join(SURROGATES)}; got {s.surrogate!r}")
+    if s.surrogate != "clip" and s.ratio_level != "token":
+        raise ValueError(f"surrogate {s.surrogate!r} needs ratio_level 'token'")
+    if s.dual_clip is not None and (s.dual_clip <= 1.0 or s.surrogate != "clip"):
+        raise ValueError(f"dual_clip must be > 1 and goes with surrogate 'clip'; got {s.dual_clip}")
+    if s.tis_cap is not None and s.tis_cap < 1.0:
+        raise ValueError(f"tis_cap must be >= 1; got {s.tis_cap}")
+
+
+def high_entropy_mask(entropy: Tensor, mask: Tensor, share: float) -> Tensor:
+    """(B, T) bool: the valid tokens whose entropy is among the highest `share` of the valid ones
+    (ceil(share x valid), ties kept); share 1 keeps every valid token."""
+    valid = mask.bool()  # (B, T)
+    count = int(valid.sum())
+    keep = math.ceil(share * count)
+    if share >= 1 or count == 0:
+        return valid
+    threshold = entropy[valid].float().topk(max(keep, 1)).values[-1]  # () the keep-th largest
+    return valid & (entropy.float() >= threshold)  # (B, T)
+
+
+def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossSettings()) -> LossOutput:
+    """The one GRPO-family loss: a surrogate (+ beta * KL), aggregated; see the module doc.
+
+    logp (B, T) requires grad; everything in `inputs` is treated as a constant.
+    clip_fraction counts valid tokens at a clip bound: under "clip", those whose gradient it removed
+    (A > 0 and w > 1 + eps_high, A < 0 and w < 1 - eps_low, or with dual_clip A < 0 and w > c);
+    under "cispo", those whose weight it capped; under "gmpo", those whose log-ratio it clipped.
+    """
+    s = settings
+    check_settings(s)
+    if s.beta > 0 and inputs.ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
+    valid = inputs.mask.bool()  # (B, T)
+    adv = inputs.advantages.detach().to(logp.dtype)  # (B,) or (B, T)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
+    old = inputs.old_logp.detach()  # (B, T)
+    pg, ratio, clip_low, clip_high = SURROGATES[s.surrogate](logp, old, adv, valid, s)  # (B, T) each
 
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     mismatch_kl, tis_capped = zero, zero
     tis_mean = masked_mean(torch.ones_like(logp.detach()), valid)  # 1 (0 on an empty mask) when off
     if inputs.sampler_logp is not None:
-        old, sampler = inputs.old_logp.detach().to(logp.dtype), inputs.sampler_logp.detach().to(logp.dtype)  # (B, T)
+        old, sampler = old.to(logp.dtype), inputs.sampler_logp.detach().to(logp.dtype)  # (B, T)
         mismatch_kl = masked_mean(kl_penalty(sampler, old, "k3"), valid)  # samples drawn by the sampler
         if s.tis_cap is not None:
             weight, capped = tis_weights(old, sampler, valid, s.tis_cap)  # (B, T) each
@@ -357,10 +444,10 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
         loss=aggregate(per_token, valid, s.aggregation, s.max_len),  # ()
         pg_loss=aggregate(pg.detach(), valid, s.aggregation, s.max_len),
         kl=kl_mean,
-        clip_fraction=masked_mean(binds.to(logp.dtype), valid),
+        clip_fraction=masked_mean((clip_low | clip_high).to(logp.dtype), valid),
         clip_low_fraction=masked_mean(clip_low.to(logp.dtype), valid),
         clip_high_fraction=masked_mean(clip_high.to(logp.dtype), valid),
-        ratio_mean=masked_mean(ratio.detach(), valid),
+        ratio_mean=masked_mean(ratio, valid),
         mismatch_kl=mismatch_kl,
         tis_weight_mean=tis_mean,
         tis_capped_fraction=tis_capped,

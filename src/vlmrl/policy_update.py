@@ -40,7 +40,8 @@ def loss_settings(config: Config) -> grpo.LossSettings:
     return grpo.LossSettings(
         eps_low=algo.eps_low, eps_high=algo.eps_high, ratio_level=algo.ratio_level,
         aggregation=algo.aggregation, max_len=config.rollout.max_new_tokens, beta=algo.beta,
-        kl_kind=algo.kl_estimator, dual_clip=algo.dual_clip or None, tis_cap=algo.tis_cap or None)
+        kl_kind=algo.kl_estimator, dual_clip=algo.dual_clip or None, tis_cap=algo.tis_cap or None,
+        surrogate=algo.surrogate)
 
 
 @dataclass
@@ -96,13 +97,17 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
     """Backward of every micro-batch's weighted loss; returns this process's share-weighted sums
     of the loss statistics and the entropy."""
     accelerator, settings = session.accelerator, loss_settings(session.config)
+    top_entropy = session.config.algorithm.top_entropy_share
     sums = dict.fromkeys(LOSS_STATISTICS + ("entropy",), 0.0)
     for i, (rows, share) in enumerate(zip(batch.micro, batch.shares)):
         last = i == len(batch.micro) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(session.model):
             part = batch.completions.select(rows)
             logp, entropy = scorer(session.model, part, with_entropy=True)  # (n, T) each
-            out = grpo.policy_loss(logp, batch.loss_inputs(rows, logp), settings)
+            inputs = batch.loss_inputs(rows, logp)
+            if top_entropy < 1:  # only the highest-entropy tokens of the micro-batch count ("80/20")
+                inputs = inputs._replace(mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
+            out = grpo.policy_loss(logp, inputs, settings)
             accelerator.backward(out.loss * (share * accelerator.num_processes))  # DDP averages gradients
         for name in LOSS_STATISTICS:
             sums[name] += float(getattr(out, name).detach()) * float(share)
