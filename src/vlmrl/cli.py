@@ -39,6 +39,18 @@ def _tasks_show(args: argparse.Namespace) -> None:
     print(show_task(args.name, params, split=args.split, n=args.n, out_dir=args.out))
 
 
+def _data_geometry(args: argparse.Namespace) -> None:
+    """`vlmrl data geometry OUT`: write generated geometry problems as Geometry3K-schema files."""
+    from vlmrl.config import parse_override
+    from vlmrl.data_export import write_geometry
+
+    params = dict(parse_override(item) for item in args.params)
+    written = write_geometry(args.out, args.n, args.test, seed=args.seed, **params)
+    for split, path in written.items():
+        print(f"wrote {path}")
+    print(f"use it: task.name=geometry task.params.source={args.out}")
+
+
 def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """`vlmrl config a=1` has no file: a first argument with `=` is an override, not a path."""
     if args.config is not None and "=" in args.config and not Path(args.config).exists():
@@ -191,6 +203,28 @@ def _add_tasks(commands: argparse._SubParsersAction) -> None:
     show.add_argument("--out", default=None, help="folder for the example images (PNG)")
     show.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
     show.set_defaults(func=_tasks_show)
+
+
+def _add_data(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl data geometry OUT [--n N] [--test N] [--seed S] [KEY=VALUE ...]`."""
+    data = commands.add_parser("data", help="write generated datasets to files",
+                               description="Write a task's generated problems to files, in a public schema.")
+    kinds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
+    geometry = kinds.add_parser(
+        "geometry", help="geometry diagrams, problems, answers and solutions (Geometry3K schema)",
+        description="Write generated geometry problems (the geometry task's source=procedural) as OUT/train.jsonl, "
+                    "OUT/test.jsonl and OUT/images/: Geometry3K's columns (images, problem, answer) plus solution "
+                    "and kind. Train and test never share a problem. Read them back with "
+                    "task.params.source=OUT.",
+        epilog="example:\n  vlmrl data geometry data/geometry --n 2000 --test 200 image_size=336 choice_share=0.5",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    geometry.add_argument("out", help="folder to write (created)")
+    geometry.add_argument("--n", type=int, default=1000, help="train problems (default 1000)")
+    geometry.add_argument("--test", type=int, default=100, help="test problems (default 100)")
+    geometry.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    geometry.add_argument("params", nargs="*", metavar="KEY=VALUE",
+                          help="generator parameters: image_size (224), kinds (all), choice_share (0.25)")
+    geometry.set_defaults(func=_data_geometry)
 
 
 def _add_train(commands: argparse._SubParsersAction) -> None:
@@ -363,7 +397,7 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
     attention.set_defaults(func=_attention)
 
 
-COMMANDS = (_add_tiny_model, _add_tasks, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
+COMMANDS = (_add_tiny_model, _add_tasks, _add_data, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
             _add_report, _add_attention)
 """One function per command, each adding its subparser; in this order in `vlmrl --help`."""
 

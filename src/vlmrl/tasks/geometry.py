@@ -1,4 +1,11 @@
-"""`geometry`: visual math QA (geometry diagrams) from local files or a Hugging Face hub dataset.
+"""`geometry`: visual math QA (geometry diagrams): generated here, or from local files or a
+Hugging Face hub dataset.
+
+`source=procedural` needs no data: each example is drawn by tasks/geometry_gen.py (angles in
+triangles and on parallel lines, isosceles and right triangles, Pythagoras, areas and perimeters,
+circle arcs; integer, fraction, surd, pi and multiple-choice answers), deterministic from (seed,
+split, idx), train and test disjoint by the problem's content; `vlmrl data geometry OUT` writes the
+same problems as Geometry3K-schema files.
 
 Adapters read three public schemas (column names as published on the hub):
 - `open_r1` (lmms-lab/multimodal-open-r1-8k-verified): image, problem, solution; the gold answer is
@@ -50,8 +57,10 @@ from PIL import Image, UnidentifiedImageError
 
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.rewards import Rubric, extract_tag, math_equal, think_answer_format
-from vlmrl.tasks.base import Example, Task, TaskParams, check, register_task, stable_unit
+from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task, stable_unit
+from vlmrl.tasks.geometry_gen import KINDS, Problem, make_problem
 
+PROCEDURAL = "procedural"
 SCHEMAS = ("auto", "open_r1", "geometry3k", "geoqa")
 ON_BAD_ROW = ("error", "skip")
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -95,8 +104,9 @@ class GeometryParams(TaskParams):
     """Parameters of the geometry / visual math QA task."""
 
     source: str = ""
-    """A local .json/.jsonl/.parquet file, a folder of them named {split}.{ext} or {split}-*.{ext}
-    (a single file is the train split), or a Hugging Face hub dataset id."""
+    """"procedural" (problems generated here: no data needed), a local .json/.jsonl/.parquet file,
+    a folder of them named {split}.{ext} or {split}-*.{ext} (a single file is the train split), or a
+    Hugging Face hub dataset id."""
     schema: str = "auto"
     """Column layout: auto, open_r1, geometry3k or geoqa (see `vlmrl tasks list`)."""
     train_split: str = "train"
@@ -123,11 +133,24 @@ class GeometryParams(TaskParams):
     then, and a bad image stops the run at the step that reaches it."""
     format_weight: float = 0.5
     """Weight of the format component in the total."""
+    image_size: int = 224
+    """source=procedural: side of the square diagram in pixels."""
+    kinds: tuple[str, ...] = KINDS
+    """source=procedural: the kinds of problem drawn from (triangle, isosceles, parallel,
+    pythagoras, area, arc)."""
+    choice_share: float = 0.25
+    """source=procedural: share of problems given as four choices A-D (answered with the letter)."""
 
     def validate(self) -> None:
         super().validate()
-        check(bool(self.source.strip()), "geometry needs source=PATH_OR_HUB_ID (a .json/.jsonl/.parquet "
-              "file, a folder of them, or a hub dataset id)")
+        check(bool(self.source.strip()), "geometry needs source=procedural or a PATH_OR_HUB_ID (a "
+              ".json/.jsonl/.parquet file, a folder of them, or a hub dataset id)")
+        check(self.image_size >= 64, f"image_size must be >= 64, got {self.image_size}")
+        check(bool(self.kinds) and set(self.kinds) <= set(KINDS),
+              f"kinds must be some of {', '.join(KINDS)}, got {list(self.kinds)}")
+        check(0.0 <= self.choice_share <= 1.0, f"choice_share must be in [0, 1], got {self.choice_share}")
+        if self.source == PROCEDURAL:
+            return
         check(self.schema in SCHEMAS, f"schema must be one of {', '.join(SCHEMAS)}, got {self.schema!r}")
         check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
         check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
@@ -415,7 +438,7 @@ class GeometryTask(Task):
     @property
     def bad_rows(self) -> list[tuple[str, int, str]]:
         """(dataset split, row, what is wrong) of every row left out with on_bad_row=skip."""
-        return self._data.bad_rows
+        return [] if self.params.source == PROCEDURAL else self._data.bad_rows
 
     def _columns(self, names: list[str]) -> dict[str, str]:
         """Which column holds the image, the problem, and the answer (or the solution)."""
@@ -450,11 +473,33 @@ class GeometryTask(Task):
 
     @property
     def splits(self) -> tuple[str, ...]:
+        if self.params.source == PROCEDURAL:
+            return ("train", "test")
         served = self._data.served
         return tuple(["train"] + (["test"] if "test" in served else []) +
                      sorted(s for s in served if s not in ("train", "test")))
 
+    def generated_problem(self, idx: int, split: str) -> Problem:
+        """Problem `idx` of `split` from the generator (source=procedural): drawn again until its
+        content belongs to the split, so train and test never share a problem."""
+        p, rng = self.params, self.rng(split, idx)
+        for _ in range(1000):
+            problem = make_problem(rng, p.image_size, p.kinds, p.choice_share)
+            if in_split(problem.key, split):
+                return problem
+        raise RuntimeError("no generated problem landed in the split")  # pragma: no cover - p = 0.9 ** 1000
+
+    def _generated(self, idx: int, split: str) -> Example:
+        problem = self.generated_problem(idx, split)
+        text = " ".join(problem.problem.replace("<image>", " ").split())
+        meta = {"idx": idx, "split": split, "kind": problem.kind, "schema": PROCEDURAL,
+                "image_size": list(problem.image.size)}
+        return Example(image=problem.image, prompt=f"{text}\n{INSTRUCTION}", answer=problem.answer, meta=meta,
+                       reference_completion=f"<think> {problem.solution} </think> <answer> {problem.answer} </answer>")
+
     def _example(self, idx: int, split: str) -> Example:
+        if self.params.source == PROCEDURAL:
+            return self._generated(idx, split)
         data = self._data
         columns, rows = data.columns, data.served[split]
         if not rows:
