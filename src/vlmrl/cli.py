@@ -51,6 +51,14 @@ def _data_geometry(args: argparse.Namespace) -> None:
     print(f"use it: task.name=geometry task.params.source={args.out}")
 
 
+def _compare(args: argparse.Namespace) -> None:
+    """`vlmrl compare STUDY.yaml`: run a study's grid (resumable), then write its comparison."""
+    from vlmrl.study import run_study
+
+    page = run_study(args.study, report_only=args.report_only)
+    print(f"done: {page} (table: {page.with_suffix('.md')})")
+
+
 def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """`vlmrl config a=1` has no file: a first argument with `=` is an override, not a path."""
     if args.config is not None and "=" in args.config and not Path(args.config).exists():
@@ -227,6 +235,22 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     geometry.set_defaults(func=_data_geometry)
 
 
+def _add_compare(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl compare STUDY.yaml [--report-only]`."""
+    compare = commands.add_parser(
+        "compare", help="run a grid of arms x seeds and compare them in one report",
+        description="Run every arm of a study file with every seed (one process each, `parallel` at once; "
+                    "finished runs are skipped, interrupted ones resume), then write OUTPUT_DIR/compare.html "
+                    "(held-out accuracy mean +- std per arm, curves against step and wall clock with the seeds' "
+                    "spread) and compare.md. The study file format is in src/vlmrl/study.py and the README.",
+        epilog="example:\n  vlmrl compare studies/shapes_rl_vs_sft.yaml\n"
+               "  vlmrl compare studies/shapes_rl_vs_sft.yaml --report-only   # the report from what has run",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    compare.add_argument("study", help="the study file (YAML)")
+    compare.add_argument("--report-only", action="store_true", help="run nothing; write the comparison of what exists")
+    compare.set_defaults(func=_compare)
+
+
 def _add_train(commands: argparse._SubParsersAction) -> None:
     """`vlmrl train CONFIG [KEY=VALUE ...]`."""
     train = commands.add_parser(
@@ -398,7 +422,7 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
 
 
 COMMANDS = (_add_tiny_model, _add_tasks, _add_data, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
-            _add_report, _add_attention)
+            _add_compare, _add_report, _add_attention)
 """One function per command, each adding its subparser; in this order in `vlmrl --help`."""
 
 

@@ -47,10 +47,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def render_page(run: RunDir) -> str:
     """The whole page as one string."""
     name = run.path.resolve().name
-    style = _static("report.css")
-    script = _static("viewer.js")
-    policy = (f"default-src 'none'; img-src data:; style-src '{_sha256(style)}'; "
-              f"script-src '{_sha256(script)}'")
+    style = static_text("report.css")
+    script = static_text("viewer.js")
+    policy = (f"default-src 'none'; img-src data:; style-src '{csp_hash(style)}'; "
+              f"script-src '{csp_hash(script)}'")
     viewer_data = json_for_script(rollout_data(run))  # first: it counts skipped lines for the footer
     sections = [("metrics", "Metrics", _metrics_section(run)), ("rollouts", "Rollouts", _rollouts_section(run)),
                 ("evals", "Evaluation", _evals_section(run)), ("alarms", "Alarms", _alarms_section(run)),
@@ -91,11 +91,12 @@ def json_for_script(value) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _static(name: str) -> str:
+def static_text(name: str) -> str:
+    """A file of report/static/ (style, script), to inline in a page."""
     return (resources.files("vlmrl.report") / "static" / name).read_text(encoding="utf-8")
 
 
-def _sha256(text: str) -> str:
+def csp_hash(text: str) -> str:
     """A CSP source that allows exactly this inline style or script."""
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 

@@ -30,6 +30,9 @@ class Series:
     name: str
     steps: list[float]
     values: list[float]
+    low: list[float] | None = None
+    """With `high`: a band drawn behind the line at each step (e.g. the spread over seeds)."""
+    high: list[float] | None = None
 
 
 @dataclass
@@ -67,7 +70,8 @@ def render_chart(chart: Chart) -> str:
         y_lo, y_hi = chart.y_range
         y_ticks = _linear_ticks(y_lo, y_hi)
     else:
-        y_lo, y_hi = _span([y for _, _, ys in drawn for y in ys])
+        y_lo, y_hi = _span([y for _, _, ys in drawn for y in ys]
+                           + [v for s, _, _ in drawn if s.low and not chart.log_y for v in s.low + s.high])
         y_lo, y_hi, y_ticks = _log_ticks(y_lo, y_hi) if chart.log_y else _nice(y_lo, y_hi)
     x_ticks = [x for x in _nice(x_lo, x_hi, count=5)[2] if x_lo <= x <= x_hi]  # axis ends at the data
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -95,6 +99,9 @@ def render_chart(chart: Chart) -> str:
     legend = []
     for index, (series, xs, ys) in enumerate(drawn):
         colour = PALETTE[index % len(PALETTE)]
+        if series.low is not None and series.high is not None and not chart.log_y:
+            outline = _path(series.steps + series.steps[::-1], series.high + series.low[::-1], px, py)
+            parts.append(f'<path class="band" d="{outline} Z" fill="{colour}"/>')
         parts.append(_series_svg(series.name, xs, ys, colour, px, py, chart.log_y))
         last = series.values[-1]
         legend.append(f'<li><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" rx="2" '
