@@ -6,7 +6,7 @@ the seeds, and where the runs go:
     output_dir: runs/study-shapes
     seeds: [0, 1, 2]
     parallel: 1                 # runs at once, each its own process (cores / threads each)
-    threads: 1                  # OMP_NUM_THREADS of each run
+    threads: 1                  # OMP_NUM_THREADS of each run (the warm start, alone, gets parallel x threads)
     common: [train.trackers=[]] # overrides of every run
     eval_split: test            # the held-out accuracy the table compares: eval/<split>/accuracy
     warm_start:                 # optional: one run first; {warm_start} in any override is its final model
@@ -145,27 +145,27 @@ def plan(study: Study) -> tuple[Run | None, list[Run]]:
     return warm, grid
 
 
-def start(run: Run, study: Study, warm_model: str) -> subprocess.Popen:
-    """The run's process, its output going to FOLDER/run.log."""
+def start(run: Run, study: Study, warm_model: str, threads: int) -> subprocess.Popen:
+    """The run's process (`threads` torch threads), its output going to FOLDER/run.log."""
     run.folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(study.threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log = (run.folder / "run.log").open("a")
     log.write(f"$ {' '.join(run.argv(study, warm_model))}\n")
     log.flush()
     return subprocess.Popen(run.argv(study, warm_model), stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def execute(runs: list[Run], study: Study, warm_model: str, label: str) -> list[str]:
-    """Run the unfinished `runs`, `study.parallel` at a time, with one progress bar; returns the
-    failures as "name (see LOG)"."""
+def execute(runs: list[Run], study: Study, warm_model: str, label: str, parallel: int, threads: int) -> list[str]:
+    """Run the unfinished `runs`, `parallel` at a time with `threads` threads each, with one progress
+    bar; returns the failures as "name (exit N; see LOG)"."""
     pending = [run for run in runs if not run.finished]
     failed: list[str] = []
     active: dict[str, tuple[Run, subprocess.Popen]] = {}
     with tqdm(total=len(runs), initial=len(runs) - len(pending), desc=label, unit="run", dynamic_ncols=True) as bar:
         while pending or active:
-            while pending and len(active) < study.parallel:
+            while pending and len(active) < parallel:
                 run = pending.pop(0)
-                active[run.name] = (run, start(run, study, warm_model))
+                active[run.name] = (run, start(run, study, warm_model, threads))
                 bar.set_postfix_str(", ".join(active))  # which runs are going
             time.sleep(0.5)
             for name, (run, process) in list(active.items()):
@@ -186,10 +186,10 @@ def run_study(path: str | Path, report_only: bool = False) -> Path:
     failed: list[str] = []
     if not report_only:
         if warm is not None:
-            failed = execute([warm], study, "", "warm start")
+            failed = execute([warm], study, "", "warm start", 1, study.parallel * study.threads)  # alone: every core
             if failed:
                 raise VlmrlError(f"the warm-start run failed: {failed[0]}")
-        failed = execute(grid, study, str(warm.folder / "final") if warm else "", "study")
+        failed = execute(grid, study, str(warm.folder / "final") if warm else "", "study", study.parallel, study.threads)
     page = write_comparison(study, grid)
     if failed:
         raise VlmrlError(f"{len(failed)} of {len(grid)} runs failed: {'; '.join(failed)}; the comparison in {page} "
