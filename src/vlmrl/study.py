@@ -26,6 +26,7 @@ with the seeds' spread as a band) and compare.md (the table) are written (report
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -149,10 +150,24 @@ def start(run: Run, study: Study, warm_model: str, threads: int) -> subprocess.P
     """The run's process (`threads` torch threads), its output going to FOLDER/run.log."""
     run.folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    log = (run.folder / "run.log").open("a")
-    log.write(f"$ {' '.join(run.argv(study, warm_model))}\n")
-    log.flush()
-    return subprocess.Popen(run.argv(study, warm_model), stdout=log, stderr=subprocess.STDOUT, env=env)
+    with (run.folder / "run.log").open("a") as log:  # the child keeps its own copy of the file
+        log.write(f"$ {' '.join(run.argv(study, warm_model))}\n")
+        log.flush()
+        return subprocess.Popen(run.argv(study, warm_model), stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+@contextlib.contextmanager
+def stopping(active: dict):
+    """Within: if the study stops (Ctrl-C, an error), its running processes are asked to stop too
+    (SIGTERM: each saves a checkpoint after its step, so the next `vlmrl compare` resumes them)."""
+    try:
+        yield
+    except BaseException:
+        for _, process in active.values():
+            process.terminate()
+        for _, process in active.values():
+            process.wait()
+        raise
 
 
 def execute(runs: list[Run], study: Study, warm_model: str, label: str, parallel: int, threads: int) -> list[str]:
@@ -161,7 +176,8 @@ def execute(runs: list[Run], study: Study, warm_model: str, label: str, parallel
     pending = [run for run in runs if not run.finished]
     failed: list[str] = []
     active: dict[str, tuple[Run, subprocess.Popen]] = {}
-    with tqdm(total=len(runs), initial=len(runs) - len(pending), desc=label, unit="run", dynamic_ncols=True) as bar:
+    with tqdm(total=len(runs), initial=len(runs) - len(pending), desc=label, unit="run", dynamic_ncols=True) as bar, \
+            stopping(active):
         while pending or active:
             while pending and len(active) < parallel:
                 run = pending.pop(0)
