@@ -131,6 +131,7 @@ def test_the_comparison_numbers_by_hand():
 def test_the_shipped_study_plans_its_grid():
     study = load_study(TESTS.parent / "studies" / "shapes_rl_vs_sft.yaml")
     warm, grid = plan(study)
-    assert warm is not None and len(grid) == 6 * 3
-    assert [arm.name for arm in study.arms] == ["sft-only", "grpo", "dapo", "dr-grpo", "gspo", "cispo"]
+    assert warm is not None and len(grid) == 7 * 3
+    assert [arm.name for arm in study.arms] == ["sft-equal-time", "sft-longer", "grpo", "dapo", "dr-grpo", "gspo",
+                                                "cispo"]
     assert all("seed=" in run.argv(study, "w")[-1] for run in grid)

@@ -23,7 +23,7 @@ from pathlib import Path
 from vlmrl import __version__
 from vlmrl.disk import writing
 from vlmrl.report.page import csp_hash, static_text
-from vlmrl.report.svg import Chart, Series, render_chart
+from vlmrl.report.svg import PALETTE, Chart, Series, render_chart
 
 CURVES = ("eval/{split}/accuracy", "reward", "kl", "completion_length", "entropy")
 """The metrics drawn per arm, against step and wall clock."""
@@ -66,7 +66,7 @@ class ArmResult:
     def accuracies(self, split: str) -> list[float]:
         return [a for a in (run.final_accuracy(split) for run in self.runs) if a is not None]
 
-    def curve(self, key: str, against_clock: bool) -> Series | None:
+    def curve(self, key: str, against_clock: bool, colour: str | None = None) -> Series | None:
         """Mean over seeds at each step (or the seeds' mean clock), with the seeds' min..max band."""
         per_seed = [run.values(key) for run in self.runs]
         clocks = [run.clock() for run in self.runs]
@@ -81,7 +81,7 @@ class ArmResult:
             mean.append(statistics.fmean(at))
             low.append(min(at))
             high.append(max(at))
-        return Series(self.name, xs, mean, low, high)
+        return Series(self.name, xs, mean, low, high, colour)
 
 
 def step_rows(path: Path) -> list[dict]:
@@ -155,7 +155,8 @@ def charts(results: list[ArmResult], split: str) -> list[Chart]:
     for template in CURVES:
         key = template.format(split=split)
         for against_clock in (False, True):
-            series = [s for s in (arm.curve(key, against_clock) for arm in results) if s is not None]
+            series = [s for s in (arm.curve(key, against_clock, PALETTE[i % len(PALETTE)])  # an arm's colour
+                                  for i, arm in enumerate(results)) if s is not None]
             if series:
                 axis = "training seconds" if against_clock else "step"
                 out.append(Chart(f"{key} vs {axis}", series,
@@ -172,6 +173,8 @@ def render(study, results: list[ArmResult]) -> str:
                    for row in table_rows(results, split))
     figures = "".join(render_chart(chart) for chart in charts(results, split)) or '<p class="empty">no metrics yet</p>'
     seeds = ", ".join(map(str, study.seeds))
+    warm = SeedRun(0, step_rows(Path(study.output_dir) / "warm_start" / "metrics.jsonl")).final_accuracy(split)
+    start = f"; every arm starts from the warm start's {warm:.1%}" if warm is not None else ""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -187,7 +190,7 @@ def render(study, results: list[ArmResult]) -> str:
 <h1>{escape(name)}</h1>
 <div class="where">{escape(str(Path(study.output_dir).resolve()))}</div>
 <p class="setup">{len(study.arms)} arms x seeds {escape(seeds)}; held-out accuracy = eval/{escape(split)}/accuracy
-at each run's last evaluation (mean ± sample std over seeds)</p>
+at each run's last evaluation (mean ± sample std over seeds){escape(start)}</p>
 </header>
 <section id="table"><h2>Arms</h2><table><tr>{head}</tr>{body}</table></section>
 <section id="curves"><h2>Curves <span class="note">line: mean over seeds; band: min..max over seeds</span></h2>

@@ -33,6 +33,8 @@ class Series:
     low: list[float] | None = None
     """With `high`: a band drawn behind the line at each step (e.g. the spread over seeds)."""
     high: list[float] | None = None
+    colour: str | None = None
+    """Its colour (the same thing in the same colour on every chart); None: the next of PALETTE."""
 
 
 @dataclass
@@ -98,7 +100,7 @@ def render_chart(chart: Chart) -> str:
                          f'y2="{TOP + plot_h}"><title>step {step:g}: {escape(label)}</title></line>')
     legend = []
     for index, (series, xs, ys) in enumerate(drawn):
-        colour = PALETTE[index % len(PALETTE)]
+        colour = series.colour or PALETTE[index % len(PALETTE)]
         if series.low is not None and series.high is not None and not chart.log_y:
             outline = _path(series.steps + series.steps[::-1], series.high + series.low[::-1], px, py)
             parts.append(f'<path class="band" d="{outline} Z" fill="{colour}"/>')
