@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vlmrl import __version__
 from vlmrl.disk import writing
-from vlmrl.report.page import csp_hash, static_text
+from vlmrl.report.page import csp_hash, document_head, static_text
 from vlmrl.report.svg import PALETTE, Chart, Series, render_chart
 
 CURVES = ("eval/{split}/accuracy", "reward", "kl", "completion_length", "entropy")
@@ -168,22 +168,15 @@ def render(study, results: list[ArmResult]) -> str:
     """The comparison page as one string."""
     split, name = study.eval_split, Path(study.output_dir).name
     style = static_text("report.css")
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
+    columns = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
                    for row in table_rows(results, split))
     figures = "".join(render_chart(chart) for chart in charts(results, split)) or '<p class="empty">no metrics yet</p>'
     seeds = ", ".join(map(str, study.seeds))
     warm = SeedRun(0, step_rows(Path(study.output_dir) / "warm_start" / "metrics.jsonl")).final_accuracy(split)
     start = f"; every arm starts from the warm start's {warm:.1%}" if warm is not None else ""
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src '{csp_hash(style)}'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{escape(name)} · vlmrl comparison</title>
-<style>{style}</style>
-</head>
+    head = document_head(f"{name} · vlmrl comparison", f"default-src 'none'; style-src '{csp_hash(style)}'", style)
+    return f"""{head}
 <body>
 <main>
 <header>
@@ -192,7 +185,7 @@ def render(study, results: list[ArmResult]) -> str:
 <p class="setup">{len(study.arms)} arms x seeds {escape(seeds)}; held-out accuracy = eval/{escape(split)}/accuracy
 at each run's last evaluation (mean ± sample std over seeds){escape(start)}</p>
 </header>
-<section id="table"><h2>Arms</h2><table><tr>{head}</tr>{body}</table></section>
+<section id="table"><h2>Arms</h2><table><tr>{columns}</tr>{body}</table></section>
 <section id="curves"><h2>Curves <span class="note">line: mean over seeds; band: min..max over seeds</span></h2>
 <div class="charts">{figures}</div></section>
 <footer>Written by vlmrl {escape(__version__)} on {datetime.datetime.now():%Y-%m-%d %H:%M}.</footer>

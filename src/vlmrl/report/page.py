@@ -56,15 +56,7 @@ def render_page(run: RunDir) -> str:
                 ("evals", "Evaluation", _evals_section(run)), ("alarms", "Alarms", _alarms_section(run)),
                 ("config", "Config", _config_section(run))]  # (anchor, link text, HTML; "" when absent)
     nav = "".join(f'<a href="#{anchor}">{label}</a>' for anchor, label, html in sections if html)
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{policy}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{escape(name)} · vlmrl report</title>
-<style>{style}</style>
-</head>
+    return f"""{document_head(f"{name} · vlmrl report", policy, style)}
 <body>
 <main>
 <header>
@@ -83,6 +75,19 @@ def render_page(run: RunDir) -> str:
 </body>
 </html>
 """
+
+
+def document_head(title: str, policy: str, style: str) -> str:
+    """From the doctype to </head>: charset, the Content-Security-Policy, viewport, title, inline style."""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{policy}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title>
+<style>{style}</style>
+</head>"""
 
 
 def json_for_script(value) -> str:
