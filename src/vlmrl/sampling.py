@@ -30,6 +30,7 @@ class SampledLogprobs:
     def __init__(self, temperature: float, banned: list[int]):
         self.temperature = temperature
         self.banned = torch.tensor(banned, dtype=torch.long)  # (K,)
+        self.banned_here: torch.Tensor | None = None  # the same on the logits' device (first call)
         self.previous: torch.Tensor | None = None  # (N, V) log-probs of the last step
         self.picked: list[torch.Tensor] = []  # per decode step: (N,) log-prob of the drawn token
 
@@ -39,8 +40,10 @@ class SampledLogprobs:
             if self.previous is not None:
                 self._pick(input_ids[:, -1])
             self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (N, V)
-        banned = self.banned.to(scores.device)
-        return scores.index_fill(-1, banned[banned < scores.shape[-1]], float("-inf"))  # (N, V)
+        if self.banned_here is None:  # once, not at every step: on the logits' device, within the vocabulary
+            banned = self.banned.to(scores.device)
+            self.banned_here = banned[banned < scores.shape[-1]]
+        return scores.index_fill(-1, self.banned_here, float("-inf"))  # (N, V)
 
     def _pick(self, tokens: torch.Tensor) -> None:
         self.picked.append(self.previous.gather(-1, tokens[:, None]).squeeze(-1))  # (N,)
