@@ -396,6 +396,11 @@ class SftConfig:
         if self.batch_size < 1:
             raise VlmrlError(f"sft.batch_size must be >= 1; got {self.batch_size}")
 
+    def check_layout(self, world: int) -> None:
+        """The batch splits evenly over `world` processes."""
+        if self.batch_size % world:
+            raise VlmrlError(f"sft.batch_size={self.batch_size} must be divisible by the {world} processes")
+
 
 @dataclass
 class Config:

@@ -56,10 +56,7 @@ def check_before_loading(config: Config, mode: str) -> Task:
     the run's task."""
     check_model_source(config.model.name_or_path)  # the first thing a new user builds: said first
     world = launched_world()
-    if mode == "train":
-        config.rollout.check_layout(world)
-    elif config.sft.batch_size % world:
-        raise VlmrlError(f"sft.batch_size={config.sft.batch_size} must be divisible by the {world} processes")
+    (config.rollout if mode == "train" else config.sft).check_layout(world)
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
     if config.eval.every > 0:
         for split in config.eval.splits:

@@ -71,8 +71,7 @@ def sft(config: Config) -> Path:
     task = check_before_loading(config, "sft")  # layout, task, tools, trackers, model path: before loading
     session = TrainingSession(config, config.train.steps)
     batch = config.sft.batch_size
-    if batch % session.world:
-        raise VlmrlError(f"sft.batch_size={batch} must be divisible by the {session.world} processes")
+    config.sft.check_layout(session.world)  # the processes accelerate really started
     per_process = batch // session.world
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device

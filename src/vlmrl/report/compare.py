@@ -50,9 +50,13 @@ class SeedRun:
             out[int(row["step"])] = total
         return out
 
-    def final_accuracy(self, split: str) -> float | None:
-        found = self.values(f"eval/{split}/accuracy")
+    def last(self, key: str) -> float | None:
+        """The value of `key` at the last step that has one."""
+        found = self.values(key)
         return found[max(found)] if found else None
+
+    def final_accuracy(self, split: str) -> float | None:
+        return self.last(f"eval/{split}/accuracy")
 
 
 @dataclass
@@ -129,9 +133,9 @@ def table_rows(results: list[ArmResult], split: str) -> list[list[str]]:
     rows = []
     for arm in results:
         per_seed = ", ".join(f"{run.seed}: {a:.1%}" for run in arm.runs if (a := run.final_accuracy(split)) is not None)
-        rewards = [run.values("reward")[max(run.values("reward"))] for run in arm.runs if run.values("reward")]
-        clocks = [max(run.clock().values()) for run in arm.runs]
-        steps = sorted({max(run.clock()) for run in arm.runs})
+        rewards = [r for r in (run.last("reward") for run in arm.runs) if r is not None]
+        ends = [max(run.clock().items()) for run in arm.runs]  # (last step, training seconds) per run
+        clocks, steps = [seconds for _, seconds in ends], sorted({step for step, _ in ends})
         rows.append([arm.name, f"{len(arm.runs)}" + (f" ({len(arm.missing)} missing)" if arm.missing else ""),
                      _mean_std(arm.accuracies(split)), per_seed or "n/a",
                      f"{statistics.fmean(rewards):.3f}" if rewards else "n/a",
