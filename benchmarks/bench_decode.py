@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_vs_trl import circle_image, machine, qwen25vl_3b_folder, sync  # noqa: E402
+from bench_vs_trl import bench_model, circle_image, machine, sync  # noqa: E402
 
 from vlmrl import grpo  # noqa: E402
 from vlmrl.config import GenerationSettings  # noqa: E402
@@ -100,14 +100,9 @@ def main() -> None:
     parser.add_argument("--results", default=None, help="append the table (Markdown) to this file")
     args = parser.parse_args()
 
-    from vlmrl.models import build_tiny_model, load_policy
+    from vlmrl.models import load_policy
 
-    folder = Path(tempfile.mkdtemp()) / "model"
-    if args.arch_3b:
-        qwen25vl_3b_folder(folder, args.image, text_layers=args.layers)
-    else:
-        build_tiny_model(folder, size=args.size)
-    model, processor = load_policy(str(folder), device=args.device)
+    model, processor = load_policy(bench_model(args, Path(tempfile.mkdtemp()) / "model"), device=args.device)
     examples = [Example(circle_image(i, args.image), "How many circles are in the image?", "1")
                 for i in range(args.prompts)]
     prompt = encode_prompts(processor, examples, torch.device(args.device))["input_ids"].shape[1]  # padded length

@@ -259,6 +259,24 @@ def peak_tflops(args) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
+def bench_model(args, out: Path) -> str:
+    """The offline model a benchmark runs: the 3B architecture (`--arch-3b`, `--layers` text layers)
+    or a tiny model (`--size`)."""
+    from vlmrl.models import build_tiny_model
+
+    if args.arch_3b:
+        return qwen25vl_3b_folder(out, args.image, text_layers=args.layers)
+    return str(build_tiny_model(out, size=args.size))
+
+
+def publish(lines: list[str], results: str | None) -> None:
+    """Print a benchmark's Markdown lines, and append them to `results` when given."""
+    print("\n".join(lines))
+    if results:
+        with open(results, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -288,13 +306,14 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.tokens}",
         f"rollout.share_prompt_cache={str(not args.vlmrl_plain).lower()}",
         f"train.pack_groups={str(not args.vlmrl_plain).lower()}",
+        f"train.block_attention={str(not args.dense_attention).lower()}",
         f"train.steps={args.warmup + args.steps}", f"train.lr={args.lr}", f"train.micro_batch_size={args.micro}",
         "train.log_rollouts_every=0", "train.trackers=[]", f"algorithm.beta={args.beta}", "seed=0"])
     session = TrainingSession(config, config.train.steps, with_reference=True)
     task = get_task(config.task.name, **config.task.params)
     sampler = GroupSampler.for_run(session, task)
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
-                           config.train.logprob_chunk)
+                           config.train.logprob_chunk, config.train.block_attention)
     generate, score = Timer(), Timer()
     plain_generate = session.policy.generate
 
@@ -471,6 +490,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--vlmrl-plain", action="store_true", help="vlmrl with shared prefix off (control)")
+    parser.add_argument("--dense-attention", action="store_true",
+                        help="vlmrl's packed passes under the dense mask (train.block_attention=false)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
@@ -514,12 +535,9 @@ def main() -> None:
               f"- model: {model_name(args)} (Qwen2.5-VL, random weights); "
               f"micro-batch {args.micro}; torch threads {torch.get_num_threads()}; "
               f"vlmrl shared prefix {'off' if args.vlmrl_plain else 'on'}; "
+              f"vlmrl attention {'dense mask' if args.dense_attention else 'blocks'}; "
               f"vlmrl completion length {tokens:.0f}; wall {time.perf_counter() - started:.0f} s", ""]
-    lines = header + table(args, trl, ours, work) + [""]
-    print("\n".join(lines))
-    if args.results:
-        with open(args.results, "a") as f:
-            f.write("\n".join(lines) + "\n")
+    publish(header + table(args, trl, ours, work) + [""], args.results)
 
 
 if __name__ == "__main__":

@@ -246,7 +246,8 @@ def test_tool_tags_that_are_special_tokens_stay_in_the_text_and_may_be_sampled(t
 @pytest.mark.parametrize("arch", ARCHES)
 def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arch, tiny_model_factory, example):
     """Training on trajectories with train.pack_groups: one forward per group [prompt, trajectory 1,
-    trajectory 2, ...]: the plain path's log-probs (1e-5) and gradients, the prompt's image once."""
+    trajectory 2, ...]: the plain path's log-probs (1e-5) and gradients, the prompt's image once;
+    under the dense mask and with block attention."""
     from vlmrl.models import counting_vision_rows
 
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
@@ -258,14 +259,15 @@ def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arc
     model.generate = plain_generate
     model.train()
     results = {}
-    for pack in (False, True):
+    for pack, blocks in [(False, False), (True, False), (True, True)]:  # packed: dense mask, then blocks
         model.zero_grad()
         with counting_vision_rows(model) as rows:
-            logp, _ = LogprobScorer(processor, 0.8, pack, 5)(model, rollout)  # (N, T)
+            logp, _ = LogprobScorer(processor, 0.8, pack, 5, blocks)(model, rollout)  # (N, T)
         (logp.sum() + (logp ** 2).sum()).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        results[pack] = (logp.detach(), grads, sum(rows))
-    (plain, plain_grad, plain_rows), (packed, packed_grad, packed_rows) = results[False], results[True]
-    assert (plain - packed).abs().max() < 1e-5
-    assert torch.nn.functional.cosine_similarity(plain_grad, packed_grad, dim=0) >= 0.9999
-    assert packed_rows < plain_rows  # each prompt's image once per group, not once per trajectory
+        results[pack, blocks] = (logp.detach(), grads, sum(rows))
+    plain, plain_grad, plain_rows = results[False, False]
+    for packed, packed_grad, packed_rows in (results[True, False], results[True, True]):
+        assert (plain - packed).abs().max() < 1e-5
+        assert torch.nn.functional.cosine_similarity(plain_grad, packed_grad, dim=0) >= 0.9999
+        assert packed_rows < plain_rows  # each prompt's image once per group, not once per trajectory

@@ -322,6 +322,11 @@ class TrainConfig:
     prompt and its completions are packed into one sequence under a block attention mask; exact
     log-probs and gradients. False repeats the prompt for every completion, as TRL does (for
     comparison). Needs eager or sdpa attention and a checked model family, else it falls back."""
+    block_attention: bool = True
+    """Packed passes on sdpa attention compute only the attention blocks the packing's mask allows
+    (the prompt over itself; each completion over its prompt and itself) instead of the whole
+    (L x L) square: exact, fewer FLOPs, and FlashAttention's kernel where only the causal rule
+    masks. False = one SDPA call under the dense mask."""
     logprob_chunk: int = 1024
     """Completion positions per chunk of the output layer: log-softmax over the vocabulary is taken
     this many positions at a time (and recomputed in backward), so full-vocabulary logits never

@@ -5,10 +5,12 @@ layer's chunk size) and is called with a model and `Completions`. The prompt inp
 with the processor and the completion tokens appended; processor outputs that run along the
 tokens are extended, pixel inputs pass through (token_inputs.py). No per-architecture code.
 
-Two speedups, on by default and exact (tests/test_speedups.py):
+Three speedups, on by default and exact (tests/test_speedups.py, tests/test_block_attention.py):
 - packing (`pack_groups`): rows that answer the same prompt (the same Example object, as a
   group's rows are) are packed with that prompt into one sequence, so each image and prompt is
   computed once per group (packing.py);
+- block attention (`block_attention`): the packed sequence's SDPA attention computes only the
+  blocks its mask allows, each completion over its prompt and itself (block_attention.py);
 - chunked output layer (`chunk`): the log-softmax over the vocabulary is taken `chunk` positions
   at a time from the final hidden states, so full-vocabulary logits never exist for the whole
   batch (output_layer.py).
@@ -23,7 +25,7 @@ import torch
 
 from vlmrl.completions import Completions
 from vlmrl.output_layer import Readout, logprobs_at, logprobs_of_logits
-from vlmrl.packing import group_rows, pack_groups
+from vlmrl.packing import group_rows, pack_groups, use_block_attention
 from vlmrl.prompts import encode_prompts
 from vlmrl.support import output_layer_unchunkable, packing_unsupported, warn_once
 from vlmrl.token_inputs import extend_tokens
@@ -51,12 +53,15 @@ class LogprobScorer:
     one and the model family supports it)."""
     chunk: int = 1024
     """Positions per output-layer chunk (0 = all logits at once)."""
+    block_attention: bool = True
+    """Packed forwards on SDPA compute only the attention blocks their mask allows."""
 
     def __call__(self, model, completions: Completions,
                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (N, T) of `completions` under `model`, and the entropy (N, T) of each step when
         asked (no gradient). Masked positions hold 0."""
         readout = Readout(self.temperature, self.chunk, with_entropy)
+        use_block_attention(model, self.block_attention)  # packed passes compute attention blocks, or not
         if getattr(completions, "segments", None) is not None:  # multi-turn trajectories (tool_rollout.py)
             return self._masked(self._trajectories(model, completions, readout), completions)
         if self._packs(model, completions):

@@ -7,7 +7,8 @@ attention mask: a completion sees the prompt and its own earlier tokens, nothing
 positions continue from the prompt's last one (for Qwen-VL the 3-D rope positions, from the
 model's own `_prepare_position_ids_for_generation`, as in `generate`). One forward and one
 backward: log-probs and gradients are exact (tests/test_speedups.py), and gradient checkpointing
-works unchanged.
+works unchanged. On the block kernel (`use_block_attention`), the mask carries its block plan and
+the model's SDPA layers compute only the blocks it allows (block_attention.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlmrl.block_attention import NAME, plan_blocks, with_plan
 from vlmrl.completions import Completions
 from vlmrl.support import hf_model
 from vlmrl.tasks import Example
@@ -54,9 +56,26 @@ class Layout:
         return pack, slot, order
 
 
-def segment_attention_mask(segment: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def use_block_attention(model: torch.nn.Module, on: bool) -> bool:
+    """Put the text model's SDPA attention on block_attention's kernel (on; plain SDPA for every mask
+    without a block plan, so generation is unchanged) or back on SDPA (off). True when packed
+    forwards now compute blocks; eager and FlashAttention kernels stay as they are (False)."""
+    text = hf_model(model).config.get_text_config()
+    if text._attn_implementation == ("sdpa" if on else NAME):
+        text._attn_implementation = NAME if on else "sdpa"
+    return computes_blocks(model)
+
+
+def computes_blocks(model: torch.nn.Module) -> bool:
+    """Whether the model's packed forwards compute attention blocks (see `use_block_attention`)."""
+    return hf_model(model).config.get_text_config()._attn_implementation == NAME
+
+
+def segment_attention_mask(segment: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype,
+                           blocks: bool = False) -> torch.Tensor:
     """(U, 1, L, L) additive mask of packed sequences: a query sees valid keys at or before it in the
-    shared prefix (segment -1) or in its own segment. segment (U, L) or (L,), valid (U, L)."""
+    shared prefix (segment -1) or in its own segment. segment (U, L) or (L,), valid (U, L).
+    blocks: the mask carries its block plan (block_attention.py)."""
     total = valid.shape[1]  # L
     segment = segment.expand_as(valid)  # (U, L)
     key = segment[:, None, :]  # (U, 1, L)
@@ -64,19 +83,20 @@ def segment_attention_mask(segment: torch.Tensor, valid: torch.Tensor, dtype: to
     causal = torch.ones(total, total, dtype=torch.bool, device=valid.device).tril()  # (L, L)
     allowed = same & causal & valid.bool()[:, None, :]  # (U, L, L)
     allowed |= torch.eye(total, dtype=torch.bool, device=valid.device)  # padding rows see themselves: no NaN
-    return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
         ~allowed, torch.finfo(dtype).min)[:, None]  # (U, 1, L, L)
+    return with_plan(mask, plan_blocks(segment, valid)) if blocks else mask
 
 
 def block_attention_mask(layout: Layout, prompt_mask: torch.Tensor, slot_mask: torch.Tensor,
-                         dtype: torch.dtype) -> torch.Tensor:
+                         dtype: torch.dtype, blocks: bool = False) -> torch.Tensor:
     """(U, 1, L, L) additive mask: a query sees valid keys at or before it, in the prompt or in its
-    own slot. prompt_mask (U, P), slot_mask (U, K, T)."""
+    own slot. prompt_mask (U, P), slot_mask (U, K, T). blocks: the mask carries its block plan."""
     device = prompt_mask.device
     segment = torch.cat([torch.full((layout.prompt_length,), -1, device=device),
                          torch.arange(layout.slots, device=device).repeat_interleave(layout.slot_length)])  # (L,)
     valid = torch.cat([prompt_mask, slot_mask.view(prompt_mask.shape[0], -1)], dim=1)  # (U, L)
-    return segment_attention_mask(segment, valid, dtype)
+    return segment_attention_mask(segment, valid, dtype, blocks)
 
 
 def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions,
@@ -87,7 +107,8 @@ def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions
     prompt: processor outputs for the U unique prompts of `completions.rows`, in order of first
     appearance (input_ids (U, P), left-padded); completions: n rows of T tokens. Empty slots hold
     `pad_id`. Returns inputs (input_ids (U, L), 4-D additive attention_mask (U, 1, L, L),
-    position_ids, pixel inputs untouched) and index (n, T).
+    position_ids, pixel inputs untouched; the mask carries its block plan when the model computes
+    blocks) and index (n, T).
     """
     completion_ids, completion_mask = completions.completion_ids, completions.completion_mask  # (n, T) each
     device = completion_ids.device
@@ -99,7 +120,8 @@ def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions
     mask = completion_mask.new_zeros((units, slots, length))  # (U, K, T)
     mask[pack, slot] = completion_mask[order]
 
-    attention = block_attention_mask(layout, prompt["attention_mask"], mask, hf_model(model).dtype)
+    attention = block_attention_mask(layout, prompt["attention_mask"], mask, hf_model(model).dtype,
+                                     computes_blocks(model))
     inputs = extend_tokens(prompt, ids.view(units, -1), attention)  # (U, L) per-token inputs
     positions = prompt_positions(model, prompt)  # (..., U, P)
     after = following_positions(positions, length).repeat(*([1] * (positions.dim() - 1)), slots)  # (..., U, K*T)

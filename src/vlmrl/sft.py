@@ -76,7 +76,8 @@ def sft(config: Config) -> Path:
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device
     run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
-    scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk)
+    scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
+                           config.train.block_attention)
     toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,

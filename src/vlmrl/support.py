@@ -14,11 +14,13 @@ import warnings
 
 import torch
 
+from vlmrl.block_attention import NAME as BLOCKS_KERNEL
+
 # Model types checked (tests/test_speedups.py) to take explicit position ids from
 # `_prepare_position_ids_for_generation`, a DynamicCache repeated along the batch, and a 4-D
 # additive attention mask. Others use the plain path.
 CHECKED_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "idefics3", "smolvlm")
-MASKABLE_ATTENTION = ("eager", "sdpa")
+MASKABLE_ATTENTION = ("eager", "sdpa", BLOCKS_KERNEL)
 
 _warned: set[str] = set()
 

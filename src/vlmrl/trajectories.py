@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
-from vlmrl.packing import group_rows, segment_attention_mask
+from vlmrl.packing import computes_blocks, group_rows, segment_attention_mask
 from vlmrl.prompts import chat_messages
 from vlmrl.support import hf_model
 from vlmrl.tasks import Example
@@ -147,7 +147,8 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
     """Inputs of U sequences, one per unique prompt (the same Example object), each [prompt,
     trajectory 1, trajectory 2, ...] under a block attention mask (a trajectory sees the prompt and
     its own earlier tokens), and for every token of every trajectory the flat position into U * L
-    whose output predicts it: (N, `length`). The prompt and its images are computed once per group."""
+    whose output predicts it: (N, `length`). The prompt and its images are computed once per group.
+    The mask carries its block plan when the model computes blocks (packing.use_block_attention)."""
     device = next(model.parameters()).device
     groups = group_rows(rows)
     prompts = [processor(text=[prompt_text(processor, rows[g[0]])], images=[list(rows[g[0]].images)],
@@ -172,7 +173,8 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
             start += n
         pad = torch.zeros(*parts[0].shape[:-1], total - start, dtype=parts[0].dtype, device=device)
         positions.append(torch.cat([*parts, pad], dim=-1))  # (..., 1, L)
-    inputs["attention_mask"] = segment_attention_mask(label, label != -2, hf_model(model).dtype)
+    inputs["attention_mask"] = segment_attention_mask(label, label != -2, hf_model(model).dtype,
+                                                      computes_blocks(model))
     inputs["position_ids"] = torch.cat(positions, dim=-2)  # (..., U, L)
     return inputs, index
 
