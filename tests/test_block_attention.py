@@ -103,6 +103,20 @@ def test_block_attention_equals_the_dense_mask(prompts, segments, left_padded, h
         assert (a - b).abs().max() < 1e-12
 
 
+def test_grouped_heads_as_they_are_give_the_same_attention(monkeypatch):
+    """On a GPU the mask-free calls give FlashAttention the grouped key heads as they are (no
+    repeated keys); here SDPA's own grouped-query path stands in for it: the same numbers."""
+    label, valid = layout([5], [[3, 3, 3]], left_padded=True)
+    torch.manual_seed(0)
+    query = torch.randn(1, 4, label.shape[1], 8, dtype=torch.float64)
+    key, value = (torch.randn(1, 2, label.shape[1], 8, dtype=torch.float64) for _ in "kv")
+    repeated = block_attention(query, key, value, plan_blocks(label, valid))
+    monkeypatch.setattr(blocks_module, "_flash_takes_gqa", lambda *tensors: True)
+    grouped = block_attention(query, key, value, plan_blocks(label, valid))
+    assert (repeated - grouped).abs().max() < 1e-12
+    assert (dense(query, key, value, label, valid) - grouped).abs().max() < 1e-12
+
+
 def examples() -> list[Example]:
     """Two prompts of different lengths (left padding in a shared micro-batch)."""
     return [Example(Image.new("RGB", (56, 84), (200, 10, 10)), "Count.", "1"),
