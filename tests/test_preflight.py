@@ -39,6 +39,20 @@ def test_check_reports_the_longest_prompt_and_a_memory_estimate(tiny_model_dir, 
     assert "longest" in text and f"{train.image_tokens} image tokens" in text and "fits" in text
 
 
+def test_the_report_says_which_speedups_the_run_takes_and_why_not(tiny_model_dir, letter_task):
+    def speed(*extra):
+        return check(load_config(None, overrides(tiny_model_dir, *extra))).speed
+
+    assert speed() == ("shared prompt cache; packed log-prob passes; block attention; "
+                       "output layer in chunks of 1024; decode dynamic")
+    assert speed("model.attn_implementation=eager", "train.logprob_chunk=0") == (
+        "shared prompt cache; packed log-prob passes; no block attention (attention kernel 'eager'); "
+        "no chunked output layer (off); decode dynamic")
+    assert speed("train.pack_groups=false", "rollout.share_prompt_cache=false", "rollout.decode=static") == (
+        "no shared prompt cache (off); no packed log-prob passes (off); output layer in chunks of 1024; "
+        "decode static")
+
+
 def test_memory_estimate_follows_the_settings(tiny_model_dir, letter_task):
     def memory(*extra):
         return check(load_config(None, overrides(tiny_model_dir, *extra))).memory

@@ -19,7 +19,9 @@ alone and prints the report. They:
   largest micro-batch whose estimate fits, without checkpointing if any fits so, else with it
   (`settle`); the run then trains with what was settled, the same on every process;
 - estimate what the run writes at most at one time (step checkpoints kept plus the one being
-  written, the final model, logs) and warn when the output filesystem has less free (disk.py).
+  written, the final model, logs) and warn when the output filesystem has less free (disk.py);
+- say which speedups an RL run takes with this model (`speed_line`): a switch that is on but falls
+  back for this model family or attention kernel shows here, with the reason, before step 1.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ from pathlib import Path
 
 import torch
 
+from vlmrl.block_attention import NAME as BLOCKS_KERNEL
 from vlmrl.config import Config
+from vlmrl.decoding import decode_mode
 from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.models import checkpoint_activations, is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
+from vlmrl.support import hf_model, output_layer_unchunkable, packing_unsupported, shared_prefill_unsupported
 from vlmrl.tasks import Example, Task
 
 ACTIVATION_VALUES = 26
@@ -112,6 +117,8 @@ class PreflightReport:
     """What the "auto" memory settings became (and the fixed ones)."""
     bad_rows: list = field(default_factory=list)
     """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
+    speed: str = ""
+    """Which speedups the run takes (RL runs; see `speed_line`)."""
 
     def lines(self) -> list[str]:
         m = self.memory
@@ -136,6 +143,8 @@ class PreflightReport:
         if self.settled.automatic:
             out.append(self.settled.line())
         out.append(self.disk.line())
+        if self.speed:
+            out.append(f"speed      {self.speed}")
         if self.bad_rows:
             split, row, problem = self.bad_rows[0]
             out.append(f"data       {len(self.bad_rows)} bad rows skipped (first: {problem})")
@@ -168,7 +177,26 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
                            trainable=trainable, dtype=str(params[0].dtype).replace("torch.", ""),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
-                           bad_rows=list(getattr(task, "bad_rows", ())))
+                           bad_rows=list(getattr(task, "bad_rows", ())),
+                           speed=speed_line(config, policy) if mode == "train" else "")
+
+
+def speed_line(config: Config, policy) -> str:
+    """The speedups an RL run takes with this model, each switch's fallback and its reason."""
+    def switch(name: str, on: bool, reason: str | None) -> str:
+        return name if on and reason is None else f"no {name} ({'off' if not on else reason})"
+
+    attention = hf_model(policy).config.get_text_config()._attn_implementation
+    blocks = None if attention in ("sdpa", BLOCKS_KERNEL) else f"attention kernel {attention!r}"
+    parts = [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
+             switch("packed log-prob passes", config.train.pack_groups, packing_unsupported(policy))]
+    if config.train.pack_groups and packing_unsupported(policy) is None:
+        parts.append(switch("block attention", config.train.block_attention, blocks))
+    chunk = config.train.logprob_chunk
+    parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
+                        output_layer_unchunkable(policy)))
+    parts.append(f"decode {decode_mode(policy, config.rollout.decode)}")
+    return "; ".join(parts)
 
 
 @dataclass

@@ -172,9 +172,9 @@ def stopping(active: dict):
 
 def execute(runs: list[Run], study: Study, warm_model: str, label: str, parallel: int, threads: int) -> list[str]:
     """Run the unfinished `runs`, `parallel` at a time with `threads` threads each, with one progress
-    bar; returns the failures as "name (exit N; see LOG)"."""
+    bar; returns the failures as "name (exit N; see LOG)", in the order of `runs`."""
     pending = [run for run in runs if not run.finished]
-    failed: list[str] = []
+    failed: dict[str, str] = {}
     active: dict[str, tuple[Run, subprocess.Popen]] = {}
     with tqdm(total=len(runs), initial=len(runs) - len(pending), desc=label, unit="run", dynamic_ncols=True) as bar, \
             stopping(active):
@@ -190,8 +190,8 @@ def execute(runs: list[Run], study: Study, warm_model: str, label: str, parallel
                 del active[name]
                 bar.update(1)
                 if process.returncode != 0 or not run.finished:
-                    failed.append(f"{name} (exit {process.returncode}; see {run.folder / 'run.log'})")
-    return failed
+                    failed[name] = f"{name} (exit {process.returncode}; see {run.folder / 'run.log'})"
+    return [failed[run.name] for run in runs if run.name in failed]  # not in the order they ended
 
 
 def run_study(path: str | Path, report_only: bool = False) -> Path:
