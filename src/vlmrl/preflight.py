@@ -188,9 +188,10 @@ def speed_line(config: Config, policy) -> str:
 
     attention = hf_model(policy).config.get_text_config()._attn_implementation
     blocks = None if attention in ("sdpa", BLOCKS_KERNEL) else f"attention kernel {attention!r}"
+    packing = packing_unsupported(policy)
     parts = [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
-             switch("packed log-prob passes", config.train.pack_groups, packing_unsupported(policy))]
-    if config.train.pack_groups and packing_unsupported(policy) is None:
+             switch("packed log-prob passes", config.train.pack_groups, packing)]
+    if config.train.pack_groups and packing is None:
         parts.append(switch("block attention", config.train.block_attention, blocks))
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
