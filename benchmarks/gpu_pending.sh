@@ -8,7 +8,8 @@
 #
 #   decode      issue 16: each decode path of the 3B architecture, 8 prompts x G=8, 256 tokens (~5 min)
 #   step        issues 16 and 17: a whole step against TRL (blocks, checkpointing on as before; ~7 min)
-#   attention   issue 17: the packed pass, dense mask against blocks (values, gradients, time, memory)
+#   attention   issue 17: the block-attention tests marked gpu, then the packed pass, dense mask
+#               against blocks (values, gradients, time, memory)
 #   step-nockpt issue 17: the step with both sides' checkpointing off (~7 min)
 #   step-dense  issue 17: the step with vlmrl's packed passes under the dense mask: control (~7 min)
 set -euo pipefail
@@ -40,7 +41,8 @@ case $part in
     step) python3 $STEP --results benchmarks/RESULTS.md ;;
     step-nockpt) python3 $STEP --no-checkpointing --results benchmarks/RESULTS.md ;;
     step-dense) python3 $STEP --dense-attention --results benchmarks/RESULTS.md ;;
-    attention) python3 benchmarks/bench_attention.py --arch-3b --device cuda --prompts 2 --group 8 --image 896 \
+    attention) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_block_attention.py
+               python3 benchmarks/bench_attention.py --arch-3b --device cuda --prompts 2 --group 8 --image 896 \
                    --tokens 256 --results benchmarks/RESULTS.md ;;
     *) echo "unknown part: $part (wheels, decode, step, attention, step-nockpt, step-dense)" >&2; exit 2 ;;
 esac

@@ -187,3 +187,38 @@ def test_generation_is_unchanged_on_the_block_kernel(tiny_model_dir):
     LogprobScorer(processor)(model, rollout_of(model, processor))  # puts the model on the block kernel
     assert model.config.get_text_config()._attn_implementation == NAME
     assert torch.equal(generate_groups(model, processor, examples(), settings, seed=0).completion_ids, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("prompts, segments", [([1000], [[256] * 8]),  # no padding: FlashAttention, GQA
+                                               ([1000, 900], [[256] * 4, [200, 256, 256, 100]])])  # masked
+def test_on_cuda_in_bf16_the_blocks_give_the_dense_numbers(prompts, segments):
+    """Qwen2.5-VL-3B's heads (16 query, 2 key/value, 128 wide) in bf16 against the dense mask in fp32:
+    bf16's rounding, no more."""
+    torch.manual_seed(0)
+    label, valid = (t.cuda() for t in layout(prompts, segments, left_padded=True))
+    units, length = label.shape
+    shapes = [(units, 16, length, 128), (units, 2, length, 128), (units, 2, length, 128)]
+    exact = [torch.randn(shape, device="cuda", requires_grad=True) for shape in shapes]
+    half = [t.detach().bfloat16().requires_grad_() for t in exact]
+    expected = dense(*exact, label, valid)  # (U, L, h, d) fp32
+    got = block_attention(*half, plan_blocks(label, valid))
+    read = valid & (label != -2)
+    assert (expected - got.float())[read].abs().max() < 0.03
+    weight = torch.randn_like(expected) * read[:, :, None, None]
+    for a, b in zip(torch.autograd.grad((expected * weight).sum(), exact),
+                    torch.autograd.grad((got.float() * weight).sum(), half)):
+        assert F.cosine_similarity(a.flatten(), b.float().flatten(), dim=0) >= 0.999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_packed_logprobs_with_blocks_equal_the_dense_mask(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir, device="cuda")
+    completions = rollout_of(model, processor)
+    model.train()
+    dense_logp, dense_grad = scored(model, processor, completions, False)
+    block_logp, block_grad = scored(model, processor, completions, True)
+    assert (dense_logp - block_logp).abs().max() < 1e-4
+    assert F.cosine_similarity(dense_grad, block_grad, dim=0) >= 0.9999
