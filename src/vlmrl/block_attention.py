@@ -66,9 +66,10 @@ def plan_blocks(label: torch.Tensor, valid: torch.Tensor) -> BlockPlan:
 
     # Prefix queries: each pack's prefix positions in order, padded to the longest (index 0, unreal).
     in_prefix = label == -1  # (U, L)
-    prefix_len = int(in_prefix.sum(1).max()) if units else 0  # P
+    prefix_count = in_prefix.sum(1, keepdim=True)  # (U, 1)
+    prefix_len = int(prefix_count.max()) if units else 0  # P
     first = torch.argsort((~in_prefix).to(torch.int8), dim=1, stable=True)[:, :prefix_len]  # (U, P)
-    prefix_real = torch.arange(prefix_len, device=device) < in_prefix.sum(1, keepdim=True)  # (U, P)
+    prefix_real = torch.arange(prefix_len, device=device) < prefix_count  # (U, P)
     prefix_idx = torch.where(prefix_real, flat.gather(1, first), 0)  # (U, P)
 
     # Segment queries: one row per (pack, segment), positions in order, padded to the longest.
