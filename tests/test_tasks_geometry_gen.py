@@ -54,6 +54,15 @@ def test_the_procedural_source_is_deterministic_with_disjoint_splits():
     assert not train & test and len(test) > 50  # disjoint by content; not one problem over and over
 
 
+def test_the_split_is_by_the_givens_so_both_splits_ask_for_the_same_answers():
+    """The question text of a kind is one sentence ("Find x."): the givens, only in the diagram and
+    the solution, decide the split, not the answer alone."""
+    task = get_task("geometry", source="procedural", kinds=["triangle"], choice_share=0.0, image_size=96)
+    train = {task.generated_problem(i, "train").answer for i in range(100)}
+    test = {task.generated_problem(i, "test").answer for i in range(40)}
+    assert len(train & test) > 10
+
+
 def test_the_reference_solution_earns_full_marks_and_a_wrong_answer_none():
     task = get_task("geometry", source="procedural", seed=0, image_size=96)
     for idx in range(60):

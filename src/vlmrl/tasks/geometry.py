@@ -91,6 +91,17 @@ def answer_from_solution(solution: str) -> str:
     return last_boxed(solution) or ""
 
 
+def _prompt(problem: str) -> str:
+    """The prompt of a problem text (Geometry3K's `<image>` marker dropped): the same for files and
+    for generated problems, so exported data reads back as it was served."""
+    return " ".join(problem.replace("<image>", " ").split()) + f"\n{INSTRUCTION}"
+
+
+def _reference(reasoning: str, answer: str) -> str:
+    """The reference completion (SFT target) of a worked solution and its answer."""
+    return f"<think> {reasoning} </think> <answer> {answer} </answer>"
+
+
 def reasoning_from_solution(solution: str) -> str:
     """The reasoning part of a solution: its <think> content, else the text around the answer
     blocks; tags removed so it can sit inside a reference <think> block."""
@@ -149,6 +160,7 @@ class GeometryParams(TaskParams):
         check(bool(self.kinds) and set(self.kinds) <= set(KINDS),
               f"kinds must be some of {', '.join(KINDS)}, got {list(self.kinds)}")
         check(0.0 <= self.choice_share <= 1.0, f"choice_share must be in [0, 1], got {self.choice_share}")
+        check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         if self.source == PROCEDURAL:
             return
         check(self.schema in SCHEMAS, f"schema must be one of {', '.join(SCHEMAS)}, got {self.schema!r}")
@@ -156,7 +168,6 @@ class GeometryParams(TaskParams):
         check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
         check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
         check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
-        check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         looks_local = self.source.startswith(("/", ".", "~")) or Path(self.source).suffix in DATA_SUFFIXES
         check(not looks_local or Path(self.source).expanduser().exists(),
               f"geometry source {self.source!r} does not exist")
@@ -487,15 +498,14 @@ class GeometryTask(Task):
             problem = make_problem(rng, p.image_size, p.kinds, p.choice_share)
             if in_split(problem.key, split):
                 return problem
-        raise RuntimeError("no generated problem landed in the split")  # pragma: no cover - p = 0.9 ** 1000
+        raise RuntimeError("no generated problem landed in the split")  # pragma: no cover - p = 0.5 ** 1000
 
     def _generated(self, idx: int, split: str) -> Example:
         problem = self.generated_problem(idx, split)
-        text = " ".join(problem.problem.replace("<image>", " ").split())
         meta = {"idx": idx, "split": split, "kind": problem.kind, "schema": PROCEDURAL,
                 "image_size": list(problem.image.size)}
-        return Example(image=problem.image, prompt=f"{text}\n{INSTRUCTION}", answer=problem.answer, meta=meta,
-                       reference_completion=f"<think> {problem.solution} </think> <answer> {problem.answer} </answer>")
+        return Example(image=problem.image, prompt=_prompt(problem.problem), answer=problem.answer, meta=meta,
+                       reference_completion=_reference(problem.solution, problem.answer))
 
     def _example(self, idx: int, split: str) -> Example:
         if self.params.source == PROCEDURAL:
@@ -513,17 +523,15 @@ class GeometryTask(Task):
                                self.params.max_image_side)
         except BadImage as error:  # only with check_images=false: the rows were not decoded at load
             raise VlmrlError(f"row {row_index} of split {source_split!r}: {error}") from error
-        problem = " ".join(str(row[columns["problem"]]).replace("<image>", " ").split())
         gold = _TAGS.sub(" ", self._gold(row, columns)).strip()
         reasoning = ""
         if columns["answer"] == "solution":
             reasoning = reasoning_from_solution(str(row.get(columns["answer"]) or ""))
         reasoning = reasoning or "I read the figure and the question, and work out the answer step by step."
-        reference = f"<think> {reasoning} </think> <answer> {gold} </answer>"
         meta = {"idx": idx, "split": split, "row": row_index, "source_split": source_split,
                 "schema": columns["schema"], "image_size": list(image.size)}
-        return Example(image=image, prompt=f"{problem}\n{INSTRUCTION}", answer=gold, meta=meta,
-                       reference_completion=reference)
+        return Example(image=image, prompt=_prompt(str(row[columns["problem"]])), answer=gold, meta=meta,
+                       reference_completion=_reference(reasoning, gold))
 
     def score(self, example: Example, completion: str) -> dict[str, float]:
         """accuracy + format_weight * format; total in [0, 1 + format_weight]."""

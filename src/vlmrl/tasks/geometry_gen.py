@@ -17,7 +17,7 @@ Geometry3K does. Answers are written as math-verify reads them (tasks/geometry.p
 
 `make_problem(rng, ...)` draws one; the geometry task serves them with `source=procedural`
 (deterministic from seed, split and index; train and test disjoint by the problem's content) and
-`vlmrl data geometry OUT` writes them as Geometry3K-schema files (data_files.py). No torch here.
+`vlmrl data geometry OUT` writes them as Geometry3K-schema files (data_export.py). No torch here.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ class Problem:
 
     @property
     def key(self) -> str:
-        """Its content, which decides its split."""
-        return f"{self.kind}|{self.problem}|{self.answer}"
+        """Its content, which decides its split. The givens are written only in the diagram and the
+        solution: without the solution, problems of one kind and answer would share a split."""
+        return f"{self.kind}|{self.problem}|{self.answer}|{self.solution}"
 
 
 # --------------------------------------------------------------------------- numbers as LaTeX
