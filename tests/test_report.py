@@ -243,3 +243,12 @@ def _assert_plots_drawn(shot: Path) -> None:
 
     blue, vermillion = near(PALETTE[0]), near(PALETTE[1])
     assert blue > 2000 and vermillion > 500, (blue, vermillion)
+
+
+def test_a_long_band_is_drawn_with_at_most_max_points_a_side():
+    from vlmrl.report.svg import MAX_POINTS, Chart, Series, render_chart
+
+    steps = [float(i) for i in range(20 * MAX_POINTS)]
+    series = Series("arm", steps, [0.5] * len(steps), [0.4] * len(steps), [0.6] * len(steps))
+    band = render_chart(Chart("accuracy", [series])).split('class="band" d="')[1].split('"')[0]
+    assert band.count("L") + band.count("M") <= 2 * MAX_POINTS

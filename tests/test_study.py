@@ -12,7 +12,7 @@ import yaml
 from vlmrl import study as study_module
 from vlmrl.cli import main
 from vlmrl.errors import VlmrlError
-from vlmrl.report.compare import ArmResult, SeedRun, markdown
+from vlmrl.report.compare import ArmResult, SeedRun, markdown, table_rows
 from vlmrl.study import load_study, plan
 
 TESTS = Path(__file__).parent
@@ -55,6 +55,10 @@ def test_the_study_file_is_checked(tmp_path, letter_config):
     uses_warm = f"arms:\n  - {{name: x, config: {letter_config}, overrides: ['model.name_or_path={{warm_start}}']}}\n"
     with pytest.raises(VlmrlError, match="uses {warm_start} but the study has no warm_start"):
         plan(load_study(write(tmp_path / "e.yaml", uses_warm)))
+    warm_in_common = (f"common: ['model.name_or_path={{warm_start}}']\n"
+                      f"warm_start: {{command: sft, config: {letter_config}}}\narms:\n{good}")
+    with pytest.raises(VlmrlError, match="cannot be in common or in the warm start's own overrides"):
+        plan(load_study(write(tmp_path / "f.yaml", warm_in_common)))
 
 
 def test_a_run_with_a_checkpoint_resumes_and_a_finished_one_is_done(tmp_path, letter_config):
@@ -119,7 +123,7 @@ def test_the_comparison_numbers_by_hand():
     arm = ArmResult("grpo", [SeedRun(0, rows([None, 0.5], [0.1, 0.3], 2.0)),
                              SeedRun(1, rows([None, 0.7], [0.2, 0.5], 4.0))], missing=[2])
     # accuracy at the last evaluation: 0.5 and 0.7 -> mean 60.0%, sample std 14.1%
-    line = markdown([arm], "test").splitlines()[2]
+    line = markdown(table_rows([arm], "test")).splitlines()[2]
     assert line == "| grpo | 2 (1 missing) | 60.0% ± 14.1% | 0: 50.0%, 1: 70.0% | 0.400 | 2 | 6 s |"
     by_step = arm.curve("reward", against_clock=False)
     assert (by_step.steps, by_step.values, by_step.low, by_step.high) == ([1.0, 2.0], [0.15000000000000002, 0.4],

@@ -86,6 +86,8 @@ def test_data_geometry_writes_files_that_read_back_as_geometry3k(tmp_path, capsy
     out = tmp_path / "geo"
     assert main(["data", "geometry", str(out), "--n", "12", "--test", "4", "--seed", "5", "image_size=96"]) == 0
     assert f"task.params.source={out}" in capsys.readouterr().out
+    assert main(["data", "geometry", str(tmp_path / "other"), "seed=3"]) == 2  # one line, no traceback
+    assert "give the seed with --seed" in capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]) == {"images", "problem", "answer", "solution", "kind"}
     generated = get_task("geometry", source="procedural", seed=5, image_size=96)

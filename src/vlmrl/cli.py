@@ -45,8 +45,8 @@ def _data_geometry(args: argparse.Namespace) -> None:
     from vlmrl.data_export import write_geometry
 
     params = dict(parse_override(item) for item in args.params)
-    written = write_geometry(args.out, args.n, args.test, seed=args.seed, **params)
-    for split, path in written.items():
+    written = write_geometry(args.out, args.n, args.test, args.seed, params)
+    for path in written.values():
         print(f"wrote {path}")
     print(f"use it: task.name=geometry task.params.source={args.out}")
 

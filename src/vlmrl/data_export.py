@@ -19,11 +19,16 @@ from vlmrl.errors import VlmrlError
 from vlmrl.tasks import get_task
 
 
-def write_geometry(out: str | Path, n_train: int, n_test: int, seed: int = 0, **params) -> dict[str, Path]:
+def write_geometry(out: str | Path, n_train: int, n_test: int, seed: int = 0,
+                   params: dict | None = None) -> dict[str, Path]:
     """Write `n_train` + `n_test` generated problems under `out` (the task's other parameters in
     `params`: image_size, kinds, choice_share); returns {split: its JSONL file}."""
+    params = params or {}
     if n_train < 1 or n_test < 0:
         raise VlmrlError(f"--n must be >= 1 and --test >= 0; got {n_train} and {n_test}")
+    if fixed := sorted({"seed", "source"} & set(params)):
+        raise VlmrlError(f"{', '.join(fixed)} cannot be a generator parameter here (the source is procedural; "
+                         "give the seed with --seed)")
     task = get_task("geometry", source="procedural", seed=seed, **params)
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)

@@ -143,6 +143,9 @@ def plan(study: Study) -> tuple[Run | None, list[Run]]:
     uses_warm = any(WARM_START in item for run in grid for item in [*study.common, *run.spec.overrides])
     if uses_warm and warm is None:
         raise VlmrlError(f"an override uses {WARM_START} but the study has no warm_start")
+    if warm is not None and any(WARM_START in item for item in [*study.common, *warm.spec.overrides]):
+        raise VlmrlError(f"{WARM_START} is the warm start's final model: it cannot be in common or in the "
+                         "warm start's own overrides (both apply to the warm start); put it in the arms' overrides")
     return warm, grid
 
 
@@ -150,10 +153,11 @@ def start(run: Run, study: Study, warm_model: str, threads: int) -> subprocess.P
     """The run's process (`threads` torch threads), its output going to FOLDER/run.log."""
     run.folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    argv = run.argv(study, warm_model)
     with (run.folder / "run.log").open("a") as log:  # the child keeps its own copy of the file
-        log.write(f"$ {' '.join(run.argv(study, warm_model))}\n")
+        log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        return subprocess.Popen(run.argv(study, warm_model), stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 @contextlib.contextmanager

@@ -53,10 +53,10 @@ def metric_series(rows: list[dict]) -> dict[str, Series]:
     series: dict[str, Series] = {}
     for row in rows:
         step = row.get("step")
-        if not _is_number(step):
+        if not is_number(step):
             continue
         for key, value in row.items():
-            if key != "step" and _is_number(value):
+            if key != "step" and is_number(value):
                 line = series.setdefault(key, Series(key, [], []))
                 line.steps.append(float(step))
                 line.values.append(float(value))
@@ -103,12 +103,13 @@ def is_constant(line: Series) -> bool:
 
 def final_value(rows: list[dict], key: str) -> tuple[float, int] | None:
     """Mean of `key` over the last tenth of the steps that logged it (at least 1), and that count."""
-    values = [float(r[key]) for r in rows if _is_number(r.get(key))]
+    values = [float(r[key]) for r in rows if is_number(r.get(key))]
     if not values:
         return None
     last = values[-max(1, len(values) // 10):]
     return sum(last) / len(last), len(last)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
+    """A finite int or float (not a bool): a value a chart can draw."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

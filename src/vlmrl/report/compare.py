@@ -13,8 +13,6 @@ The page inlines its style and fetches nothing (the run report's stylesheet and 
 from __future__ import annotations
 
 import datetime
-import json
-import math
 import statistics
 from dataclasses import dataclass
 from html import escape
@@ -22,7 +20,9 @@ from pathlib import Path
 
 from vlmrl import __version__
 from vlmrl.disk import writing
+from vlmrl.report.charts import is_number
 from vlmrl.report.page import csp_hash, document_head, static_text
+from vlmrl.report.rundir import read_jsonl
 from vlmrl.report.svg import PALETTE, Chart, Series, render_chart
 
 CURVES = ("eval/{split}/accuracy", "reward", "kl", "completion_length", "entropy")
@@ -39,8 +39,7 @@ class SeedRun:
 
     def values(self, key: str) -> dict[int, float]:
         """step -> value of `key` where it is a finite number."""
-        return {int(row["step"]): float(row[key]) for row in self.rows
-                if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])}
+        return {int(row["step"]): float(row[key]) for row in self.rows if is_number(row.get(key))}
 
     def clock(self) -> dict[int, float]:
         """step -> training seconds up to and including it."""
@@ -91,15 +90,7 @@ class ArmResult:
 def step_rows(path: Path) -> list[dict]:
     """The rows with a step of a metrics.jsonl ([] when missing); a line that does not parse (a run
     still writing it) is left out."""
-    rows = []
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows
+    return [row for row in read_jsonl(path)[0] if isinstance(row.get("step"), int)]
 
 
 def read_results(study, grid) -> list[ArmResult]:
@@ -147,9 +138,10 @@ def table_rows(results: list[ArmResult], split: str) -> list[list[str]]:
 HEADER = ["arm", "runs", "held-out accuracy (mean ± std)", "per seed", "final reward", "steps", "training time"]
 
 
-def markdown(results: list[ArmResult], split: str) -> str:
+def markdown(rows: list[list[str]]) -> str:
+    """The table (`table_rows`) in Markdown."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results, split)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -168,13 +160,13 @@ def charts(results: list[ArmResult], split: str) -> list[Chart]:
     return out
 
 
-def render(study, results: list[ArmResult]) -> str:
-    """The comparison page as one string."""
+def render(study, results: list[ArmResult], rows: list[list[str]]) -> str:
+    """The comparison page as one string; `rows`: the table (`table_rows`)."""
     split, name = study.eval_split, Path(study.output_dir).name
     style = static_text("report.css")
     columns = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
-                   for row in table_rows(results, split))
+                   for row in rows)
     figures = "".join(render_chart(chart) for chart in charts(results, split)) or '<p class="empty">no metrics yet</p>'
     seeds = ", ".join(map(str, study.seeds))
     warm = SeedRun(0, step_rows(Path(study.output_dir) / "warm_start" / "metrics.jsonl")).final_accuracy(split)
@@ -202,10 +194,11 @@ at each run's last evaluation (mean ± sample std over seeds){escape(start)}</p>
 def write_comparison(study, grid) -> Path:
     """OUTPUT_DIR/compare.html and compare.md from the runs' metrics; returns the page."""
     results = read_results(study, grid)
+    rows = table_rows(results, study.eval_split)
     root = Path(study.output_dir)
     page, table = root / "compare.html", root / "compare.md"
     with writing("the comparison", page):
         root.mkdir(parents=True, exist_ok=True)
-        page.write_text(render(study, results), encoding="utf-8")
-        table.write_text(markdown(results, study.eval_split), encoding="utf-8")
+        page.write_text(render(study, results, rows), encoding="utf-8")
+        table.write_text(markdown(rows), encoding="utf-8")
     return page

@@ -91,21 +91,28 @@ def read_rollout_rows(file: Path, run: RunDir) -> list[dict]:
     return _read_jsonl(file, run)
 
 
-def _read_jsonl(file: Path, run: RunDir) -> list[dict]:
-    """Rows of a JSONL file ([] when missing); lines that do not parse add to run.skipped_lines."""
+def read_jsonl(file: Path) -> tuple[list[dict], int]:
+    """The object rows of a JSONL file ([] when missing), and how many lines were not one (a line
+    cut off by a run still writing, say); blank lines are neither."""
     if not file.is_file():
-        return []
-    rows = []
+        return [], 0
+    rows, skipped = [], 0
     for line in file.read_text(errors="replace").splitlines():
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError:
-            run.skipped_lines += 1
-            continue
+            row = None
         if isinstance(row, dict):
             rows.append(row)
         else:
-            run.skipped_lines += 1
+            skipped += 1
+    return rows, skipped
+
+
+def _read_jsonl(file: Path, run: RunDir) -> list[dict]:
+    """Rows of a JSONL file ([] when missing); lines that do not parse add to run.skipped_lines."""
+    rows, skipped = read_jsonl(file)
+    run.skipped_lines += skipped
     return rows

@@ -36,6 +36,10 @@ class Series:
     colour: str | None = None
     """Its colour (the same thing in the same colour on every chart); None: the next of PALETTE."""
 
+    @property
+    def has_band(self) -> bool:
+        return self.low is not None and self.high is not None
+
 
 @dataclass
 class Chart:
@@ -73,7 +77,7 @@ def render_chart(chart: Chart) -> str:
         y_ticks = _linear_ticks(y_lo, y_hi)
     else:
         y_lo, y_hi = _span([y for _, _, ys in drawn for y in ys]
-                           + [v for s, _, _ in drawn if s.low and not chart.log_y for v in s.low + s.high])
+                           + [v for s, _, _ in drawn if s.has_band and not chart.log_y for v in s.low + s.high])
         y_lo, y_hi, y_ticks = _log_ticks(y_lo, y_hi) if chart.log_y else _nice(y_lo, y_hi)
     x_ticks = [x for x in _nice(x_lo, x_hi, count=5)[2] if x_lo <= x <= x_hi]  # axis ends at the data
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -101,8 +105,10 @@ def render_chart(chart: Chart) -> str:
     legend = []
     for index, (series, xs, ys) in enumerate(drawn):
         colour = series.colour or PALETTE[index % len(PALETTE)]
-        if series.low is not None and series.high is not None and not chart.log_y:
-            outline = _path(series.steps + series.steps[::-1], series.high + series.low[::-1], px, py)
+        if series.has_band and not chart.log_y:  # at most MAX_POINTS a side, as the lines
+            xs_high, high = bucket_means(series.steps, series.high, MAX_POINTS)
+            xs_low, low = bucket_means(series.steps, series.low, MAX_POINTS)
+            outline = _path(xs_high + xs_low[::-1], high + low[::-1], px, py)
             parts.append(f'<path class="band" d="{outline} Z" fill="{colour}"/>')
         parts.append(_series_svg(series.name, xs, ys, colour, px, py, chart.log_y))
         last = series.values[-1]
