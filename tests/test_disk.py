@@ -109,6 +109,11 @@ def test_the_preflight_says_what_the_run_writes(tmp_path, tiny_model_dir, letter
     # 5 saves, 2 kept + the one being written; each: weights + AdamW's 2 moments + the reference copy
     assert (estimate.checkpoints, estimate.checkpoint, estimate.final) == (3, 4 * weights, weights)
     assert estimate.fits and "disk       about" in "\n".join(report.lines())
+    lora = check(config(tmp_path, tiny_model_dir, "train.steps=10", "train.save_every=2", "model.lora.enabled=true",
+                        "algorithm.ref_refresh_steps=5")).disk  # a refreshed reference: a full copy is kept
+    assert lora.checkpoint - 3 * lora.final == weights + lora.final  # adapter, its 2 moments; base + adapter
+    sft = check(config(tmp_path, tiny_model_dir, "train.steps=10", "train.log_rollouts_every=1"), mode="sft").disk
+    assert sft.logs == 10 * 2_000  # metrics only: SFT writes no rollouts
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(10, 10, 1024))
     from vlmrl.cli import main
 

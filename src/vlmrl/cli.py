@@ -121,12 +121,11 @@ def _sft(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     """`vlmrl check`: the preflight checks alone; prints the report and a memory verdict."""
     from vlmrl.config import load_config
-    from vlmrl.preflight import check, memory_advice
+    from vlmrl.preflight import check
 
     report = check(load_config(*_config_and_overrides(args)), mode="sft" if args.sft else "train")
     print("\n".join(report.lines()))
-    worries = [memory_advice(report.memory)] if report.memory.fits is False else []
-    worries += [report.disk.advice()] if report.disk.fits is False else []
+    worries = report.advice()
     print("ok" if not worries else "ok, but " + "; and ".join(worries))
 
 

@@ -19,7 +19,7 @@ import torch
 
 from vlmrl.block_attention import NAME, plan_blocks, with_plan
 from vlmrl.completions import Completions
-from vlmrl.support import hf_model
+from vlmrl.support import block_attention_unsupported, hf_model
 from vlmrl.tasks import Example
 from vlmrl.token_inputs import extend_tokens, following_positions, prompt_positions
 
@@ -61,8 +61,10 @@ def use_block_attention(model: torch.nn.Module, on: bool) -> bool:
     without a block plan, so generation is unchanged) or back on SDPA (off). True when packed
     forwards now compute blocks; eager and FlashAttention kernels stay as they are (False)."""
     text = hf_model(model).config.get_text_config()
-    if text._attn_implementation == ("sdpa" if on else NAME):
-        text._attn_implementation = NAME if on else "sdpa"
+    if on and block_attention_unsupported(model) is None:
+        text._attn_implementation = NAME
+    elif not on and text._attn_implementation == NAME:
+        text._attn_implementation = "sdpa"
     return computes_blocks(model)
 
 

@@ -4,8 +4,8 @@
 model (early_checks.py: layout, task, tools, trackers, model path); `vlmrl check CONFIG` runs both
 alone and prints the report. They:
 - make the first batch of every split the run uses (train, and eval.splits when eval.every > 0)
-  and encode each prompt with the model's own processor, so a task error, a bad image, a processor
-  error or an unknown split shows now, naming the split and the example (the geometry task checks
+  and encode each prompt with the model's own processor, so a task error, a bad image or a
+  processor error shows now, naming the split and the example (the geometry task checks
   every row of its dataset when it loads: see its on_bad_row);
 - check each prompt: no special token (an image placeholder) written into the question, which
   breaks the match between image tokens and image features, and prompt plus image tokens within
@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-from vlmrl.block_attention import NAME as BLOCKS_KERNEL
 from vlmrl.config import Config
 from vlmrl.decoding import decode_mode
 from vlmrl.disk import DiskEstimate, free_space, gib
@@ -42,7 +41,8 @@ from vlmrl.errors import VlmrlError, warn
 from vlmrl.models import checkpoint_activations, is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
-from vlmrl.support import hf_model, output_layer_unchunkable, packing_unsupported, shared_prefill_unsupported
+from vlmrl.support import (block_attention_unsupported, output_layer_unchunkable, packing_unsupported,
+                           shared_prefill_unsupported)
 from vlmrl.tasks import Example, Task
 
 ACTIVATION_VALUES = 26
@@ -120,6 +120,11 @@ class PreflightReport:
     speed: str = ""
     """Which speedups the run takes (RL runs; see `speed_line`)."""
 
+    def advice(self) -> list[str]:
+        """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
+        return (([memory_advice(self.memory)] if self.memory.fits is False else [])
+                + ([self.disk.advice()] if self.disk.fits is False else []))
+
     def lines(self) -> list[str]:
         m = self.memory
         out = [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
@@ -186,13 +191,11 @@ def speed_line(config: Config, policy) -> str:
     def switch(name: str, on: bool, reason: str | None) -> str:
         return name if on and reason is None else f"no {name} ({'off' if not on else reason})"
 
-    attention = hf_model(policy).config.get_text_config()._attn_implementation
-    blocks = None if attention in ("sdpa", BLOCKS_KERNEL) else f"attention kernel {attention!r}"
     packing = packing_unsupported(policy)
     parts = [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
              switch("packed log-prob passes", config.train.pack_groups, packing)]
     if config.train.pack_groups and packing is None:
-        parts.append(switch("block attention", config.train.block_attention, blocks))
+        parts.append(switch("block attention", config.train.block_attention, block_attention_unsupported(policy)))
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
                         output_layer_unchunkable(policy)))
@@ -262,10 +265,18 @@ def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, in
     return Settled(micro, recompute, automatic), estimate(micro, recompute)
 
 
+def copies_reference(config: Config, mode: str) -> bool:
+    """Whether the run keeps a frozen copy of the policy as its reference (reference.py): RL with a
+    KL term, unless the reference is the LoRA policy with its adapter switched off (no refresh)."""
+    algo = config.algorithm
+    adapter_off = config.model.lora.enabled and algo.ref_refresh_steps == 0
+    return mode == "train" and algo.beta > 0 and not adapter_off
+
+
 def estimate_disk(config: Config, policy, mode: str) -> DiskEstimate:
     """What the run writes at most at one time under config.output_dir (checkpoint.py's layout):
     each step checkpoint holds the weights (the adapter under LoRA), AdamW's two moments of every
-    trainable parameter and, for RL with a KL term and no LoRA, the reference copy; a checkpoint is
+    trainable parameter and the reference copy when there is one (`copies_reference`); a checkpoint is
     written beside the kept ones before the oldest is removed; then the final model; rollout logs
     (texts, each prompt's image) and metrics are guessed at a few KB per completion and image."""
     train = config.train
@@ -273,11 +284,11 @@ def estimate_disk(config: Config, policy, mode: str) -> DiskEstimate:
     total = sum(p.numel() for p in policy.parameters()) * element
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad) * element
     lora = config.model.lora.enabled
-    reference = total if mode == "train" and config.algorithm.beta > 0 and not lora else 0
+    reference = total if copies_reference(config, mode) else 0
     saves = train.steps // train.save_every if train.save_every > 0 else 0
     at_once = min(saves, train.keep_checkpoints + 1) if train.keep_checkpoints > 0 else saves
     rows = config.rollout.prompts_per_step * (config.rollout.group_size if mode == "train" else 1)
-    logged = train.steps // train.log_rollouts_every if train.log_rollouts_every > 0 else 0
+    logged = train.steps // train.log_rollouts_every if mode == "train" and train.log_rollouts_every > 0 else 0
     logs = logged * (rows * (8 * config.rollout.max_new_tokens + 500) + config.rollout.prompts_per_step * 50_000)
     free, where = free_space(Path(config.output_dir))
     return DiskEstimate(checkpoint=(trainable if lora else total) + 2 * trainable + reference, checkpoints=at_once,
@@ -344,9 +355,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
     gradients = sum(p.numel() * p.element_size() for name, p in policy.named_parameters()
                     if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
-    algo = config.algorithm
-    adapter_off = config.model.lora.enabled and algo.ref_refresh_steps == 0  # reference = adapter switched off
-    copy_reference = mode == "train" and algo.beta > 0 and not adapter_off
+    copy_reference = copies_reference(config, mode)
     text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
     hidden, layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
     heads = text.num_attention_heads
@@ -434,10 +443,8 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     if session.main:
         for line in report.lines():
             print(f"preflight: {line}", flush=True)
-        if report.memory.fits is False:
-            warn(memory_advice(report.memory))
-        if report.disk.fits is False:
-            warn(report.disk.advice())
+        for advice in report.advice():
+            warn(advice)
     return report
 
 

@@ -66,6 +66,15 @@ def packing_unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
+def block_attention_unsupported(model: torch.nn.Module) -> str | None:
+    """Why packed passes cannot compute attention blocks (block_attention.py), or None when they can:
+    the text model's kernel must be sdpa (or the block kernel itself)."""
+    attention = hf_model(model).config.get_text_config()._attn_implementation
+    if attention not in ("sdpa", BLOCKS_KERNEL):
+        return f"attention kernel {attention!r}"
+    return None
+
+
 def output_layer_unchunkable(model: torch.nn.Module) -> str | None:
     """Why log-probs cannot be read from the output layer's input in chunks, or None."""
     inner = hf_model(model)
