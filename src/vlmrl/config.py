@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, require
 from vlmrl.fields import Naming, build, read_text
 from vlmrl.fields import all_keys, field_docs  # noqa: F401  (also public names of this module)
 
@@ -34,15 +34,6 @@ ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", 
 """Values of model.attn_implementation transformers knows by name (a hub kernel "org/name" too)."""
 
 
-def require(*rules: tuple[bool, str]) -> None:
-    """VlmrlError with the message of the first rule whose condition is false."""
-    for ok, message in rules:
-        if not ok:
-            raise VlmrlError(message)
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)
 
 
 @dataclass
@@ -65,7 +56,7 @@ class LoraConfig:
 
     def validate(self) -> None:
         require((self.r >= 1 and self.alpha >= 1, f"model.lora.r and alpha must be >= 1; got r={self.r}, alpha={self.alpha}"),
-                (finite(self.dropout) and 0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1); got {self.dropout}"),
+                (math.isfinite(self.dropout) and 0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1); got {self.dropout}"),
                 (bool(self.target_modules) and all(self.target_modules),
                  f"model.lora.target_modules must name at least one module; got {self.target_modules}"))
 
@@ -102,7 +93,7 @@ class ModelConfig:
                 (kernel is None or kernel in ATTENTION_KERNELS or "/" in kernel,
                  f"model.attn_implementation must be one of {', '.join(ATTENTION_KERNELS)} (or a hub kernel "
                  f"org/name); got {kernel!r}"),
-                (finite(self.vision_lr_scale) and self.vision_lr_scale >= 0,
+                (math.isfinite(self.vision_lr_scale) and self.vision_lr_scale >= 0,
                  f"model.vision_lr_scale must be >= 0; got {self.vision_lr_scale}"))
 
 
@@ -150,8 +141,8 @@ class GenerationSettings:
         require((self.decode in DECODES, f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}"),
                 (self.group_size >= 1 and self.max_new_tokens >= 1,
                  f"group_size and max_new_tokens must be >= 1; got {self.group_size}, {self.max_new_tokens}"),
-                (finite(self.temperature) and self.temperature >= 0, f"temperature must be >= 0; got {self.temperature}"),
-                (finite(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1]; got {self.top_p}"))
+                (math.isfinite(self.temperature) and self.temperature >= 0, f"temperature must be >= 0; got {self.temperature}"),
+                (math.isfinite(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1]; got {self.top_p}"))
 
 
 @dataclass
@@ -184,16 +175,17 @@ class RolloutConfig(GenerationSettings):
     resized to it, small crops enlarged). Each returned image costs image tokens of the budget."""
 
     def validate(self) -> None:
+        require((math.isfinite(self.temperature) and self.temperature > 0,  # stricter than generation's rule: first
+                 f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}"),
+                (self.group_size >= 2, f"rollout.group_size must be >= 2 (advantages compare the completions of one "
+                                       f"prompt: a group of one never learns); got {self.group_size}"))
         try:
             super().validate()
         except VlmrlError as error:
             raise VlmrlError(f"rollout.{error}") from None
         require((self.max_turns >= 1 and self.max_trajectory_tokens >= 1 and self.tool_image_side >= 1
-                 and finite(self.tool_timeout_s) and self.tool_timeout_s > 0,
+                 and math.isfinite(self.tool_timeout_s) and self.tool_timeout_s > 0,
                  "rollout.max_turns, max_trajectory_tokens and tool_image_side must be >= 1, tool_timeout_s > 0"),
-                (self.temperature > 0, f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}"),
-                (self.group_size >= 2, f"rollout.group_size must be >= 2 (advantages compare the completions of one "
-                                       f"prompt: a group of one never learns); got {self.group_size}"),
                 (min(self.prompts_per_step, self.generation_batch_size, self.max_prompt_length) >= 1,
                  "rollout.prompts_per_step, generation_batch_size and max_prompt_length must be >= 1"))
 
@@ -273,9 +265,11 @@ class AlgorithmConfig:
     either way (mismatch_kl, tis_capped_fraction)."""
 
     def validate(self) -> None:
-        numbers = (self.eps_low, self.eps_high, self.beta, self.dual_clip, self.ref_mix, self.overlong_penalty,
-                   self.tis_cap, self.top_entropy_share)
-        require((all(map(finite, numbers)), "algorithm's numbers must be finite (no nan or inf)"),
+        numbers = {"eps_low": self.eps_low, "eps_high": self.eps_high, "beta": self.beta, "dual_clip": self.dual_clip,
+                   "ref_mix": self.ref_mix, "overlong_penalty": self.overlong_penalty, "tis_cap": self.tis_cap,
+                   "top_entropy_share": self.top_entropy_share}
+        infinite = [f"{name}={value}" for name, value in numbers.items() if not math.isfinite(value)]
+        require((not infinite, f"algorithm.{', '.join(infinite)}: must be finite (no nan or inf)"),
                 (0 < self.ref_mix <= 1, f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}"),
                 (self.updates_per_batch >= 1, f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}"),
                 (self.eps_low >= 0 and self.eps_high >= 0 and self.beta >= 0, "algorithm.eps_low, eps_high and beta must be >= 0"),
@@ -357,11 +351,11 @@ class TrainConfig:
         require((self.steps >= 1 and (self.micro_batch_size == "auto" or self.micro_batch_size >= 1),
                  "train.steps and train.micro_batch_size must be >= 1 (micro_batch_size may be auto)"),
                 (not negative, f"train.{', '.join(negative)}: must be >= 0"),
-                (finite(self.lr) and self.lr >= 0, f"train.lr must be >= 0; got {self.lr}"),
-                (finite(self.weight_decay) and self.weight_decay >= 0, f"train.weight_decay must be >= 0; got {self.weight_decay}"),
-                (finite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                (math.isfinite(self.lr) and self.lr >= 0, f"train.lr must be >= 0; got {self.lr}"),
+                (math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"train.weight_decay must be >= 0; got {self.weight_decay}"),
+                (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,
                  f"train.max_grad_norm must be >= 0 (0 = no clipping); got {self.max_grad_norm}"),
-                (len(self.adam_betas) == 2 and all(finite(b) and 0 <= b < 1 for b in self.adam_betas),
+                (len(self.adam_betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in self.adam_betas),
                  f"train.adam_betas must be two numbers in [0, 1); got {self.adam_betas}"),
                 (bool(self.tracker_project.strip()), "train.tracker_project is empty"))
 

@@ -15,6 +15,13 @@ class VlmrlError(Exception):
     """Bad user input (a missing folder, a config mistake, bad data): a clear one-line message."""
 
 
+def require(*rules: tuple[bool, str]) -> None:
+    """VlmrlError with the message of the first rule whose condition is false."""
+    for ok, message in rules:
+        if not ok:
+            raise VlmrlError(message)
+
+
 class Interrupted(Exception):
     """The run stopped at a signal after saving a checkpoint; `exit_code` is 128 + the signal."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import require
 
 
 @dataclass
@@ -55,6 +55,4 @@ class EvalSettings:
                   (self.max_turns >= 1, f"max turns must be >= 1, got {self.max_turns}"),
                   (self.max_trajectory_tokens >= 1,
                    f"max trajectory tokens must be >= 1, got {self.max_trajectory_tokens}")]
-        for ok, message in checks:
-            if not ok:
-                raise VlmrlError(message)
+        require(*checks)

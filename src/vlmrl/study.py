@@ -36,8 +36,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vlmrl.config import read_yaml, require
-from vlmrl.errors import VlmrlError
+from vlmrl.config import read_yaml
+from vlmrl.errors import VlmrlError, require
 from vlmrl.fields import Naming, build
 from vlmrl.report.compare import write_comparison
 
