@@ -83,6 +83,12 @@ def test_hub_ids_offline_and_unreachable(monkeypatch):
                                          r"reached \(Name or service not known\); set HF_HUB_OFFLINE=1 to use the hub cache only, "
                                          r"or give a local model folder$"):
         model_source.check_model_source("org/some-vlm")
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda name, timeout: asked.append(name))
+    monkeypatch.setattr(model_source, "_ON_THE_HUB", set())
+    model_source.check_model_source("org/some-vlm")
+    model_source.check_model_source("org/some-vlm")  # the loader asks again: no second request
+    assert asked == ["org/some-vlm"]
 
 
 def test_what_looks_local(tmp_path, monkeypatch):

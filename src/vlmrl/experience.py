@@ -77,7 +77,7 @@ class GroupSampler:
 
     @classmethod
     def for_run(cls, session, task: Task) -> GroupSampler:
-        """The sampler of a run: its tools resolved now, so a bad tool name fails before step 1."""
+        """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
         settings = session.config.rollout
         return cls(session, task, ToolBox.from_config(settings) if settings.tools else None)
 

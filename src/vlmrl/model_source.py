@@ -17,6 +17,8 @@ from vlmrl.tiny_model import SIZES
 
 RUN_FOLDER = "runs"
 """Where vlmrl's commands write (the offline models, run directories): a path under it is local."""
+_ON_THE_HUB: set[str] = set()
+"""Hub ids the hub has confirmed in this process: asked once, not again when the model loads."""
 
 
 def hub_offline() -> bool:
@@ -65,8 +67,11 @@ def check_model_source(name_or_path: str) -> None:
                          f"(HF_HUB_OFFLINE=1): download it where the hub is reachable, or {build_hint(name_or_path)}")
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
+    if name_or_path in _ON_THE_HUB:
+        return
     try:
         model_info(name_or_path, timeout=10)
+        _ON_THE_HUB.add(name_or_path)
     except GatedRepoError:
         return  # the loader says what access it needs
     except RepositoryNotFoundError:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from vlmrl.config import LoraConfig, ModelConfig
+from vlmrl.config import LoraConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.processing import image_text_processor_class
 from vlmrl.support import hf_model
@@ -123,14 +123,12 @@ def load_policy(
     model.to(target)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
-    if gradient_checkpointing:
-        enable_checkpointing(model)
     if freeze_vision:
         set_vision_trainable(model, False)
     if lora is not None and lora.enabled:
         model = apply_lora(model, lora)
-        if gradient_checkpointing:
-            model.enable_input_require_grads()
+    if gradient_checkpointing:
+        checkpoint_activations(model)
     return model, processor
 
 
@@ -155,16 +153,6 @@ def checkpoint_activations(model: torch.nn.Module) -> None:
     enable_checkpointing(model)
     if hasattr(model, "peft_config"):
         model.enable_input_require_grads()
-
-
-def load_policy_from_config(config: ModelConfig):
-    """`load_policy` with the options of a run's `model` section."""
-    return load_policy(
-        config.name_or_path, dtype=config.dtype, device=config.device,
-        attn_implementation=config.attn_implementation, lora=config.lora,
-        freeze_vision=config.freeze_vision, gradient_checkpointing=config.gradient_checkpointing is True,
-        trust_remote_code=config.trust_remote_code,
-    )
 
 
 def set_vision_trainable(model: torch.nn.Module, trainable: bool) -> int:

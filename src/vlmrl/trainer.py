@@ -45,7 +45,7 @@ def train(config: Config) -> Path:
     run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                            config.train.logprob_chunk, config.train.block_attention)
-    sampler = GroupSampler.for_run(session, task)  # tools resolved now: a bad name fails before step 1
+    sampler = GroupSampler.for_run(session, task)
     alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
     cursor = session.cursor  # index of the next train prompt
 
