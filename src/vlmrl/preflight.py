@@ -27,6 +27,7 @@ alone and prints the report. They:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,22 +248,17 @@ def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, in
     micros = micro_batch_candidates(config, mode, world) if train.micro_batch_size == "auto" else [train.micro_batch_size]
     checkpointing = [False, True] if model.gradient_checkpointing == "auto" else [model.gradient_checkpointing]
 
-    def estimate(micro: int, recompute: bool) -> MemoryEstimate:
+    @functools.cache
+    def estimate(micro: int, recompute: bool) -> MemoryEstimate:  # each option estimated once
         trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
                                     train=dataclasses.replace(train, micro_batch_size=micro))
         return estimate_memory(trial, policy, mode, world, *lengths, loaded)
 
     options = [(micro, recompute) for recompute in checkpointing for micro in micros]
-    first = estimate(*options[0])
-    if first.fits is None:  # free memory unknown: no checkpointing, about 16 rows
-        micro = next((m for m in micros if m <= 16), micros[-1])
-        return Settled(micro, checkpointing[0], automatic), estimate(micro, checkpointing[0])
-    for micro, recompute in options:
-        memory = first if (micro, recompute) == options[0] else estimate(micro, recompute)
-        if memory.fits:
-            return Settled(micro, recompute, automatic), memory
-    micro, recompute = options[-1]  # nothing fits: the smallest footprint, and the preflight warns
-    return Settled(micro, recompute, automatic), estimate(micro, recompute)
+    if estimate(*options[0]).fits is None:  # free memory unknown: no checkpointing, about 16 rows
+        options = [(next((m for m in micros if m <= 16), micros[-1]), checkpointing[0])]
+    chosen = next((option for option in options if estimate(*option).fits), options[-1])  # else the smallest
+    return Settled(*chosen, automatic), estimate(*chosen)
 
 
 def copies_reference(config: Config, mode: str) -> bool:
