@@ -105,11 +105,8 @@ def render_chart(chart: Chart) -> str:
     legend = []
     for index, (series, xs, ys) in enumerate(drawn):
         colour = series.colour or PALETTE[index % len(PALETTE)]
-        if series.has_band and not chart.log_y:  # at most MAX_POINTS a side, as the lines
-            xs_high, high = bucket_means(series.steps, series.high, MAX_POINTS)
-            xs_low, low = bucket_means(series.steps, series.low, MAX_POINTS)
-            outline = _path(xs_high + xs_low[::-1], high + low[::-1], px, py)
-            parts.append(f'<path class="band" d="{outline} Z" fill="{colour}"/>')
+        if series.has_band and not chart.log_y:
+            parts.append(_band_svg(series, colour, px, py))
         parts.append(_series_svg(series.name, xs, ys, colour, px, py, chart.log_y))
         last = series.values[-1]
         legend.append(f'<li><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" rx="2" '
@@ -156,6 +153,13 @@ def bucket_means(xs: list[float], ys: list[float], most: int) -> tuple[list[floa
         bx.append(sum(xs[lo:hi]) / (hi - lo))
         by.append(sum(ys[lo:hi]) / (hi - lo))
     return bx, by
+
+
+def _band_svg(series: Series, colour: str, px, py) -> str:
+    """The band between a series' low and high, at most MAX_POINTS a side, as the lines."""
+    xs_high, high = bucket_means(series.steps, series.high, MAX_POINTS)
+    xs_low, low = bucket_means(series.steps, series.low, MAX_POINTS)
+    return f'<path class="band" d="{_path(xs_high + xs_low[::-1], high + low[::-1], px, py)} Z" fill="{colour}"/>'
 
 
 def _path(xs: list[float], ys: list[float], px, py) -> str:
