@@ -14,7 +14,7 @@ again while it stays true) and comes back as a line for the terminal and a row f
                    equal rewards in a group give no gradient;
 - length_limit:    more than `truncated_share` of completions cut at max_new_tokens (`short` steps);
 - sampler_mismatch: the sampler's log-probs far from the training pass's: KL(sampler || training)
-                   above `mismatch_kl` (a bf16 compiled decode step sits near 1e-3), or more than
+                   above `mismatch_kl` (bf16 and compiled decoding: not yet measured on a GPU), or more than
                    `tis_capped_share` of tokens at the TIS cap.
 
 Only the main process checks; no torch here.

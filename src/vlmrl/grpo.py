@@ -98,16 +98,18 @@ class LossOutput(NamedTuple):
     loss: Tensor
     """Scalar, differentiable w.r.t. logp: aggregate(pg + beta * kl)."""
     pg_loss: Tensor
-    """Scalar, detached: aggregate(pg), the clipped surrogate alone."""
+    """Scalar, detached: aggregate(pg), the surrogate alone (TIS-weighted when on)."""
     kl: Tensor
     """Scalar, detached: mean KL estimate over valid tokens (0 when no ref_logp)."""
     clip_fraction: Tensor
-    """Scalar, detached: fraction of valid tokens whose gradient the clip removed."""
+    """Scalar, detached: fraction of counted tokens at a clip bound, as the surrogate defines it
+    (`policy_loss`: the clip's removed gradients, CISPO's capped weights, GMPO's clipped log-ratios)."""
     clip_low_fraction: Tensor
-    """Scalar, detached: the part of clip_fraction below: A < 0 and w < 1 - eps_low."""
+    """Scalar, detached: the part of clip_fraction at the lower bound (under "clip": A < 0 and
+    w < 1 - eps_low)."""
     clip_high_fraction: Tensor
-    """Scalar, detached: the part of clip_fraction above: A > 0 and w > 1 + eps_high (with dual_clip
-    also A < 0 and w > c)."""
+    """Scalar, detached: the part of clip_fraction at the upper bound (under "clip": A > 0 and
+    w > 1 + eps_high, with dual_clip also A < 0 and w > c)."""
     ratio_mean: Tensor
     """Scalar, detached: mean importance ratio over valid tokens."""
     mismatch_kl: Tensor
@@ -287,6 +289,10 @@ class LossInputs(NamedTuple):
     """(B, T) log-probs under the reference policy; needed when beta > 0."""
     sampler_logp: Tensor | None = None
     """(B, T) log-probs the sampler recorded for the sampled tokens; None = not recorded (no TIS)."""
+    loss_mask: Tensor | None = None
+    """(B, T) the tokens the loss and its clip statistics are taken over, within `mask` (the 80/20
+    rule's high-entropy tokens); None = `mask`. The sampler mismatch, TIS and KL statistics are
+    over all of `mask`."""
 
     def rows(self, index) -> LossInputs:
         """The rows `index` of every tensor (a micro-batch)."""
@@ -396,10 +402,10 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, share: float) -> Tensor:
     (ceil(share x valid), ties kept); share 1 keeps every valid token."""
     valid = mask.bool()  # (B, T)
     count = int(valid.sum())
-    keep = math.ceil(share * count)
     if share >= 1 or count == 0:
         return valid
-    threshold = entropy[valid].float().topk(max(keep, 1)).values[-1]  # () the keep-th largest
+    keep = math.ceil(share * count)  # >= 1: share > 0
+    threshold = entropy[valid].float().topk(keep).values[-1]  # () the keep-th largest
     return valid & (entropy.float() >= threshold)  # (B, T)
 
 
@@ -415,15 +421,16 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
     check_settings(s)
     if s.beta > 0 and inputs.ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
-    valid = inputs.mask.bool()  # (B, T)
+    valid = inputs.mask.bool()  # (B, T) every sampled token: the mismatch, TIS and KL statistics
+    counted = valid if inputs.loss_mask is None else inputs.loss_mask.bool() & valid  # (B, T) the loss's
     adv = inputs.advantages.detach().to(logp.dtype)  # (B,) or (B, T)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
     old = inputs.old_logp.detach()  # (B, T)
-    pg, ratio, clip_low, clip_high = SURROGATES[s.surrogate](logp, old, adv, valid, s)  # (B, T) each
+    pg, ratio, clip_low, clip_high = SURROGATES[s.surrogate](logp, old, adv, counted, s)  # (B, T) each
 
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     mismatch_kl, tis_capped = zero, zero
-    tis_mean = masked_mean(torch.ones_like(logp.detach()), valid)  # 1 (0 on an empty mask) when off
+    tis_mean = valid.any().to(logp.dtype)  # 1 (0 on an empty mask) when off
     if inputs.sampler_logp is not None:
         old, sampler = old.to(logp.dtype), inputs.sampler_logp.detach().to(logp.dtype)  # (B, T)
         mismatch_kl = masked_mean(kl_penalty(sampler, old, "k3"), valid)  # samples drawn by the sampler
@@ -441,13 +448,13 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
             per_token = pg + s.beta * kl  # (B, T)
 
     return LossOutput(
-        loss=aggregate(per_token, valid, s.aggregation, s.max_len),  # ()
-        pg_loss=aggregate(pg.detach(), valid, s.aggregation, s.max_len),
+        loss=aggregate(per_token, counted, s.aggregation, s.max_len),  # ()
+        pg_loss=aggregate(pg.detach(), counted, s.aggregation, s.max_len),
         kl=kl_mean,
-        clip_fraction=masked_mean((clip_low | clip_high).to(logp.dtype), valid),
-        clip_low_fraction=masked_mean(clip_low.to(logp.dtype), valid),
-        clip_high_fraction=masked_mean(clip_high.to(logp.dtype), valid),
-        ratio_mean=masked_mean(ratio, valid),
+        clip_fraction=masked_mean((clip_low | clip_high).to(logp.dtype), counted),
+        clip_low_fraction=masked_mean(clip_low.to(logp.dtype), counted),
+        clip_high_fraction=masked_mean(clip_high.to(logp.dtype), counted),
+        ratio_mean=masked_mean(ratio, counted),
         mismatch_kl=mismatch_kl,
         tis_weight_mean=tis_mean,
         tis_capped_fraction=tis_capped,

@@ -106,7 +106,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
             logp, entropy = scorer(session.model, part, with_entropy=True)  # (n, T) each
             inputs = batch.loss_inputs(rows, logp)
             if top_entropy < 1:  # only the highest-entropy tokens of the micro-batch count ("80/20")
-                inputs = inputs._replace(mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
+                inputs = inputs._replace(loss_mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
             out = grpo.policy_loss(logp, inputs, settings)
             accelerator.backward(out.loss * (share * accelerator.num_processes))  # DDP averages gradients
         for name in LOSS_STATISTICS:

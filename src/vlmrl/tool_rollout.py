@@ -111,10 +111,11 @@ def sample_turn(model, processor, rows: list[Example], segments: list[list[Segme
                          return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
     new = out[:, inputs["input_ids"].shape[1]:]  # (n, t)
     logprobs = recorder.logprobs(new)  # (n, t) or None
+    picked = None if logprobs is None else logprobs.tolist()  # one copy to the host, not one per row
     turns = []
     for i, row in enumerate(new.tolist()):
         end = turn_end(row, stop_ids, processor.tokenizer)
-        turns.append(Segment(row[:end], model=True, logprobs=[] if logprobs is None else logprobs[i, :end].tolist()))
+        turns.append(Segment(row[:end], model=True, logprobs=[] if picked is None else picked[i][:end]))
     return turns
 
 
