@@ -3,6 +3,7 @@ loss mask, the micro-batches and their shares of the loss weight."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from vlmrl import grpo
 from vlmrl.config import load_config
 from vlmrl.experience import Experience
-from vlmrl.policy_update import loss_batch, loss_settings
+from vlmrl.policy_update import LOSS_STATISTICS, accumulate_gradients, loss_batch, loss_settings
 from vlmrl.rollout import Rollout
 
 
@@ -74,3 +75,44 @@ def test_sequence_aggregation_weighs_rows_and_overlong_filtering_drops_truncated
     assert [float(s) for s in batch.shares] == pytest.approx([2 / 3, 1 / 3])  # rows, truncated ones included
     assert torch.equal(batch.loss_mask, torch.tensor([[1, 1], [0, 0], [1, 0]]))
     assert torch.equal(batch.completions.completion_mask, torch.tensor(mask))  # still scored, no loss
+
+
+class Recorder(OneProcess):
+    """OneProcess that also runs backward and never skips a gradient sync."""
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+
+def test_accumulated_statistics_are_share_weighted_sums_read_once(monkeypatch):
+    mask = [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]  # 3, 1, 4 tokens: micro-batches of 4 and 4 tokens
+    run = session("algorithm.aggregation=token", "algorithm.tis_cap=0")
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.constant_(model.weight, 0.5)
+
+    def scorer(policy, part, with_entropy):
+        n, length = part.completion_mask.shape
+        logp = policy.weight.reshape(()) * -torch.arange(1.0, 1.0 + n * length).reshape(n, length) / 10  # (n, T)
+        return logp, 2.0 * part.completion_mask  # (n, T) entropy 2 on every valid token, 0 on padding
+
+    run.model, run.accelerator = model, Recorder()
+    batch = loss_batch(run, experience(mask, [False] * 3))
+    batch.reference = torch.full((3, 4), -0.3)  # (N, T) the KL term counts too
+    expected = {name: 0.0 for name in LOSS_STATISTICS}
+    for rows, share in zip(batch.micro, batch.shares):
+        logp, _ = scorer(model, batch.completions.select(rows), True)
+        out = grpo.policy_loss(logp, batch.loss_inputs(rows, logp), loss_settings(run.config))
+        for name in LOSS_STATISTICS:
+            expected[name] += float(getattr(out, name).detach()) * float(share)
+    reads = []
+    for method in ("__float__", "item", "tolist"):
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _f=original, _m=method: reads.append(_m) or _f(self, *a))
+    sums = accumulate_gradients(run, scorer, batch)
+    monkeypatch.undo()
+    assert reads == ["tolist"]  # one device-to-host copy for all statistics of all micro-batches
+    assert sums == pytest.approx(expected | {"entropy": 2.0})  # the entropy's mean: 2 per valid token
+    assert model.weight.grad is not None and float(model.weight.grad.abs()) > 0

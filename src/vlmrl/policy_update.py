@@ -98,7 +98,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
     of the loss statistics and the entropy."""
     accelerator, settings = session.accelerator, loss_settings(session.config)
     top_entropy = session.config.algorithm.top_entropy_share
-    sums = dict.fromkeys(LOSS_STATISTICS + ("entropy",), 0.0)
+    weighted = []  # (S,) per micro-batch: its statistics times its share, kept on the device
     for i, (rows, share) in enumerate(zip(batch.micro, batch.shares)):
         last = i == len(batch.micro) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(session.model):
@@ -109,10 +109,11 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
                 inputs = inputs._replace(loss_mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
             out = grpo.policy_loss(logp, inputs, settings)
             accelerator.backward(out.loss * (share * accelerator.num_processes))  # DDP averages gradients
-        for name in LOSS_STATISTICS:
-            sums[name] += float(getattr(out, name).detach()) * float(share)
-        sums["entropy"] += float(entropy.sum() / part.completion_mask.sum().clamp(min=1)) * float(share)
-    return sums
+        entropy_mean = entropy.detach().sum() / part.completion_mask.sum().clamp(min=1)  # ()
+        statistics = [getattr(out, name).detach().float() for name in LOSS_STATISTICS] + [entropy_mean.float()]
+        weighted.append(torch.stack(statistics) * share)  # (S,)
+    sums = torch.stack(weighted).sum(0).tolist()  # one device-to-host copy per update, not one per value
+    return dict(zip(LOSS_STATISTICS + ("entropy",), sums))
 
 
 def update_policy(session, scorer: LogprobScorer, experience: Experience) -> dict[str, float]:

@@ -125,7 +125,7 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
     accelerator, micro = session.accelerator, session.config.train.micro_batch_size
     tokens_here = batch.completion_mask.sum().float()
     total_tokens = accelerator.reduce(tokens_here.clone(), "sum").clamp(min=1.0)
-    nll_sum = confident = 0.0
+    sums = torch.zeros(3, device=accelerator.device)  # nll, confident tokens, tokens: stays on the device
     starts = list(range(0, len(batch.rows), micro))
     for i, start in enumerate(starts):
         part = batch.select(list(range(start, min(start + micro, len(batch.rows)))))
@@ -134,10 +134,10 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
             logp, _ = scorer(session.model, part)  # (m, T), 0 on padding
             loss = -logp.sum() / total_tokens * accelerator.num_processes
             accelerator.backward(loss)
-        nll_sum += float(-logp.detach().sum())
-        confident += float(((logp.detach() > -0.6931) * part.completion_mask).sum())  # p > 1/2: surely the argmax
-    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler, nll_sum)
-    stats = accelerator.reduce(torch.tensor([nll_sum, confident, float(tokens_here)], device=accelerator.device),
-                               "sum")
+        confident = ((logp.detach() > -0.6931) * part.completion_mask).sum()  # p > 1/2: surely the argmax
+        sums += torch.stack([-logp.detach().sum(), confident, part.completion_mask.sum()]).float()
+    nll_here = float(sums[0])  # the one device-to-host copy of the micro-batch loop
+    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler, nll_here)
+    stats = accelerator.reduce(sums, "sum")
     tokens = stats[2].clamp(min=1)
     return {"loss": float(stats[0] / tokens), "confident_tokens": float(stats[1] / tokens), "grad_norm": grad_norm}
