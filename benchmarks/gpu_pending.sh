@@ -12,15 +12,18 @@
 #               against blocks (values, gradients, time, memory)
 #   step-nockpt issue 17: the step with both sides' checkpointing off (~7 min)
 #   step-dense  issue 17: the step with vlmrl's packed passes under the dense mask: control (~7 min)
+#   fused       issue 17: the fused-kernel tests marked gpu, then the packed pass, the model's own
+#               RMSNorm and MLP against liger's fused kernels (values, gradients, time, memory)
+#   step-fused  issue 17: the step with train.fused_kernels=true (~7 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WHEELS="transformers==5.23.0 tokenizers==0.23.3 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 rapidfuzz==3.14.6 fsspec==2026.9.0"
+math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 rapidfuzz==3.14.6 fsspec==2026.9.0 liger-kernel==0.8.5"
 SHAPE="--prompts 8 --group 8 --image 896 --tokens 256"
 STEP="benchmarks/bench_vs_trl.py --arch-3b --device cuda --dtype bfloat16 $SHAPE --micro 16 --warmup 1 --steps 3"
 
-part=${1:?"which part: wheels, decode, step, attention, step-nockpt or step-dense"}
+part=${1:?"which part: wheels, decode, step, attention, step-nockpt, step-dense, fused or step-fused"}
 if [[ $part == wheels ]]; then
     exclude="$(git rev-parse --git-dir)/info/exclude"  # the wheels travel as a carried, ignored folder
     mkdir -p "$(dirname "$exclude")"
@@ -42,8 +45,13 @@ case $part in
     step-nockpt) python3 $STEP --no-checkpointing --results benchmarks/RESULTS.md ;;
     step-dense) python3 $STEP --dense-attention --results benchmarks/RESULTS.md ;;
     attention) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_block_attention.py
-               python3 benchmarks/bench_attention.py --arch-3b --device cuda --prompts 2 --group 8 --image 896 \
+               python3 benchmarks/bench_pass.py --arch-3b --device cuda --prompts 2 --group 8 --image 896 \
                    --tokens 256 --results benchmarks/RESULTS.md ;;
-    *) echo "unknown part: $part (wheels, decode, step, attention, step-nockpt, step-dense)" >&2; exit 2 ;;
+    step-fused) python3 $STEP --fused-kernels --results benchmarks/RESULTS.md ;;
+    fused) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_kernels.py
+           python3 benchmarks/bench_pass.py --compare fused --arch-3b --device cuda --prompts 2 --group 8 \
+               --image 896 --tokens 256 --results benchmarks/RESULTS.md ;;
+    *) echo "unknown part: $part (wheels, decode, step, attention, step-nockpt, step-dense, fused, step-fused)" >&2
+       exit 2 ;;
 esac
 cp benchmarks/RESULTS.md "${OUT:-/tmp}/RESULTS.md"

@@ -51,6 +51,9 @@ def test_the_report_says_which_speedups_the_run_takes_and_why_not(tiny_model_dir
     assert speed("train.pack_groups=false", "rollout.share_prompt_cache=false", "rollout.decode=static") == (
         "no shared prompt cache (off); no packed log-prob passes (off); output layer in chunks of 1024; "
         "decode static")
+    assert speed("train.fused_kernels=true") == (  # the CPU: liger's Triton kernels cannot serve
+        "shared prompt cache; packed log-prob passes; block attention; output layer in chunks of 1024; "
+        "no fused kernels (needs a CUDA device: the kernels are Triton's); decode dynamic")
 
 
 def test_memory_estimate_follows_the_settings(tiny_model_dir, letter_task):

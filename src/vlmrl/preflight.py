@@ -39,6 +39,7 @@ from vlmrl.decoding import decode_mode
 from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
+from vlmrl.fused_kernels import fused_kernels_unsupported
 from vlmrl.models import checkpoint_activations, is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
@@ -200,6 +201,8 @@ def speed_line(config: Config, policy) -> str:
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
                         output_layer_unchunkable(policy)))
+    if config.train.fused_kernels:  # opt-in: named only when asked for
+        parts.append(switch("fused kernels", True, fused_kernels_unsupported(policy)))
     parts.append(f"decode {decode_mode(policy, config.rollout.decode)}")
     return "; ".join(parts)
 

@@ -26,6 +26,7 @@ from vlmrl.disk import writing
 from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
 from vlmrl.faults import NumericGuard, StopSignals
+from vlmrl.fused_kernels import use_fused_kernels
 from vlmrl.models import load_policy
 from vlmrl.optim import build_optimizer, build_scheduler
 from vlmrl.reference import ReferencePolicy, build_reference
@@ -183,4 +184,5 @@ def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path
         gradient_checkpointing=settings.gradient_checkpointing is True, trust_remote_code=settings.trust_remote_code)
     if checkpoint is not None and settings.lora.enabled:
         load_adapter_weights(policy, checkpoint)
+    use_fused_kernels(policy, config.train.fused_kernels)  # falls back where liger cannot serve (speed line)
     return policy, processor

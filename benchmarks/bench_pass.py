@@ -1,7 +1,11 @@
-"""The packed training pass under the dense mask and with block attention (`train.block_attention`).
+"""The packed training pass, one speedup off against on, in one process:
+`--compare attention`: the dense mask against block attention (`train.block_attention`);
+`--compare fused`: the model's own RMSNorm and MLP against liger's fused kernels (`train.fused_kernels`,
+CUDA only), both with block attention.
 
-Run: `python benchmarks/bench_attention.py [--arch-3b] [--prompts 2 --group 8 --image 896 --tokens 256]`
-(`--arch-3b`: the Qwen2.5-VL-3B architecture, random weights, bf16; else the offline tiny model).
+Run: `python benchmarks/bench_pass.py [--compare attention|fused] [--arch-3b] [--prompts 2 --group 8
+--image 896 --tokens 256]` (`--arch-3b`: the Qwen2.5-VL-3B architecture, random weights, bf16; else
+the offline tiny model).
 
 Each prompt (one circle image and a question) is packed with G completions of `--tokens` random
 tokens, as the training phase packs a group (packing.py); `--prompts` groups go through one pass
@@ -10,9 +14,9 @@ tokens, as the training phase packs a group (packing.py); `--prompts` groups go 
 - train pass: the policy's forward and backward (LogprobScorer, loss = sum of log-probs);
 - forward: a no-grad forward (the old and reference log-prob passes);
 - peak memory of the train pass (on CUDA);
-- attention scores: the (query, key) pairs the attention computes per head and layer, the dense
-  square U L^2 against the blocks' P^2 + S T (P + T);
-and, blocks against dense: the largest log-prob difference and the gradients' cosine.
+- attention scores (`--compare attention`): the (query, key) pairs the attention computes per head
+  and layer, the dense square U L^2 against the blocks' P^2 + S T (P + T);
+and, on against off: the largest log-prob difference and the gradients' cosine.
 `--results FILE` appends the table in Markdown with date, machine and command.
 """
 
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import bench_model, circle_image, machine, publish, sync  # noqa: E402
 
 from vlmrl.completions import Completions  # noqa: E402
+from vlmrl.fused_kernels import fused_kernels_unsupported, use_fused_kernels  # noqa: E402
 from vlmrl.logprobs import LogprobScorer  # noqa: E402
 from vlmrl.models import enable_checkpointing, load_policy  # noqa: E402
 from vlmrl.prompts import encode_prompts  # noqa: E402
@@ -57,6 +62,12 @@ def score_counts(processor, completions: Completions, args) -> tuple[int, int]:
     width, slots = prompt["input_ids"].shape[1], args.group * args.tokens  # P, G T
     return (args.prompts * (width + slots) ** 2,
             args.prompts * (width ** 2 + slots * (width + args.tokens)))
+
+
+VARIANTS = {  # the speedup compared: (label, block attention, fused kernels) off, then on
+    "attention": (("dense mask", False, False), ("blocks", True, False)),
+    "fused": (("own modules", True, False), ("fused kernels", True, True)),
+}
 
 
 def measure(model, scorer, completions, args) -> dict[str, float]:
@@ -94,6 +105,7 @@ def measure(model, scorer, completions, args) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=sorted(VARIANTS), default="attention", help="the speedup off against on")
     parser.add_argument("--prompts", type=int, default=2, help="groups in the pass (U)")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     parser.add_argument("--image", type=int, default=448, help="image side in pixels (896: 1024 image tokens)")
@@ -110,34 +122,44 @@ def main() -> None:
 
     model, processor = load_policy(bench_model(args, Path(tempfile.mkdtemp()) / "model"), device=args.device)
     model.train()
+    if args.compare == "fused" and (reason := fused_kernels_unsupported(model)) is not None:
+        parser.error(f"--compare fused: {reason}")
     if args.checkpointing:
         enable_checkpointing(model)
     completions = completions_of(model, processor, args)
-    dense_scores, block_scores = score_counts(processor, completions, args)
-    results = {blocks: measure(model, LogprobScorer(processor, 1.0, True, 1024, blocks), completions, args)
-               for blocks in (False, True)}
-    dense, blocks = results[False], results[True]
-    logp_diff = float((dense["logp"] - blocks["logp"]).abs().max())
-    cosine = float(torch.nn.functional.cosine_similarity(dense["grad"], blocks["grad"], dim=0))
+    results = []
+    for _, blocks, fused in VARIANTS[args.compare]:
+        use_fused_kernels(model, fused)
+        results.append(measure(model, LogprobScorer(processor, 1.0, True, 1024, blocks), completions, args))
+    use_fused_kernels(model, False)
+    publish(table(args, processor, completions, results), args.results)
 
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_attention.py"] + sys.argv[1:])
+
+def table(args, processor, completions, results: list[dict]) -> list[str]:
+    """The Markdown table of the two variants, with date, machine and command."""
+    (off_label, *_), (on_label, *_) = VARIANTS[args.compare]
+    off, on = results
+    logp_diff = float((off["logp"] - on["logp"]).abs().max())
+    cosine = float(torch.nn.functional.cosine_similarity(off["grad"], on["grad"], dim=0))
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_pass.py"] + sys.argv[1:])
     name = f"Qwen2.5-VL-3B architecture ({args.layers} layers)" if args.arch_3b else f"tiny-model {args.size}"
     rows = [("train pass (s)", "train", "{:.3f}"), ("no-grad forward (s)", "forward", "{:.3f}")]
     if args.device == "cuda":
         rows.append(("peak memory, train pass (MiB)", "memory", "{:.0f}"))
-    lines = [f"### {datetime.date.today().isoformat()}: packed pass, {name}, {args.device}, "
-             f"{args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} tokens, "
+    lines = [f"### {datetime.date.today().isoformat()}: packed pass, {off_label} against {on_label}, {name}, "
+             f"{args.device}, {args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} tokens, "
              f"checkpointing {'on' if args.checkpointing else 'off'}", "",
              f"- machine: {machine()}", f"- command: `{command}`", "",
-             "| | dense mask | blocks | blocks / dense |", "|---|---:|---:|---:|"]
+             f"| | {off_label} | {on_label} | {on_label} / {off_label} |", "|---|---:|---:|---:|"]
     for label, key, fmt in rows:
-        lines.append(f"| {label} | {fmt.format(dense[key])} | {fmt.format(blocks[key])} | "
-                     f"{blocks[key] / dense[key]:.3f} |")
-    lines.append(f"| attention scores per head and layer | {dense_scores} | {block_scores} | "
-                 f"{block_scores / dense_scores:.3f} |")
-    lines += ["", f"Blocks against dense: largest log-prob difference {logp_diff:.2e}, gradient cosine "
-              f"{cosine:.6f}.", ""]
-    publish(lines, args.results)
+        lines.append(f"| {label} | {fmt.format(off[key])} | {fmt.format(on[key])} | {on[key] / off[key]:.3f} |")
+    if args.compare == "attention":
+        dense_scores, block_scores = score_counts(processor, completions, args)
+        lines.append(f"| attention scores per head and layer | {dense_scores} | {block_scores} | "
+                     f"{block_scores / dense_scores:.3f} |")
+    lines += ["", f"{on_label.capitalize()} against {off_label}: largest log-prob difference {logp_diff:.2e}, "
+              f"gradient cosine {cosine:.6f}.", ""]
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""Fused kernels (fused_kernels.py): the patch points on the CPU, liger's kernels on CUDA.
+
+liger's Triton kernels need CUDA, so on the CPU the same two formulas, written in torch, go through
+the same patch: the patched model must then give exactly the original's log-probs and gradients on
+Qwen2.5-VL, Qwen2-VL and Idefics3, which proves that every patched module computes its own forward.
+Also: which modules are patched, off restores the classes' forward, a deep copy (the reference)
+keeps the patch on its own modules, saved weights are unchanged, and on the CPU liger falls back.
+Marked gpu (benchmarks/gpu_pending.sh fused): liger's kernels against the original on CUDA.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_block_attention import rollout_of, scored
+
+from vlmrl.fused_kernels import (Kernels, computes_fused, fusable_modules, fused_kernels_unsupported,
+                                 use_fused_kernels)
+from vlmrl.models import LoraConfig, apply_lora, load_policy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def torch_rms_norm(x, weight, eps):
+    """transformers' RMSNorm formula: float32 inside, cast back before the weight."""
+    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # (..., H)
+    return weight * y.to(x.dtype)
+
+
+def torch_silu_mul(gate, up):
+    return F.silu(gate) * up
+
+
+TORCH_KERNELS = Kernels(rms_norm=torch_rms_norm, silu_mul=torch_silu_mul)
+
+
+def expected_count(model) -> int:
+    """Norms and MLPs by the architecture: per text layer two norms and an MLP, the final norm;
+    per Qwen2.5-VL vision block two norms and an MLP, and the merger's norm."""
+    text = model.config.get_text_config().num_hidden_layers
+    vision = model.config.vision_config.depth if model.config.model_type == "qwen2_5_vl" else 0
+    return 3 * text + 1 + (3 * vision + 1 if vision else 0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "idefics3"])
+def test_the_patched_model_computes_exactly_the_original(arch, tiny_model_factory):
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    completions = rollout_of(model, processor)
+    model.train()
+    own_logp, own_grad = scored(model, processor, completions, True)
+    calls = []
+    counting = Kernels(rms_norm=lambda *a: calls.append("norm") or torch_rms_norm(*a),
+                       silu_mul=lambda *a: calls.append("mlp") or torch_silu_mul(*a))
+    assert use_fused_kernels(model, True, counting) == len(fusable_modules(model)) == expected_count(model)
+    assert computes_fused(model)
+    fused_logp, fused_grad = scored(model, processor, completions, True)
+    assert "norm" in calls and "mlp" in calls
+    assert torch.equal(own_logp, fused_logp)
+    assert torch.equal(own_grad, fused_grad)
+
+
+def test_off_restores_the_modules_own_forward(tiny_model_dir):
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    keys = list(model.state_dict())
+    use_fused_kernels(model, True, TORCH_KERNELS)
+    assert list(model.state_dict()) == keys  # nothing saved changes
+    assert use_fused_kernels(model, True, TORCH_KERNELS) == expected_count(model)  # again: not patched twice
+    assert use_fused_kernels(model, False) == 0
+    assert not computes_fused(model)
+    assert all("forward" not in module.__dict__ for module in model.modules())
+
+
+def test_a_deep_copy_keeps_the_patch_on_its_own_modules(tiny_model_dir):
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    use_fused_kernels(model, True, TORCH_KERNELS)
+    twin = copy.deepcopy(model)  # how a full-weight reference policy is made
+    assert computes_fused(twin)
+    for module in fusable_modules(twin):
+        assert module.forward.args[0] is module  # the copy's weights, not the original's
+
+
+def test_under_lora_the_wrapped_projections_are_called(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    model = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8, dropout=0.0))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)  # adapters that change the output
+    completions = rollout_of(model, processor)
+    model.train()
+    own_logp, own_grad = scored(model, processor, completions, True)
+    assert use_fused_kernels(model, True, TORCH_KERNELS) == expected_count(model.base_model.model)
+    fused_logp, fused_grad = scored(model, processor, completions, True)
+    assert torch.equal(own_logp, fused_logp) and torch.equal(own_grad, fused_grad)
+
+
+def test_on_the_cpu_liger_falls_back_with_its_reason(tiny_model_dir):
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    assert fused_kernels_unsupported(model) == "needs a CUDA device: the kernels are Triton's"
+    assert use_fused_kernels(model, True) == 0 and not computes_fused(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype, logp_tolerance", [("float32", 1e-4), ("bfloat16", 0.1)])
+def test_on_cuda_liger_kernels_give_the_models_own_numbers(tiny_model_dir, dtype, logp_tolerance):
+    model, processor = load_policy(tiny_model_dir, device="cuda", dtype=dtype)
+    completions = rollout_of(model, processor)
+    model.train()
+    own_logp, own_grad = scored(model, processor, completions, True)
+    assert use_fused_kernels(model, True) == expected_count(model)  # liger's, on CUDA
+    fused_logp, fused_grad = scored(model, processor, completions, True)
+    assert (own_logp.float() - fused_logp.float()).abs().max() < logp_tolerance
+    assert F.cosine_similarity(own_grad.float(), fused_grad.float(), dim=0) >= (0.9999 if dtype == "float32" else 0.99)
+    rollout = rollout_of(model, processor)  # generation runs on the kernels too (the decode path compiles them)
+    assert rollout.completion_ids.shape == completions.completion_ids.shape
