@@ -111,6 +111,21 @@ def generation_inputs(model, processor, examples: list[Example], settings: Gener
     return encode_prompts(processor, [example for example in examples for _ in range(group)], device)
 
 
+def sample(model, processor, inputs: dict, settings: GenerationSettings,
+           suppressed: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`generate` from `inputs` (the prompt's tensors, and any further stop arguments) on the
+    settings' decode path and sampling, never picking a `suppressed` token. Returns the new ids
+    (N, T), up to settings.max_new_tokens, and the sampler's log-probs of them (N, T), None when
+    greedy."""
+    inputs = inputs | decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
+    recorder = SampledLogprobs(settings.temperature, suppressed)
+    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens,
+                         eos_token_id=stop_token_ids(processor, model), pad_token_id=processor.tokenizer.pad_token_id,
+                         use_cache=True, return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
+    ids = out[:, inputs["input_ids"].shape[1]:]  # (N, T)
+    return ids, recorder.logprobs(ids)
+
+
 @torch.no_grad()
 def generate_groups(model, processor, examples: list[Example], settings: GenerationSettings,
                     seed: int | None = None) -> Rollout:
@@ -119,17 +134,11 @@ def generate_groups(model, processor, examples: list[Example], settings: Generat
     Rows i*G .. i*G+G-1 answer example i. Same sampling distribution with or without the shared
     prompt cache. With `seed`, sampling is reproducible for this batch alone.
     """
-    inputs = generation_inputs(model, processor, examples, settings)
-    inputs |= decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     stop_ids = stop_token_ids(processor, model)
-    recorder = SampledLogprobs(settings.temperature, suppressed_token_ids(processor, stop_ids))
+    inputs = generation_inputs(model, processor, examples, settings)
     if seed is not None:
         torch.manual_seed(seed)
-    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids,
-                         pad_token_id=processor.tokenizer.pad_token_id, use_cache=True,
-                         return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
-    ids = out[:, inputs["input_ids"].shape[1]:]  # (N, T)
-    sampler_logp = recorder.logprobs(ids)  # (N, T) or None
+    ids, sampler_logp = sample(model, processor, inputs, settings, suppressed_token_ids(processor, stop_ids))
     mask, truncated = completion_mask(ids, stop_ids)  # (N, T), (N,)
     ids = torch.where(mask.bool(), ids, torch.full_like(ids, processor.tokenizer.pad_token_id))
     texts = processor.batch_decode(ids, skip_special_tokens=True)

@@ -24,9 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from vlmrl.config import RolloutConfig
-from vlmrl.decoding import decode_kwargs
-from vlmrl.rollout import Rollout, generation_inputs, stop_token_ids, suppressed_token_ids
-from vlmrl.sampling import SampledLogprobs, sampling_kwargs
+from vlmrl.rollout import Rollout, generation_inputs, sample, stop_token_ids, suppressed_token_ids
 from vlmrl.tasks import Example
 from vlmrl.tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolContext, ToolLimits, Trajectory, Turn, ends_with_call,
                          parse_tool_call, resolve_tools, run_tool, tool_result_text)
@@ -101,16 +99,10 @@ def sample_turn(model, processor, rows: list[Example], segments: list[list[Segme
     first = not any(segments)
     inputs = (generation_inputs(model, processor, rows[::settings.group_size], settings) if first else
               encode_trajectories(processor, rows, segments, next(model.parameters()).device))
-    inputs |= decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     stop_ids = stop_token_ids(processor, model)
     banned = sorted(set(suppressed_token_ids(processor, stop_ids)) - tool_tag_ids(processor.tokenizer))
-    recorder = SampledLogprobs(settings.temperature, banned)
-    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids,
-                         stop_strings=[TOOL_CALL_CLOSE], tokenizer=processor.tokenizer,
-                         pad_token_id=processor.tokenizer.pad_token_id, use_cache=True,
-                         return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
-    new = out[:, inputs["input_ids"].shape[1]:]  # (n, t)
-    logprobs = recorder.logprobs(new)  # (n, t) or None
+    stops = {"stop_strings": [TOOL_CALL_CLOSE], "tokenizer": processor.tokenizer}  # a call ends the turn
+    new, logprobs = sample(model, processor, inputs | stops, settings, banned)  # (n, t) each; logprobs None: greedy
     picked = None if logprobs is None else logprobs.tolist()  # one copy to the host, not one per row
     turns = []
     for i, row in enumerate(new.tolist()):
