@@ -117,6 +117,10 @@ def test_sft_preflight_measures_the_reference_completions(tiny_model_dir):
     task = get_task("shapes")
     report = preflight(config, policy, processor, task, "sft")
     assert report.splits[0].prompts == 6 and report.memory.generation == 0 and report.memory.reference == 0
+    assert report.speed == "output layer in chunks of 1024"  # SFT generates nothing and packs no groups
+    config = load_config(None, overrides(tiny_model_dir, "task.name=shapes", "train.fused_kernels=true"))
+    assert preflight(config, policy, processor, task, "sft").speed == (
+        "output layer in chunks of 1024; no fused kernels (needs a CUDA device: the kernels are Triton's)")
 
 
 def test_vlmrl_check_prints_the_report_and_warns_when_it_will_not_fit(tiny_model_dir, letter_task, capsys,

@@ -20,8 +20,8 @@ alone and prints the report. They:
   (`settle`); the run then trains with what was settled, the same on every process;
 - estimate what the run writes at most at one time (step checkpoints kept plus the one being
   written, the final model, logs) and warn when the output filesystem has less free (disk.py);
-- say which speedups an RL run takes with this model (`speed_line`): a switch that is on but falls
-  back for this model family or attention kernel shows here, with the reason, before step 1.
+- say which speedups the run takes with this model (`speed_line`): a switch that is on but falls
+  back for this model family, attention kernel or device shows here, with the reason, before step 1.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class PreflightReport:
     bad_rows: list = field(default_factory=list)
     """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
     speed: str = ""
-    """Which speedups the run takes (RL runs; see `speed_line`)."""
+    """Which speedups the run takes (see `speed_line`)."""
 
     def advice(self) -> list[str]:
         """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
@@ -185,25 +185,30 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                            trainable=trainable, dtype=str(params[0].dtype).replace("torch.", ""),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
-                           speed=speed_line(config, policy) if mode == "train" else "")
+                           speed=speed_line(config, policy, mode))
 
 
-def speed_line(config: Config, policy) -> str:
-    """The speedups an RL run takes with this model, each switch's fallback and its reason."""
+def speed_line(config: Config, policy, mode: str = "train") -> str:
+    """The speedups a run takes with this model, each switch's fallback and its reason; SFT
+    (mode "sft") generates nothing and packs no groups, so its line names the output layer and the
+    fused kernels only."""
     def switch(name: str, on: bool, reason: str | None) -> str:
         return name if on and reason is None else f"no {name} ({'off' if not on else reason})"
 
-    packing = packing_unsupported(policy)
-    parts = [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
-             switch("packed log-prob passes", config.train.pack_groups, packing)]
-    if config.train.pack_groups and packing is None:
-        parts.append(switch("block attention", config.train.block_attention, block_attention_unsupported(policy)))
+    parts = []
+    if mode == "train":
+        packing = packing_unsupported(policy)
+        parts += [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
+                  switch("packed log-prob passes", config.train.pack_groups, packing)]
+        if config.train.pack_groups and packing is None:
+            parts.append(switch("block attention", config.train.block_attention, block_attention_unsupported(policy)))
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
                         output_layer_unchunkable(policy)))
     if config.train.fused_kernels:  # opt-in: named only when asked for
         parts.append(switch("fused kernels", True, fused_kernels_unsupported(policy)))
-    parts.append(f"decode {decode_mode(policy, config.rollout.decode)}")
+    if mode == "train":
+        parts.append(f"decode {decode_mode(policy, config.rollout.decode)}")
     return "; ".join(parts)
 
 
