@@ -1,4 +1,11 @@
-"""AdamW with its own learning rate for the vision tower, and the warmup + decay schedule."""
+"""AdamW with its own learning rate for the vision tower, and the warmup + decay schedule.
+
+AdamW runs fused (one kernel pass over each parameter, gradient and moment) where every trainable
+parameter lives on CUDA or the CPU: the same update as the default multi-tensor ("foreach") one up
+to float rounding, faster, and without foreach's temporaries, which at the step hold one more copy
+of every trainable parameter (7.5 GB for a 3B model in bf16). It is also what transformers' Trainer,
+and so TRL, uses by default (`adamw_torch_fused`). Elsewhere (MPS, ...) torch picks its default.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,9 @@ import torch
 
 from vlmrl.config import TrainConfig
 from vlmrl.models import is_vision_parameter
+
+FUSED_DEVICES = ("cuda", "cpu")
+"""Where torch's fused AdamW runs (see the module docstring)."""
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0):
@@ -29,8 +39,9 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale:
     groups = [{"params": language, "lr": train.lr, "name": "language"}]
     if vision:
         groups.append({"params": vision, "lr": train.lr * vision_lr_scale, "name": "vision"})
+    fused = all(p.device.type in FUSED_DEVICES for group in groups for p in group["params"]) or None
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas),
-                             weight_decay=train.weight_decay)
+                             weight_decay=train.weight_decay, fused=fused)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, floor: float = 0.1) -> float:
