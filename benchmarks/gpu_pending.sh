@@ -13,7 +13,8 @@
 #   step-nockpt issue 17: the step with both sides' checkpointing off (~7 min)
 #   step-dense  issue 17: the step with vlmrl's packed passes under the dense mask: control (~7 min)
 #   fused       issue 17: the fused-kernel tests marked gpu, then the packed pass, the model's own
-#               RMSNorm and MLP against liger's fused kernels (values, gradients, time, memory)
+#               RMSNorm and MLP against liger's fused kernels (values, gradients, time, memory),
+#               then AdamW's step at 3B size, foreach against fused (time, memory)
 #   step-fused  issue 17: the step with train.fused_kernels=true (~7 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,9 @@ case $part in
     step-fused) python3 $STEP --fused-kernels --results benchmarks/RESULTS.md ;;
     fused) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_kernels.py
            python3 benchmarks/bench_pass.py --compare fused --arch-3b --device cuda --prompts 2 --group 8 \
-               --image 896 --tokens 256 --results benchmarks/RESULTS.md ;;
+               --image 896 --tokens 256 --results benchmarks/RESULTS.md
+           python3 benchmarks/bench_optimizer.py --params 3.75e9 --dtype bfloat16 --device cuda \
+               --results benchmarks/RESULTS.md ;;
     *) echo "unknown part: $part (wheels, decode, step, attention, step-nockpt, step-dense, fused, step-fused)" >&2
        exit 2 ;;
 esac
