@@ -106,7 +106,7 @@ def build_trackers(config: Config, run_dir: Path, resume_step: int | None = None
         elif name == "trackio":
             sinks.append(TrackioSink(config.train.tracker_project, run_dir.name, to_dict(config)))
         else:
-            raise VlmrlError(f"unknown tracker {name!r} in train.trackers; choose from {', '.join(TRACKERS)}")
+            raise unknown_tracker(name)
     return Trackers(sinks)
 
 
@@ -114,6 +114,10 @@ def scalars(metrics: dict) -> dict[str, float]:
     """The finite numbers of a metrics row, without the step (None, NaN and text are left out)."""
     return {key: float(value) for key, value in metrics.items()
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value)}
+
+
+def unknown_tracker(name: str) -> VlmrlError:
+    return VlmrlError(f"unknown tracker {name!r} in train.trackers; choose from {', '.join(TRACKERS)}")
 
 
 def not_installed(name: str) -> VlmrlError:
@@ -125,7 +129,7 @@ def check_trackers(names: list[str]) -> None:
     """VlmrlError for a tracker that is unknown or not installed, without importing it."""
     for name in names:
         if name not in TRACKERS:
-            raise VlmrlError(f"unknown tracker {name!r} in train.trackers; choose from {', '.join(TRACKERS)}")
+            raise unknown_tracker(name)
         if importlib.util.find_spec(name) is None:  # each tracker's package is named as the tracker
             raise not_installed(name)
 
