@@ -11,30 +11,18 @@ Marked gpu (benchmarks/gpu_pending.sh fused): liger's kernels against the origin
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 from test_block_attention import rollout_of, scored
 
-from vlmrl.fused_kernels import (Kernels, computes_fused, fusable_modules, fused_kernels_unsupported,
-                                 use_fused_kernels)
+from vlmrl.fused_kernels import (TORCH_KERNELS, Kernels, computes_fused, fusable_modules, fused_kernels_unsupported,
+                                 self_check, torch_rms_norm, torch_silu_mul, use_fused_kernels)
 from vlmrl.models import LoraConfig, apply_lora, load_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def torch_rms_norm(x, weight, eps):
-    """transformers' RMSNorm formula: float32 inside, cast back before the weight."""
-    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # (..., H)
-    return weight * y.to(x.dtype)
-
-
-def torch_silu_mul(gate, up):
-    return F.silu(gate) * up
-
-
-TORCH_KERNELS = Kernels(rms_norm=torch_rms_norm, silu_mul=torch_silu_mul)
 
 
 def expected_count(model) -> int:
@@ -56,6 +44,7 @@ def test_the_patched_model_computes_exactly_the_original(arch, tiny_model_factor
                        silu_mul=lambda *a: calls.append("mlp") or torch_silu_mul(*a))
     assert use_fused_kernels(model, True, counting) == len(fusable_modules(model)) == expected_count(model)
     assert computes_fused(model)
+    calls.clear()  # the self-check's
     fused_logp, fused_grad = scored(model, processor, completions, True)
     assert "norm" in calls and "mlp" in calls
     assert torch.equal(own_logp, fused_logp)
@@ -102,6 +91,46 @@ def test_on_the_cpu_liger_falls_back_with_its_reason(tiny_model_dir):
     assert use_fused_kernels(model, True) == 0 and not computes_fused(model)
 
 
+def test_kernels_that_fail_their_self_check_are_refused_before_step_1(tiny_model_dir):
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    norm_widths = sorted({m.weight.shape[0] for m in fusable_modules(model) if type(m).__name__.endswith("RMSNorm")})
+    assert len(norm_widths) == 2  # the vision tower's and the language model's: each is checked
+
+    def broken(*tensors):
+        raise RuntimeError("Triton: no kernel image is available for execution on the device\nmore")
+
+    crashing = Kernels(rms_norm=broken, silu_mul=torch_silu_mul)
+    assert fused_kernels_unsupported(model, crashing) == (
+        f"rms_norm (width {norm_widths[0]}) failed its self-check: "
+        "RuntimeError: Triton: no kernel image is available for execution on the device")
+    wrong = Kernels(rms_norm=torch_rms_norm, silu_mul=lambda gate, up: torch.sigmoid(gate) * up)
+    assert re.fullmatch(r"silu_mul \(width \d+\) failed its self-check: values are off torch's by \S+ of their norm",
+                        fused_kernels_unsupported(model, wrong))
+
+    def wide_only_wrong(x, w, eps):  # right at the smaller width, wrong at the larger one
+        return torch_rms_norm(x, w, eps) * (1.0 if x.shape[-1] == norm_widths[0] else 1.5)
+
+    assert fused_kernels_unsupported(model, Kernels(wide_only_wrong, torch_silu_mul)).startswith(
+        f"rms_norm (width {norm_widths[1]}) failed its self-check: values are off torch's by 0.5 of their norm")
+    no_weight_gradient = Kernels(rms_norm=lambda x, w, eps: torch_rms_norm(x, w.detach(), eps) + 0 * w.sum(),
+                                 silu_mul=torch_silu_mul)
+    assert re.fullmatch(r"rms_norm \(width \d+\) failed its self-check: weight gradients are off torch's by 1 of their norm",
+                        fused_kernels_unsupported(model, no_weight_gradient))
+    for kernels in (crashing, wrong, no_weight_gradient):
+        assert use_fused_kernels(model, True, kernels) == 0 and not computes_fused(model)
+    with torch.no_grad():  # the check computes gradients even when asked from a no-grad pass
+        assert fused_kernels_unsupported(model, TORCH_KERNELS) is None
+
+
+def test_in_bf16_rounding_passes_the_self_check_at_qwen25_vl_3b_widths():
+    """torch's own formulas in bf16, which round more often than a fused kernel, pass against the
+    float32 reference: the check refuses wrong kernels, not bf16."""
+    widths = [("rms_norm", 1280), ("rms_norm", 2048), ("silu_mul", 3420), ("silu_mul", 11008)]
+    assert self_check(TORCH_KERNELS, torch.zeros((), dtype=torch.bfloat16), widths) is None
+    wrong = Kernels(rms_norm=torch_rms_norm, silu_mul=lambda gate, up: torch.sigmoid(gate) * up)
+    assert self_check(wrong, torch.zeros((), dtype=torch.bfloat16), widths) is not None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype, logp_tolerance", [("float32", 1e-4), ("bfloat16", 0.1)])
@@ -110,7 +139,8 @@ def test_on_cuda_liger_kernels_give_the_models_own_numbers(tiny_model_dir, dtype
     completions = rollout_of(model, processor)
     model.train()
     own_logp, own_grad = scored(model, processor, completions, True)
-    assert use_fused_kernels(model, True) == expected_count(model)  # liger's, on CUDA
+    assert fused_kernels_unsupported(model) is None  # liger's, on CUDA: the self-check passes
+    assert use_fused_kernels(model, True) == expected_count(model)
     fused_logp, fused_grad = scored(model, processor, completions, True)
     assert (own_logp.float() - fused_logp.float()).abs().max() < logp_tolerance
     assert F.cosine_similarity(own_grad.float(), fused_grad.float(), dim=0) >= (0.9999 if dtype == "float32" else 0.99)

@@ -324,8 +324,9 @@ class TrainConfig:
     fused_kernels: bool = False
     """Each RMSNorm and SiLU-gated MLP of the model (Qwen2.5-VL, Qwen2-VL and Idefics3's language
     models, Qwen2.5-VL's vision tower) computes with one fused Triton kernel from liger-kernel, in
-    every pass, generation included. Needs CUDA and `pip install liger-kernel`, else it falls back
-    (the preflight's speed line says why). Off until measured on a GPU (benchmarks/RESULTS.md)."""
+    every pass, generation included. Needs CUDA and `pip install liger-kernel`, and the kernels
+    must pass a self-check against torch's formulas before step 1; else it falls back (the
+    preflight's speed line says why). Off until measured on a GPU (benchmarks/RESULTS.md)."""
     logprob_chunk: int = 1024
     """Completion positions per chunk of the output layer: log-softmax over the vocabulary is taken
     this many positions at a time (and recomputed in backward), so full-vocabulary logits never
