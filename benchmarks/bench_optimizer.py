@@ -1,5 +1,6 @@
-"""AdamW's step, multi-tensor ("foreach", torch's default) against fused (vlmrl's, optim.py): time and
-the memory the step allocates on top of parameters, gradients and moments.
+"""AdamW's step: multi-tensor ("foreach", torch's default), fused (vlmrl's for float32 weights,
+optim.py) and RoundingAdamW (vlmrl's for bf16 weights, stochastic_rounding.py): time and the memory
+the step allocates on top of parameters, gradients and moments.
 
 Run: `python benchmarks/bench_optimizer.py [--params 3.75e9 --dtype bfloat16 --device cuda]`
 (the default: 50M float32 parameters on the CPU).
@@ -8,7 +9,10 @@ The parameters are split into `--tensors` equal tensors with random gradients; o
 moments, then the median of `--repeats` steps is timed, and the peak rise of memory over those
 steps is read (CUDA: peak allocated; CPU: resident memory, sampled every millisecond with freed
 memory handed back to the system). foreach's step holds one temporary of the parameters' size
-(its sqrt(v) + eps); the fused kernel none. `--results FILE` appends the table in Markdown.
+(its sqrt(v) + eps); the fused kernel none; RoundingAdamW a few float32 pieces of CHUNK elements.
+With `--dtype bfloat16`, also the update each keeps: 1M weights of N(0, 0.02), ten steps at lr 1e-6
+along random gradients, the mean drift along float32 AdamW's direction over float32's (1 = all of
+it; rounded to nearest, small updates vanish). `--results FILE` appends the table in Markdown.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import MemoryPeak, machine, publish, sync  # noqa: E402
 
-IMPLEMENTATIONS = {"foreach": {"foreach": True}, "fused": {"fused": True}}
+from vlmrl.stochastic_rounding import RoundingAdamW  # noqa: E402
+
+IMPLEMENTATIONS = {
+    "foreach": lambda params: torch.optim.AdamW(params, lr=1e-4, foreach=True),
+    "fused": lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True),
+    "rounding": lambda params: RoundingAdamW(params, lr=1e-4),
+}
 
 
 def measure(impl: str, args) -> dict[str, float]:
@@ -37,7 +47,7 @@ def measure(impl: str, args) -> dict[str, float]:
     params = [torch.nn.Parameter(torch.randn(size, device=device, dtype=dtype)) for _ in range(args.tensors)]
     for p in params:
         p.grad = torch.randn_like(p)
-    optimizer = torch.optim.AdamW(params, lr=1e-4, **IMPLEMENTATIONS[impl])
+    optimizer = IMPLEMENTATIONS[impl](params)
     optimizer.step()  # the moments exist from here on
     memory, times = MemoryPeak(device), []
     memory.start()
@@ -51,6 +61,25 @@ def measure(impl: str, args) -> dict[str, float]:
     memory.running = False
     del optimizer, params
     return {"step": statistics.median(times), "memory": rise}
+
+
+def kept_update(impl: str, device: torch.device) -> float:
+    """The share of float32 AdamW's drift that `impl` keeps in bf16 weights (see the docstring)."""
+    generator = torch.Generator().manual_seed(0)
+    start = (torch.randn(1_000_000, generator=generator) * 0.02).bfloat16().to(device)
+    grads = [torch.randn(1_000_000, generator=generator).to(device) for _ in range(10)]
+    drifts = []
+    for make, dtype in ((IMPLEMENTATIONS["fused"], torch.float32), (IMPLEMENTATIONS[impl], torch.bfloat16)):
+        weights = torch.nn.Parameter(start.to(dtype))
+        optimizer = make([weights])
+        for group in optimizer.param_groups:
+            group["lr"], group["weight_decay"] = 1e-6, 0.0
+        for grad in grads:
+            weights.grad = grad.to(dtype)
+            optimizer.step()
+        drifts.append(weights.detach().float() - start.float())
+    exact, kept = drifts
+    return float((kept * exact.sign()).mean() / exact.abs().mean())
 
 
 def main() -> None:
@@ -69,14 +98,17 @@ def main() -> None:
     results = {impl: measure(impl, args) for impl in IMPLEMENTATIONS}
     size_mib = args.params * torch.tensor([], dtype=getattr(torch, args.dtype)).element_size() / 2 ** 20
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_optimizer.py"] + sys.argv[1:])
-    foreach, fused = results["foreach"], results["fused"]
+    foreach = results["foreach"]
     lines = [f"### {datetime.date.today().isoformat()}: AdamW step, {args.params:.3g} {args.dtype} parameters "
              f"({size_mib:.0f} MiB) in {args.tensors} tensors, {args.device}", "",
              f"- machine: {machine()}", f"- command: `{command}`", "",
-             "| | foreach | fused | fused / foreach |", "|---|---:|---:|---:|",
-             f"| step (ms) | {foreach['step'] * 1e3:.1f} | {fused['step'] * 1e3:.1f} | "
-             f"{fused['step'] / foreach['step']:.3f} |",
-             f"| memory the step allocates (MiB) | {foreach['memory']:.0f} | {fused['memory']:.0f} | |", ""]
+             "| | step (ms) | / foreach | memory the step allocates (MiB) | bf16 update kept |",
+             "|---|---:|---:|---:|---:|"]
+    for impl, result in results.items():
+        kept = f"{kept_update(impl, torch.device(args.device)):.3f}" if args.dtype == "bfloat16" else ""
+        lines.append(f"| {impl} | {result['step'] * 1e3:.1f} | {result['step'] / foreach['step']:.3f} | "
+                     f"{result['memory']:.0f} | {kept} |")
+    lines.append("")
     publish(lines, args.results)
 
 

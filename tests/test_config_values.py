@@ -82,6 +82,7 @@ VALUES: dict[str, list] = {
     "train.adam_betas": [[0.9, 0.99], [1.0, 0.9], [0.9]],
     "train.warmup_steps": [-1, 0, 2],
     "train.schedule": ["constant", "cosine", "linear"],
+    "train.stochastic_rounding": [False, True],
     "train.max_grad_norm": [-1.0, 0.0, 1.0],
     "train.max_bad_steps": [-1, 0, 3],
     "train.micro_batch_size": [0, 1, 4, "auto"],

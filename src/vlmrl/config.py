@@ -300,6 +300,11 @@ class TrainConfig:
     """Linear warmup from 0 to lr."""
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate schedule after warmup (cosine decays to 10% of lr)."""
+    stochastic_rounding: bool = True
+    """bfloat16 weights take each AdamW update computed in float32 and stored back by stochastic
+    rounding (unbiased), as do AdamW's moments: rounded to nearest, an update below half a unit in
+    the last place (about |w| / 512) is lost, which is most RL steps at lr 1e-6 (stochastic_rounding.py).
+    Same memory. No effect on float32 weights (LoRA adapters, CPU runs). false = round to nearest."""
     max_grad_norm: float = 1.0
     """Clip the gradient norm (0 = no clipping)."""
     max_bad_steps: int = 3

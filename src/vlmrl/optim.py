@@ -1,6 +1,8 @@
 """AdamW with its own learning rate for the vision tower, and the warmup + decay schedule.
 
-AdamW runs fused (one kernel pass over each parameter, gradient and moment) where every trainable
+bfloat16 weights train with RoundingAdamW (stochastic_rounding.py: the update computed in float32
+and stored back unbiased; `train.stochastic_rounding`), since rounded to nearest most small
+updates vanish. Otherwise AdamW runs fused (one kernel pass over each parameter, gradient and moment) where every trainable
 parameter lives on CUDA or the CPU: the same update as the default multi-tensor ("foreach") one up
 to float rounding, faster, and without foreach's temporaries, which at the step hold one more copy
 of every trainable parameter (7.5 GB for a 3B model in bf16). It is also what transformers' Trainer,
@@ -15,15 +17,17 @@ import torch
 
 from vlmrl.config import TrainConfig
 from vlmrl.models import is_vision_parameter
+from vlmrl.stochastic_rounding import RoundingAdamW
 
 FUSED_DEVICES = ("cuda", "cpu")
 """Where torch's fused AdamW runs (see the module docstring)."""
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0):
+def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0, seed: int = 0):
     """AdamW over the trainable parameters; the vision tower's at lr * vision_lr_scale.
 
-    A scale of 0 freezes the vision tower instead of giving AdamW a zero learning rate.
+    A scale of 0 freezes the vision tower instead of giving AdamW a zero learning rate. With a
+    bfloat16 trainable parameter and train.stochastic_rounding, RoundingAdamW with noise from `seed`.
     """
     language, vision = [], []
     for name, param in model.named_parameters():
@@ -39,9 +43,12 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale:
     groups = [{"params": language, "lr": train.lr, "name": "language"}]
     if vision:
         groups.append({"params": vision, "lr": train.lr * vision_lr_scale, "name": "vision"})
-    fused = all(p.device.type in FUSED_DEVICES for group in groups for p in group["params"]) or None
-    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas),
-                             weight_decay=train.weight_decay, fused=fused)
+    settings = {"lr": train.lr, "betas": tuple(train.adam_betas), "weight_decay": train.weight_decay}
+    params = [p for group in groups for p in group["params"]]
+    if train.stochastic_rounding and any(p.dtype == torch.bfloat16 for p in params):
+        return RoundingAdamW(groups, seed=seed, **settings)
+    fused = all(p.device.type in FUSED_DEVICES for p in params) or None
+    return torch.optim.AdamW(groups, fused=fused, **settings)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, floor: float = 0.1) -> float:

@@ -59,7 +59,7 @@ class TrainingSession:
         self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint)
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
-        self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale)
+        self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0
         self.guard = NumericGuard(config.train.max_bad_steps, config.train.max_grad_norm)

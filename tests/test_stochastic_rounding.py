@@ -1,0 +1,106 @@
+"""RoundingAdamW and stochastic rounding (stochastic_rounding.py), against torch's AdamW and by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmrl import stochastic_rounding
+from vlmrl.config import load_config
+from vlmrl.optim import build_optimizer
+from vlmrl.stochastic_rounding import RoundingAdamW, round_stochastically
+
+
+def test_a_bf16_value_stays_and_one_between_lands_on_a_neighbour_as_often_as_it_is_near():
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.tensor([1.0, -3.5, 0.0, 2.0 ** -100])
+    assert torch.equal(round_stochastically(exact, generator), exact.bfloat16())
+    ulp = 2.0 ** -7  # bf16's unit in the last place at 1
+    x = torch.full((200_000,), 1 + ulp / 4)  # a quarter of the way from 1 to 1 + ulp
+    rounded = round_stochastically(x, generator).float()
+    assert set(rounded.unique().tolist()) == {1.0, 1 + ulp}
+    assert float((rounded == 1 + ulp).float().mean()) == pytest.approx(0.25, abs=0.005)  # ~5 sigma
+    negative = round_stochastically(-x, generator).float()  # the same rule on the magnitude
+    assert float((negative == -1 - ulp).float().mean()) == pytest.approx(0.25, abs=0.005)
+
+
+def test_on_float32_weights_the_update_is_torchs_adamw():
+    torch.manual_seed(0)
+    ours_weights = [torch.nn.Parameter(torch.randn(5, 7)), torch.nn.Parameter(torch.randn(3))]
+    torch_weights = [torch.nn.Parameter(w.detach().clone()) for w in ours_weights]
+    ours = RoundingAdamW([{"params": ours_weights[:1]}, {"params": ours_weights[1:], "lr": 0.05}], lr=0.1,
+                         betas=(0.9, 0.99), weight_decay=0.01)
+    reference = torch.optim.AdamW([{"params": torch_weights[:1]}, {"params": torch_weights[1:], "lr": 0.05}],
+                                  lr=0.1, betas=(0.9, 0.99), weight_decay=0.01)
+    for _ in range(5):
+        for a, b in zip(ours_weights, torch_weights):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        ours.step()
+        reference.step()
+    for a, b in zip(ours_weights, torch_weights):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert set(ours.state[ours_weights[0]]) == set(reference.state[torch_weights[0]])  # same checkpoint keys
+
+
+def small_steps(optimizer_class, **options) -> torch.Tensor:
+    """1M bf16 weights of 0.02, ten AdamW steps of lr 1e-6 along a gradient of 1: the mean weight."""
+    weights = torch.nn.Parameter(torch.full((1_000_000,), 0.02).bfloat16())
+    optimizer = optimizer_class([weights], lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, **options)
+    for _ in range(10):
+        weights.grad = torch.ones_like(weights)
+        optimizer.step()
+    return weights.detach().float().mean()
+
+
+def test_small_updates_land_in_expectation_where_rounding_to_nearest_loses_them():
+    start = torch.tensor(0.02).bfloat16().float()
+    expected = start - 10 * 1e-6  # Adam's normalised step along a constant gradient: lr each time
+    assert float(small_steps(torch.optim.AdamW)) == float(start)  # rounded to nearest: nothing moves
+    # the mean of 1M stochastically rounded weights: sd of one ~ its ulp (1.2e-4) / 2, of the mean 1e-7
+    assert float(small_steps(RoundingAdamW)) == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_the_noise_is_the_same_for_the_same_seed_and_step_so_resuming_changes_nothing():
+    def run(steps: int, resume_after: int | None = None) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(1)
+        weights = torch.nn.Parameter(torch.randn(4000, generator=generator).bfloat16())
+        grads = [torch.randn(4000, generator=generator).bfloat16() for _ in range(steps)]
+        optimizer = RoundingAdamW([weights], lr=1e-3, seed=5)
+        for i, grad in enumerate(grads):
+            if i == resume_after:  # a new optimizer over a copy, from the saved state
+                state = optimizer.state_dict()
+                weights = torch.nn.Parameter(weights.detach().clone())
+                optimizer = RoundingAdamW([weights], lr=1e-3, seed=5)
+                optimizer.load_state_dict(state)
+            weights.grad = grad
+            optimizer.step()
+        return weights.detach()
+
+    assert torch.equal(run(3), run(3))
+    assert torch.equal(run(3), run(3, resume_after=2))
+
+
+@pytest.mark.parametrize("chunk", [stochastic_rounding.CHUNK, 999])
+def test_each_weight_lands_on_a_bf16_neighbour_of_its_float32_update(monkeypatch, chunk):
+    monkeypatch.setattr(stochastic_rounding, "CHUNK", chunk)  # 999: the update in pieces
+    torch.manual_seed(0)
+    start = torch.randn(10_000).bfloat16()
+    ours, exact = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.float())
+    ours.grad = torch.randn(10_000).bfloat16()
+    exact.grad = ours.grad.float()
+    RoundingAdamW([ours], lr=1e-3).step()
+    torch.optim.AdamW([exact], lr=1e-3).step()
+    # one unit in the last place or less: bf16 keeps 8 significant bits, so within |w| 2^-7
+    assert bool(((ours.detach().float() - exact.detach()).abs() <= exact.detach().abs() * 2.0 ** -7).all())
+    assert not torch.equal(ours.detach(), exact.detach().bfloat16())  # not simply rounded to nearest
+
+
+def test_build_optimizer_rounds_stochastically_for_bf16_weights_only():
+    bf16 = torch.nn.Linear(3, 2).bfloat16()
+    train = load_config(None, []).train
+    assert isinstance(build_optimizer(bf16, train, seed=3), RoundingAdamW)
+    assert build_optimizer(bf16, train, seed=3).seed == 3
+    off = load_config(None, ["train.stochastic_rounding=false"]).train
+    assert type(build_optimizer(bf16, off)) is torch.optim.AdamW
+    assert type(build_optimizer(torch.nn.Linear(3, 2), train)) is torch.optim.AdamW  # float32: torch's, fused
