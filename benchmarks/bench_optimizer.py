@@ -70,7 +70,7 @@ def kept_update(impl: str, device: torch.device) -> float:
     grads = [torch.randn(1_000_000, generator=generator).to(device) for _ in range(10)]
     drifts = []
     for make, dtype in ((IMPLEMENTATIONS["fused"], torch.float32), (IMPLEMENTATIONS[impl], torch.bfloat16)):
-        weights = torch.nn.Parameter(start.to(dtype))
+        weights = torch.nn.Parameter(start.to(dtype, copy=True))
         optimizer = make([weights])
         for group in optimizer.param_groups:
             group["lr"], group["weight_decay"] = 1e-6, 0.0

@@ -2,11 +2,12 @@
 
 bfloat16 weights train with RoundingAdamW (stochastic_rounding.py: the update computed in float32
 and stored back unbiased; `train.stochastic_rounding`), since rounded to nearest most small
-updates vanish. Otherwise AdamW runs fused (one kernel pass over each parameter, gradient and moment) where every trainable
-parameter lives on CUDA or the CPU: the same update as the default multi-tensor ("foreach") one up
-to float rounding, faster, and without foreach's temporaries, which at the step hold one more copy
-of every trainable parameter (7.5 GB for a 3B model in bf16). It is also what transformers' Trainer,
-and so TRL, uses by default (`adamw_torch_fused`). Elsewhere (MPS, ...) torch picks its default.
+updates vanish. Otherwise AdamW runs fused (one kernel pass over each parameter, gradient and
+moment) where every trainable parameter lives on CUDA or the CPU: the same update as the default
+multi-tensor ("foreach") one up to float rounding, faster, and without foreach's temporaries,
+which at the step hold one more copy of every trainable parameter. It is also what transformers'
+Trainer, and so TRL, uses by default (`adamw_torch_fused`). Elsewhere (MPS, ...) torch picks its
+default.
 """
 
 from __future__ import annotations

@@ -79,13 +79,18 @@ class RoundingAdamW(torch.optim.Optimizer):
         step = int(state["step"])
         generator = torch.Generator(param.device)
         generator.manual_seed((self.seed * 1_000_003 + step * 7_919 + place[0] * 104_729 + place[1]) % 2 ** 62)
-        tensors = (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+        tensors = tuple(_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
         if all(t.is_contiguous() for t in tensors):
             flat = [t.view(-1) for t in tensors]
             for start in range(0, flat[0].numel(), CHUNK):
                 adamw_piece([t[start:start + CHUNK] for t in flat], group, step, generator)
         else:
             adamw_piece(list(tensors), group, step, generator)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a sharded tensor (FSDP2's DTensor; the update is elementwise), else itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def adamw_piece(tensors: list[torch.Tensor], group: dict, step: int, generator: torch.Generator) -> None:
