@@ -308,6 +308,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         f"train.pack_groups={str(not args.vlmrl_plain).lower()}",
         f"train.block_attention={str(not args.dense_attention).lower()}",
         f"train.fused_kernels={str(args.fused_kernels).lower()}",
+        f"train.stochastic_rounding={str(not args.round_to_nearest).lower()}",
         f"train.steps={args.warmup + args.steps}", f"train.lr={args.lr}", f"train.micro_batch_size={args.micro}",
         "train.log_rollouts_every=0", "train.trackers=[]", f"algorithm.beta={args.beta}", "seed=0"])
     session = TrainingSession(config, config.train.steps, with_reference=True)
@@ -495,6 +496,8 @@ def main() -> None:
                         help="vlmrl's packed passes under the dense mask (train.block_attention=false)")
     parser.add_argument("--fused-kernels", action="store_true",
                         help="vlmrl with liger's fused RMSNorm and MLP kernels (train.fused_kernels=true; CUDA)")
+    parser.add_argument("--round-to-nearest", action="store_true",
+                        help="vlmrl's bf16 weights rounded to nearest, as TRL's (train.stochastic_rounding=false)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
@@ -540,6 +543,8 @@ def main() -> None:
               f"vlmrl shared prefix {'off' if args.vlmrl_plain else 'on'}; "
               f"vlmrl attention {'dense mask' if args.dense_attention else 'blocks'}; "
               f"vlmrl fused kernels {'on' if args.fused_kernels else 'off'}; "
+              + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
+                 if args.dtype == "bfloat16" else "") +
               f"vlmrl completion length {tokens:.0f}; wall {time.perf_counter() - started:.0f} s", ""]
     publish(header + table(args, trl, ours, work) + [""], args.results)
 
