@@ -12,9 +12,10 @@
 #               against blocks (values, gradients, time, memory)
 #   step-nockpt issue 17: the step with both sides' checkpointing off (~7 min)
 #   step-dense  issue 17: the step with vlmrl's packed passes under the dense mask: control (~7 min)
-#   fused       issue 17: the fused-kernel tests marked gpu, then the packed pass, the model's own
-#               RMSNorm and MLP against liger's fused kernels (values, gradients, time, memory),
-#               then AdamW's step at 3B size, foreach against fused (time, memory)
+#   fused       issue 17: the fused-kernel and stochastic-rounding tests marked gpu, then the packed
+#               pass, the model's own RMSNorm and MLP against liger's fused kernels (values,
+#               gradients, time, memory), then AdamW's step at 3B size in bf16: foreach, fused and
+#               RoundingAdamW (time, memory, update kept)
 #   step-fused  issue 17: the step with train.fused_kernels=true (~7 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +50,7 @@ case $part in
                python3 benchmarks/bench_pass.py --arch-3b --device cuda --prompts 2 --group 8 --image 896 \
                    --tokens 256 --results benchmarks/RESULTS.md ;;
     step-fused) python3 $STEP --fused-kernels --results benchmarks/RESULTS.md ;;
-    fused) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_kernels.py
+    fused) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_kernels.py tests/test_stochastic_rounding.py
            python3 benchmarks/bench_pass.py --compare fused --arch-3b --device cuda --prompts 2 --group 8 \
                --image 896 --tokens 256 --results benchmarks/RESULTS.md
            python3 benchmarks/bench_optimizer.py --params 3.75e9 --dtype bfloat16 --device cuda \

@@ -104,3 +104,20 @@ def test_build_optimizer_rounds_stochastically_for_bf16_weights_only():
     off = load_config(None, ["train.stochastic_rounding=false"]).train
     assert type(build_optimizer(bf16, off)) is torch.optim.AdamW
     assert type(build_optimizer(torch.nn.Linear(3, 2), train)) is torch.optim.AdamW  # float32: torch's, fused
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_small_updates_land_and_the_noise_is_reproducible():
+    def run() -> torch.Tensor:
+        weights = torch.nn.Parameter(torch.full((1_000_000,), 0.02, device="cuda").bfloat16())
+        optimizer = RoundingAdamW([weights], lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, seed=2)
+        for _ in range(10):
+            weights.grad = torch.ones_like(weights)
+            optimizer.step()
+        return weights.detach()
+
+    first = run()
+    assert torch.equal(first, run())
+    start = torch.tensor(0.02).bfloat16().float()
+    assert float(first.float().mean()) == pytest.approx(float(start - 10 * 1e-6), abs=1e-6)
