@@ -4,7 +4,8 @@ liger's Triton kernels need CUDA, so on the CPU the same two formulas, written i
 the same patch: the patched model must then give exactly the original's log-probs and gradients on
 Qwen2.5-VL, Qwen2-VL and Idefics3, which proves that every patched module computes its own forward.
 Also: which modules are patched, off restores the classes' forward, a deep copy (the reference)
-keeps the patch on its own modules, saved weights are unchanged, and on the CPU liger falls back.
+keeps the patch on its own modules, saved weights are unchanged, on the CPU liger falls back, and
+kernels that fail the self-check (raise, compute another formula, drop a gradient) are refused.
 Marked gpu (benchmarks/gpu_pending.sh fused): liger's kernels against the original on CUDA.
 """
 
