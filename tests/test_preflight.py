@@ -56,6 +56,17 @@ def test_the_report_says_which_speedups_the_run_takes_and_why_not(tiny_model_dir
         "no fused kernels (needs a CUDA device: the kernels are Triton's); decode dynamic")
 
 
+def test_the_report_says_how_bf16_weights_take_their_updates(tiny_model_dir, letter_task):
+    def dtype(*extra):
+        return check(load_config(None, overrides(tiny_model_dir, *extra))).dtype
+
+    assert dtype() == "float32"
+    assert dtype("model.dtype=bfloat16") == "bfloat16 (updates stochastically rounded)"
+    assert dtype("model.dtype=bfloat16", "train.stochastic_rounding=false") == (
+        "bfloat16 (updates rounded to nearest: those under |w| / 512 are lost)")
+    assert dtype("model.dtype=bfloat16", "model.lora.enabled=true") == "bfloat16"  # float32 adapters train
+
+
 def test_memory_estimate_follows_the_settings(tiny_model_dir, letter_task):
     def memory(*extra):
         return check(load_config(None, overrides(tiny_model_dir, *extra))).memory

@@ -182,10 +182,19 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     trainable = sum(p.numel() for name, p in policy.named_parameters()
                     if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
     return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
-                           trainable=trainable, dtype=str(params[0].dtype).replace("torch.", ""),
+                           trainable=trainable, dtype=dtype_note(config, params),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
                            speed=speed_line(config, policy, mode))
+
+
+def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:
+    """The weights' dtype, and how bf16 weights take their updates (stochastic_rounding.py)."""
+    dtype = str(params[0].dtype).replace("torch.", "")
+    if any(p.requires_grad and p.dtype == torch.bfloat16 for p in params):
+        dtype += (" (updates stochastically rounded)" if config.train.stochastic_rounding else
+                  " (updates rounded to nearest: those under |w| / 512 are lost)")
+    return dtype
 
 
 def speed_line(config: Config, policy, mode: str = "train") -> str:
