@@ -4,7 +4,7 @@ Why: bf16 keeps 8 significant bits, so a weight w moves only when its update exc
 the last place, about |w| * 2^-9. RL fine-tuning steps are far smaller: at lr 1e-6 an Adam update
 is ~1e-6, while a weight of 0.02 needs 4e-5 to move. Rounded to nearest, ~98% of such updates
 vanish (measured: after 10 steps 1.9% of the weights had changed and the mean drift was 1/60 of
-float32's), so a full fine-tune in bf16 barely trains, and the vision tower at lr * 0.1 not at all.
+float32's), so a full fine-tune in bf16 barely trains, and the vision tower at lr * 0.1 even less.
 
 How: the update is computed in float32, exactly as torch's AdamW computes it (decoupled weight
 decay, bias-corrected moments), and stored back in bf16 by stochastic rounding:
