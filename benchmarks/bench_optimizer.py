@@ -1,6 +1,7 @@
 """AdamW's step: multi-tensor ("foreach", torch's default), fused (vlmrl's for float32 weights,
-optim.py) and RoundingAdamW (vlmrl's for bf16 weights, stochastic_rounding.py): time and the memory
-the step allocates on top of parameters, gradients and moments.
+optim.py) and RoundingAdamW (vlmrl's for bf16 weights, stochastic_rounding.py), eager and with its
+arithmetic compiled: time and the memory the step allocates on top of parameters, gradients and
+moments.
 
 Run: `python benchmarks/bench_optimizer.py [--params 3.75e9 --dtype bfloat16 --device cuda]`
 (the default: 50M float32 parameters on the CPU).
@@ -37,6 +38,7 @@ IMPLEMENTATIONS = {
     "foreach": lambda params: torch.optim.AdamW(params, lr=1e-4, foreach=True),
     "fused": lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True),
     "rounding": lambda params: RoundingAdamW(params, lr=1e-4),
+    "rounding, compiled": lambda params: RoundingAdamW(params, lr=1e-4, compiled=True),
 }
 
 
@@ -48,7 +50,7 @@ def measure(impl: str, args) -> dict[str, float]:
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = IMPLEMENTATIONS[impl](params)
-    optimizer.step()  # the moments exist from here on
+    optimizer.step()  # the moments exist from here on (and a compiled step is compiled)
     memory, times = MemoryPeak(device), []
     memory.start()
     for _ in range(args.repeats):

@@ -96,6 +96,28 @@ def test_each_weight_lands_on_a_bf16_neighbour_of_its_float32_update(monkeypatch
     assert not torch.equal(ours.detach(), exact.detach().bfloat16())  # not simply rounded to nearest
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch.compile's own
+def test_the_compiled_update_matches_the_eager_one_and_compiles_once():
+    torch._dynamo.reset()
+
+    def run(compiled: bool) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(3)
+        weights = [torch.nn.Parameter(torch.randn(n, generator=generator).bfloat16()) for n in (3000, 1234)]
+        optimizer = RoundingAdamW(weights, lr=1e-3, seed=1, compiled=compiled)
+        for step in range(3):
+            for group in optimizer.param_groups:
+                group["lr"] = 1e-3 / (step + 1)  # a schedule: new scalars, no new compile
+            for w in weights:
+                w.grad = torch.randn(w.shape, generator=generator).bfloat16()
+            optimizer.step()
+        return [w.detach().float() for w in weights]
+
+    eager, compiled = run(False), run(True)
+    for a, b in zip(eager, compiled):  # the same noise; fp32 arithmetic may differ by a rounding
+        assert ((a - b).abs() <= a.abs() * 2.0 ** -7).all() and float((a == b).float().mean()) > 0.99
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2  # pieces of any length, any lr
+
+
 def test_build_optimizer_rounds_stochastically_for_bf16_weights_only():
     bf16 = torch.nn.Linear(3, 2).bfloat16()
     train = load_config(None, []).train

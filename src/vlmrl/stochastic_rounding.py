@@ -25,6 +25,7 @@ optimizer's state). Revisiting BFloat16 Training (Zamirai et al., 2020) and torc
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,13 +35,22 @@ CHUNK = 1 << 24
 
 
 def round_stochastically(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """bf16 of float32 `x`, rounded up or down with probabilities that make it unbiased.
+    """bf16 of float32 `x`, rounded up or down with probabilities that make it unbiased."""
+    return rounded(x, rounding_noise(x, generator))
+
+
+def rounding_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Uniform random 16-bit integers (int32), one per element of `like`."""
+    return torch.randint(0, 1 << 16, like.shape, generator=generator, device=like.device, dtype=torch.int32)
+
+
+def rounded(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """bf16 of float32 `x` by stochastic rounding with `noise` (`rounding_noise`).
 
     float32 and bf16 share sign and exponent; bf16 keeps the top 16 bits. Adding a uniform random
     16-bit integer to the low 16 bits of |x|'s pattern and cutting them off carries into the kept
     bits with probability (low bits) / 2^16, which is how far |x| lies from the bf16 value below it.
     """
-    noise = torch.randint(0, 1 << 16, x.shape, generator=generator, device=x.device, dtype=torch.int32)
     bits = (x.view(torch.int32) + noise) & -65536  # low 16 bits cleared: an exact bf16 value
     return bits.view(torch.float32).to(torch.bfloat16)
 
@@ -53,9 +63,12 @@ class RoundingAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, seed: int = 0):
+                 weight_decay: float = 0.01, seed: int = 0, compiled: bool = False):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
         self.seed = seed
+        # the update's arithmetic: eager, or one torch.compile'd kernel per piece (`compiled`), for
+        # a GPU to try against eager (benchmarks/bench_optimizer.py); the two agree to one rounding
+        self.values = compiled_adamw_values() if compiled else adamw_values
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -83,9 +96,21 @@ class RoundingAdamW(torch.optim.Optimizer):
         if all(t.is_contiguous() for t in tensors):
             flat = [t.view(-1) for t in tensors]
             for start in range(0, flat[0].numel(), CHUNK):
-                adamw_piece([t[start:start + CHUNK] for t in flat], group, step, generator)
+                self._piece([t[start:start + CHUNK] for t in flat], group, step, generator)
         else:
-            adamw_piece(list(tensors), group, step, generator)
+            self._piece(list(tensors), group, step, generator)
+
+    def _piece(self, tensors: list[torch.Tensor], group: dict, step: int, generator: torch.Generator) -> None:
+        """One AdamW step of (weight, gradient, first moment, second moment), all of one shape, in
+        float32; written back by stochastic rounding where they are bf16, else as computed."""
+        weight, grad, exp_avg, exp_avg_sq = tensors
+        beta1, beta2 = group["betas"]
+        hyper = (group["lr"], beta1, beta2, group["eps"], group["weight_decay"], 1 - beta1 ** step,
+                 math.sqrt(1 - beta2 ** step))
+        targets = (weight, exp_avg, exp_avg_sq)
+        noise = tuple(rounding_noise(t, generator) if t.dtype == torch.bfloat16 else None for t in targets)
+        for target, value in zip(targets, self.values(weight, grad, exp_avg, exp_avg_sq, noise, hyper)):
+            target.copy_(value)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -93,17 +118,22 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def adamw_piece(tensors: list[torch.Tensor], group: dict, step: int, generator: torch.Generator) -> None:
-    """One AdamW step of (weight, gradient, first moment, second moment), all of one shape, in
-    float32; written back by stochastic rounding where they are bf16, else as computed."""
-    weight, grad, exp_avg, exp_avg_sq = tensors
-    beta1, beta2 = group["betas"]
-    lr = group["lr"]
+def adamw_values(weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                 noise: tuple, hyper: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weight, first moment, second moment) after one AdamW step, computed in float32 as torch's
+    AdamW computes them; each rounded to bf16 with its noise (`rounded`), or float32 where its noise
+    is None. hyper: (lr, beta1, beta2, eps, weight_decay, 1 - beta1^t, sqrt(1 - beta2^t))."""
+    lr, beta1, beta2, eps, weight_decay, correction1, root_correction2 = hyper
     g = grad.float()
-    m = exp_avg.float().lerp_(g, 1 - beta1)  # m = beta1 m + (1 - beta1) g
-    v = exp_avg_sq.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
-    denominator = (v.sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])  # sqrt(v_hat) + eps
-    w = weight.float().mul_(1 - lr * group["weight_decay"])  # decoupled weight decay
-    w.addcdiv_(m, denominator, value=-lr / (1 - beta1 ** step))  # w - lr m_hat / (sqrt(v_hat) + eps)
-    for target, value in ((weight, w), (exp_avg, m), (exp_avg_sq, v)):
-        target.copy_(round_stochastically(value, generator) if target.dtype == torch.bfloat16 else value)
+    m = torch.lerp(exp_avg.float(), g, 1 - beta1)  # beta1 m + (1 - beta1) g
+    v = exp_avg_sq.float() * beta2 + (1 - beta2) * g * g  # beta2 v + (1 - beta2) g^2
+    denominator = v.sqrt() / root_correction2 + eps  # sqrt(v_hat) + eps
+    w = weight.float() * (1 - lr * weight_decay) - (lr / correction1) * (m / denominator)  # decoupled decay
+    return tuple(value if n is None else rounded(value, n) for value, n in zip((w, m, v), noise))
+
+
+@functools.cache
+def compiled_adamw_values():
+    """`adamw_values` compiled once for pieces of any length (dynamic shapes; the scalars are not
+    specialised either, so a changing learning rate compiles nothing new)."""
+    return torch.compile(adamw_values, dynamic=True)
