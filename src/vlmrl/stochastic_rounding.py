@@ -1,10 +1,11 @@
 """AdamW whose bfloat16 weights take each update through stochastic rounding (`train.stochastic_rounding`).
 
 Why: bf16 keeps 8 significant bits, so a weight w moves only when its update exceeds half a unit in
-the last place, about |w| * 2^-9. RL fine-tuning steps are far smaller: at lr 1e-6 an Adam update
-is ~1e-6, while a weight of 0.02 needs 4e-5 to move. Rounded to nearest, ~98% of such updates
-vanish (measured: after 10 steps 1.9% of the weights had changed and the mean drift was 1/60 of
-float32's), so a full fine-tune in bf16 barely trains, and the vision tower at lr * 0.1 even less.
+the last place, |w| * 2^-9 to |w| * 2^-8. RL fine-tuning steps are far smaller: at lr 1e-6 an Adam
+update is ~1e-6, while a weight of 0.02 needs 6e-5 (half its unit, 2^-13). Rounded to nearest,
+~98% of such updates vanish (measured: after 10 steps 1.9% of the weights had changed and the mean
+drift was 1/60 of float32's), so a full fine-tune in bf16 barely trains, and the vision tower at
+lr * 0.1 even less.
 
 How: the update is computed in float32, exactly as torch's AdamW computes it (decoupled weight
 decay, bias-corrected moments), and stored back in bf16 by stochastic rounding:
