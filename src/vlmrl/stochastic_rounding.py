@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from vlmrl.seeds import derive_seed
+
 CHUNK = 1 << 24
 """Elements updated at a time: bounds the step's float32 temporaries (~6 x 64 MiB)."""
 
@@ -77,22 +79,23 @@ class RoundingAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        generators: dict[torch.device, torch.Generator] = {}  # one per device, re-seeded per parameter
         for group_index, group in enumerate(self.param_groups):
             for index, param in enumerate(group["params"]):
                 if param.grad is not None:
-                    self._update(param, group, place=(group_index, index))
+                    generator = generators.setdefault(param.device, torch.Generator(param.device))
+                    self._update(param, group, (group_index, index), generator)
         return loss
 
-    def _update(self, param: torch.Tensor, group: dict, place: tuple[int, int]) -> None:
+    def _update(self, param: torch.Tensor, group: dict, place: tuple[int, int], generator: torch.Generator) -> None:
         state = self.state[param]
         if not state:
             state["step"] = torch.tensor(0.0)
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        state["step"] += 1
+        state["step"] = state["step"].cpu() + 1  # on the host (a fused AdamW's checkpoint keeps it on the GPU)
         step = int(state["step"])
-        generator = torch.Generator(param.device)
-        generator.manual_seed((self.seed * 1_000_003 + step * 7_919 + place[0] * 104_729 + place[1]) % 2 ** 62)
+        generator.manual_seed(derive_seed(self.seed, "rounding", step, *place))
         tensors = tuple(_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
         if all(t.is_contiguous() for t in tensors):
             flat = [t.view(-1) for t in tensors]
