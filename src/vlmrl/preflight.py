@@ -39,7 +39,7 @@ from vlmrl.decoding import decode_mode
 from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
-from vlmrl.fused_kernels import fused_kernels_unsupported
+from vlmrl.fused_kernels import computes_fused, fused_kernels_unsupported
 from vlmrl.models import checkpoint_activations, is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
@@ -215,7 +215,8 @@ def speed_line(config: Config, policy, mode: str = "train") -> str:
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
                         output_layer_unchunkable(policy)))
     if config.train.fused_kernels:  # opt-in: named only when asked for
-        parts.append(switch("fused kernels", True, fused_kernels_unsupported(policy)))
+        reason = None if computes_fused(policy) else fused_kernels_unsupported(policy)  # patched: checked already
+        parts.append(switch("fused kernels", True, reason))
     if mode == "train":
         parts.append(f"decode {decode_mode(policy, config.rollout.decode)}")
     return "; ".join(parts)
