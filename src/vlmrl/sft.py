@@ -125,7 +125,7 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
     accelerator, micro = session.accelerator, session.config.train.micro_batch_size
     tokens_here = batch.completion_mask.sum().float()
     total_tokens = accelerator.reduce(tokens_here.clone(), "sum").clamp(min=1.0)
-    sums = torch.zeros(3, device=accelerator.device)  # nll, confident tokens, tokens: stays on the device
+    sums = torch.zeros(2, device=accelerator.device)  # nll, confident tokens: stays on the device
     starts = list(range(0, len(batch.rows), micro))
     for i, start in enumerate(starts):
         part = batch.select(list(range(start, min(start + micro, len(batch.rows)))))
@@ -135,9 +135,8 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
             loss = -logp.sum() / total_tokens * accelerator.num_processes
             accelerator.backward(loss)
         confident = ((logp.detach() > -0.6931) * part.completion_mask).sum()  # p > 1/2: surely the argmax
-        sums += torch.stack([-logp.detach().sum(), confident, part.completion_mask.sum()]).float()
+        sums += torch.stack([-logp.detach().sum(), confident]).float()
     nll_here = float(sums[0])  # the one device-to-host copy of the micro-batch loop
     grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler, nll_here)
-    stats = accelerator.reduce(sums, "sum")
-    tokens = stats[2].clamp(min=1)
-    return {"loss": float(stats[0] / tokens), "confident_tokens": float(stats[1] / tokens), "grad_norm": grad_norm}
+    stats = accelerator.reduce(sums, "sum") / total_tokens  # (2,) per token of the global batch
+    return {"loss": float(stats[0]), "confident_tokens": float(stats[1]), "grad_norm": grad_norm}
