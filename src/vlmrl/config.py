@@ -34,8 +34,6 @@ ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", 
 """Values of model.attn_implementation transformers knows by name (a hub kernel "org/name" too)."""
 
 
-
-
 @dataclass
 class LoraConfig:
     """LoRA adapter (peft) on the language model."""
