@@ -449,13 +449,13 @@ def test_tis_reweights_each_tokens_surrogate_and_logs_the_mismatch():
     assert_close(out.mismatch_kl, scalar(k3))
 
 
-def test_a_loss_mask_narrows_the_loss_but_not_the_mismatch_statistics():
-    """80/20 (loss_mask: the high-entropy tokens) trains on fewer tokens; the sampler mismatch and TIS
+def test_a_trained_mask_narrows_the_loss_but_not_the_mismatch_statistics():
+    """80/20 (trained_mask: the high-entropy tokens) trains on fewer tokens; the sampler mismatch and TIS
     statistics still describe every sampled token, as the alarm's thresholds assume."""
     sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 0.0]])
     logp, inputs = tis_inputs(sampler)
     settings = grpo.LossSettings(aggregation="token", tis_cap=3.0)
-    narrowed = grpo.policy_loss(logp, inputs._replace(loss_mask=torch.tensor([[1, 0], [0, 0]])), settings)
+    narrowed = grpo.policy_loss(logp, inputs._replace(trained_mask=torch.tensor([[1, 0], [0, 0]])), settings)
     assert_close(narrowed.loss, scalar(-2.0))  # row 0, token 0 alone: -c * A = -2 * 1
     full = grpo.policy_loss(logp, inputs, settings)
     assert_close(narrowed.mismatch_kl, full.mismatch_kl)  # (1 - ln 2 + 4 - ln 5 + ln 2 - 0.5) / 3

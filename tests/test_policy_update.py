@@ -63,7 +63,7 @@ def test_token_aggregation_weighs_micro_batches_by_their_tokens():
     batch = loss_batch(session("algorithm.aggregation=token"), experience(mask, [False] * 5))
     assert batch.micro == [[0, 1], [2, 3], [4]]
     assert [float(s) for s in batch.shares] == pytest.approx([4 / 14, 6 / 14, 4 / 14])
-    assert torch.equal(batch.loss_mask, torch.tensor(mask))
+    assert torch.equal(batch.mask, torch.tensor(mask))
     inputs = batch.loss_inputs([2, 3], logp=torch.full((2, 4), -1.0))
     assert torch.equal(inputs.old_logp, torch.full((2, 4), -1.0)) and inputs.ref_logp is None  # on-policy
     assert torch.equal(inputs.advantages, torch.tensor([2.0, 3.0]))
@@ -73,7 +73,7 @@ def test_sequence_aggregation_weighs_rows_and_overlong_filtering_drops_truncated
     mask = [[1, 1], [1, 1], [1, 0]]
     batch = loss_batch(session("algorithm.mask_truncated=true"), experience(mask, [False, True, False]))
     assert [float(s) for s in batch.shares] == pytest.approx([2 / 3, 1 / 3])  # rows, truncated ones included
-    assert torch.equal(batch.loss_mask, torch.tensor([[1, 1], [0, 0], [1, 0]]))
+    assert torch.equal(batch.mask, torch.tensor([[1, 1], [0, 0], [1, 0]]))
     assert torch.equal(batch.completions.completion_mask, torch.tensor(mask))  # still scored, no loss
 
 

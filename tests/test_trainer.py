@@ -132,7 +132,7 @@ def test_other_surrogates_and_the_forking_tokens_train(tmp_path, tiny_model_dir,
     real = grpo.policy_loss
 
     def spy(logp, inputs, settings):
-        seen.append((int(inputs.loss_mask.sum()), settings.surrogate))  # the tokens the loss sees
+        seen.append((int(inputs.trained_mask.sum()), settings.surrogate))  # the tokens the loss sees
         return real(logp, inputs, settings)
 
     monkeypatch.setattr(grpo, "policy_loss", spy)

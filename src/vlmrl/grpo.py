@@ -289,7 +289,7 @@ class LossInputs(NamedTuple):
     """(B, T) log-probs under the reference policy; needed when beta > 0."""
     sampler_logp: Tensor | None = None
     """(B, T) log-probs the sampler recorded for the sampled tokens; None = not recorded (no TIS)."""
-    loss_mask: Tensor | None = None
+    trained_mask: Tensor | None = None
     """(B, T) the tokens the loss and its clip statistics are taken over, within `mask` (the 80/20
     rule's high-entropy tokens); None = `mask`. The sampler mismatch, TIS and KL statistics are
     over all of `mask`."""
@@ -422,7 +422,7 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
     if s.beta > 0 and inputs.ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference model)")
     valid = inputs.mask.bool()  # (B, T) every sampled token: the mismatch, TIS and KL statistics
-    counted = valid if inputs.loss_mask is None else inputs.loss_mask.bool() & valid  # (B, T) the loss's
+    counted = valid if inputs.trained_mask is None else inputs.trained_mask.bool() & valid  # (B, T) the loss's
     adv = inputs.advantages.detach().to(logp.dtype)  # (B,) or (B, T)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
     old = inputs.old_logp.detach()  # (B, T)

@@ -50,7 +50,7 @@ class LossBatch:
 
     completions: Completions  # N rows, ids and mask (N, T)
     advantages: torch.Tensor  # (N,)
-    loss_mask: torch.Tensor  # (N, T) the tokens that count in the loss
+    mask: torch.Tensor  # (N, T) the tokens that count in the loss (truncated rows dropped when asked)
     micro: list[list[int]]  # the rows of each micro-batch
     shares: list[torch.Tensor]  # () each micro-batch's share of the loss weight of all processes' batch
     reference: torch.Tensor | None = None  # (N, T) reference log-probs, when beta > 0
@@ -62,7 +62,7 @@ class LossBatch:
         old = self.old[rows] if self.old is not None else logp.detach()  # (n, T)
         reference = self.reference[rows] if self.reference is not None else None  # (n, T)
         sampler = self.sampler[rows] if self.sampler is not None else None  # (n, T)
-        return grpo.LossInputs(old, self.advantages[rows], self.loss_mask[rows], reference, sampler)
+        return grpo.LossInputs(old, self.advantages[rows], self.mask[rows], reference, sampler)
 
 
 def loss_batch(session, experience: Experience) -> LossBatch:
@@ -72,14 +72,14 @@ def loss_batch(session, experience: Experience) -> LossBatch:
     completions = rollout.to(device)  # a Rollout (or ToolRollout: its trajectories come along)
     mask = completions.completion_mask  # (N, T)
     keep = ~rollout.truncated.to(device) if config.algorithm.mask_truncated else torch.ones_like(mask[:, 0]).bool()
-    loss_mask = mask * keep.unsqueeze(-1)  # (N, T)
+    counted = mask * keep.unsqueeze(-1)  # (N, T)
     n, size = len(rollout.rows), config.train.micro_batch_size
     micro = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-    weights = loss_mask.sum(-1).float() if config.algorithm.aggregation == "token" else torch.ones(n, device=device)
+    weights = counted.sum(-1).float() if config.algorithm.aggregation == "token" else torch.ones(n, device=device)
     total = session.accelerator.reduce(weights.sum(), "sum").clamp(min=1.0)  # over all processes
     shares = [weights[rows].sum() / total for rows in micro]  # () each
     sampler = None if rollout.sampler_logp is None else rollout.sampler_logp.to(device)  # (N, T)
-    return LossBatch(completions, experience.advantages.to(device), loss_mask, micro, shares, sampler=sampler)
+    return LossBatch(completions, experience.advantages.to(device), counted, micro, shares, sampler=sampler)
 
 
 def fixed_logprobs(session, scorer: LogprobScorer, batch: LossBatch) -> None:
@@ -106,7 +106,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
             logp, entropy = scorer(session.model, part, with_entropy=True)  # (n, T) each
             inputs = batch.loss_inputs(rows, logp)
             if top_entropy < 1:  # only the highest-entropy tokens of the micro-batch count ("80/20")
-                inputs = inputs._replace(loss_mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
+                inputs = inputs._replace(trained_mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
             out = grpo.policy_loss(logp, inputs, settings)
             accelerator.backward(out.loss * (share * accelerator.num_processes))  # DDP averages gradients
         entropy_mean = entropy.detach().sum() / part.completion_mask.sum().clamp(min=1)  # ()
