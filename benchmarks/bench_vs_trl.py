@@ -25,13 +25,19 @@ medians over the next `--steps`. Per step:
   parameters x tokens for the update, 2 x parameters x tokens for each extra forward, i.e. the
   reference's; the text model on text and image tokens, the vision tower on its own patches;
   attention's own FLOPs and gradient checkpointing's recomputation left out, as MFU counts them)
-  over the phase's time, and over the device's bf16 dense peak (`--peak-tflops`, known for H100
-  and H200 SXM). Each side is counted on the sequences it runs: vlmrl each prompt once per group,
+  over the phase's time, and over the device's bf16 dense peak: the datasheet's (`--peak-tflops`,
+  known for H100 and H200 SXM) and the rate of a large bf16 matrix product measured on the device. Each side is counted on the sequences it runs: vlmrl each prompt once per group,
   TRL each prompt G times;
 - tokens/s per GPU as EasyR1 counts it: prompt + image + response tokens of every sequence (the
   same count for both sides) per second of the training phase.
 Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results FILE` appends
 the table in Markdown with date, machine and command.
+
+`--vlmrl-only` runs vlmrl's steps alone and prints its column: a variant of vlmrl's own step
+(`--dense-attention`, `--fused-kernels`, `--no-checkpointing`) measured against the TRL column of
+a full run in the same setting, without paying for TRL's steps again (minutes each on the 3B
+architecture). `--decode` picks vlmrl's decode path (`rollout.decode`; "dynamic" skips the
+compilation where only the training phase is of interest).
 """
 
 from __future__ import annotations
@@ -259,6 +265,26 @@ def peak_tflops(args) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
+def measured_peak_tflops(args) -> float | None:
+    """The bf16 rate of a large matrix product on this GPU (8192^3, median of 10 after 3), TFLOP/s:
+    the ceiling the device reaches here (the issue's ~790 on an H200), beside the datasheet's peak.
+    None off CUDA or not bf16."""
+    if args.device != "cuda" or args.dtype != "bfloat16":
+        return None
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    times = []
+    for _ in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)  # seconds
+    del a, b
+    return 2 * n ** 3 / statistics.median(times[3:]) / 1e12
+
+
 def bench_model(args, out: Path) -> str:
     """The offline model a benchmark runs: the 3B architecture (`--arch-3b`, `--layers` text layers)
     or a tiny model (`--size`)."""
@@ -304,7 +330,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         "task.name=bench_vs_trl:CircleTask", f"task.params={{image: {args.image}}}", f"output_dir={out_dir}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.generation_batch_size={args.prompts}",
         f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.tokens}",
-        f"rollout.share_prompt_cache={str(not args.vlmrl_plain).lower()}",
+        f"rollout.share_prompt_cache={str(not args.vlmrl_plain).lower()}", f"rollout.decode={args.decode}",
         f"train.pack_groups={str(not args.vlmrl_plain).lower()}",
         f"train.block_attention={str(not args.dense_attention).lower()}",
         f"train.fused_kernels={str(args.fused_kernels).lower()}",
@@ -422,30 +448,32 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
 # --------------------------------------------------------------------------- report
 
 
-def table(args, trl: Side, ours: Side, work: StepWork) -> list[str]:
-    skip = args.warmup
-    rows = [("vision rows / step", "vision_rows", "{:.0f}"), ("step (s)", "step", "{:.3f}"),
-            ("generation (s)", "generate", "{:.3f}"), ("training phase (s)", "train", "{:.3f}"),
-            ("peak memory (MiB)", "memory", "{:.0f}")]
-    lines = ["| per step (median of %d after %d warm-up) | TRL | vlmrl | vlmrl / TRL |" % (args.steps, skip),
-             "|---|---:|---:|---:|"]
-    for label, key, fmt in rows:
-        a, b = trl.median(key, skip), ours.median(key, skip)
-        ratio = f"{b / a:.3f}" if a > 0 else "n/a"
-        lines.append(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
-    seconds = {"TRL": trl.median("train", skip), "vlmrl": ours.median("train", skip)}
-    flops = {"TRL": work.flops(work.group), "vlmrl": work.flops(1)}
-    rate = {side: flops[side] / seconds[side] / 1e12 for side in seconds}  # TFLOP/s
-    peak = peak_tflops(args)
-    lines.append(f"| training model FLOPs (TFLOP) | {flops['TRL'] / 1e12:.3g} | {flops['vlmrl'] / 1e12:.3g} | "
-                 f"{flops['vlmrl'] / flops['TRL']:.3f} |")
-    lines.append(f"| training TFLOP/s | {rate['TRL']:.3g} | {rate['vlmrl']:.3g} | {rate['vlmrl'] / rate['TRL']:.3f} |")
-    if peak:
-        lines.append(f"| training MFU (of {peak:.0f} TFLOP/s) | {rate['TRL'] / peak:.1%} | {rate['vlmrl'] / peak:.1%} | "
-                     f"{rate['vlmrl'] / rate['TRL']:.3f} |")
-    tokens = {side: work.easyr1_tokens / seconds[side] for side in seconds}
-    lines.append(f"| tokens/s per GPU (EasyR1 count, training) | {tokens['TRL']:.0f} | {tokens['vlmrl']:.0f} | "
-                 f"{tokens['vlmrl'] / tokens['TRL']:.3f} |")
+def table(args, sides: list[Side], work: StepWork) -> list[str]:
+    """The Markdown table of `sides` (TRL then vlmrl, or vlmrl alone), with the ratio vlmrl / TRL."""
+    skip, names = args.warmup, [side.name for side in sides]
+    seconds = {side.name: side.median("train", skip) for side in sides}
+    flops = {name: work.flops(work.group if name == "TRL" else 1) for name in names}  # vlmrl: each prompt once
+    rate = {name: flops[name] / seconds[name] / 1e12 for name in names}  # TFLOP/s
+    tokens = {name: work.easyr1_tokens / seconds[name] for name in names}
+    rows = [(label, "{:.0f}" if key in ("vision_rows", "memory") else "{:.3f}",
+             {side.name: side.median(key, skip) for side in sides})
+            for label, key in [("vision rows / step", "vision_rows"), ("step (s)", "step"),
+                               ("generation (s)", "generate"), ("training phase (s)", "train"),
+                               ("peak memory (MiB)", "memory")]]
+    rows += [("training model FLOPs (TFLOP)", "{:.3g}", {n: flops[n] / 1e12 for n in names}),
+             ("training TFLOP/s", "{:.3g}", rate)]
+    for kind, peak in (("given" if args.peak_tflops else "datasheet", peak_tflops(args)), ("measured matmul", measured_peak_tflops(args))):
+        if peak:
+            rows.append((f"training MFU (of {kind} {peak:.0f} TFLOP/s)", "{:.1%}", {n: rate[n] / peak for n in names}))
+    rows.append(("tokens/s per GPU (EasyR1 count, training)", "{:.0f}", tokens))
+    both = len(sides) == 2
+    lines = [f"| per step (median of {args.steps} after {skip} warm-up) | " + " | ".join(names)
+             + (" | vlmrl / TRL |" if both else " |"), "|---|" + "---:|" * (len(names) + both)]
+    for label, fmt, values in rows:
+        cells = [fmt.format(values[n]) for n in names]
+        if both:
+            cells.append(f"{values['vlmrl'] / values['TRL']:.3f}" if values["TRL"] > 0 else "n/a")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -498,6 +526,10 @@ def main() -> None:
                         help="vlmrl with liger's fused RMSNorm and MLP kernels (train.fused_kernels=true; CUDA)")
     parser.add_argument("--round-to-nearest", action="store_true",
                         help="vlmrl's bf16 weights rounded to nearest, as TRL's (train.stochastic_rounding=false)")
+    parser.add_argument("--vlmrl-only", action="store_true",
+                        help="run vlmrl's steps alone (a variant against an earlier full run's TRL column)")
+    parser.add_argument("--decode", default="auto", choices=["auto", "dynamic", "static", "compiled"],
+                        help="vlmrl's decode path (rollout.decode)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
@@ -526,12 +558,16 @@ def main() -> None:
         trl, ours = Side("TRL"), Side("vlmrl")
         step, session = vlmrl_stepper(args, model_dir, Path(tmp) / "vlmrl", memory, ours)
         work = step_work(args, session)
-        trainer = trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step)
         started = time.perf_counter()
-        trainer.train()
+        if args.vlmrl_only:
+            for _ in range(args.warmup + args.steps):
+                step()
+        else:
+            trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step).train()
         session.close()
         memory.running = False
-    assert len(trl.steps) == len(ours.steps) == args.warmup + args.steps, (len(trl.steps), len(ours.steps))
+    sides = [ours] if args.vlmrl_only else [trl, ours]
+    assert all(len(side.steps) == args.warmup + args.steps for side in sides), [len(s.steps) for s in sides]
     tokens = ours.median("completion_tokens", args.warmup)
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_vs_trl.py"] + sys.argv[1:])
     header = [f"## {datetime.date.today().isoformat()}: {args.prompts} prompts x G={args.group}, "
@@ -545,8 +581,10 @@ def main() -> None:
               f"vlmrl fused kernels {'on' if args.fused_kernels else 'off'}; "
               + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
                  if args.dtype == "bfloat16" else "") +
-              f"vlmrl completion length {tokens:.0f}; wall {time.perf_counter() - started:.0f} s", ""]
-    publish(header + table(args, trl, ours, work) + [""], args.results)
+              f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; "
+              f"wall {time.perf_counter() - started:.0f} s" + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""),
+              ""]
+    publish(header + table(args, sides, work) + [""], args.results)
 
 
 if __name__ == "__main__":

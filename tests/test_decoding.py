@@ -1,6 +1,7 @@
 """The decode paths give the same tokens: a static KV cache (and its compiled decode step) against
 transformers' dynamic cache, greedy and sampled with one seed, with and without the shared prompt
-cache, for Qwen2.5-VL, Qwen2-VL and Idefics3 in fp32 on the CPU; tool-using rollouts too."""
+cache, for Qwen2.5-VL, Qwen2-VL and Idefics3 in fp32 on the CPU; tool-using rollouts too. Marked gpu
+(benchmarks/gpu_pending.sh decode): the compiled step as a CUDA graph against the dynamic cache on CUDA."""
 
 from __future__ import annotations
 
@@ -101,3 +102,24 @@ def test_a_static_cache_takes_over_the_prefilled_keys(tiny_model_dir, examples):
     for (keys, values), s in zip(before, static.layers):
         assert torch.equal(s.keys[:, :, :seen], keys) and torch.equal(s.values[:, :, :seen], values)
         assert not s.keys[:, :, seen:].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", ARCHES)
+def test_on_cuda_the_compiled_decode_step_gives_the_dynamic_caches_tokens(arch, tiny_model_factory, examples):
+    """The compiled step replayed as a CUDA graph ("auto" on CUDA), in fp32 (torch's default: no TF32
+    in matrix products): greedy, token for token; sampled, the log-probs each row recorded are those
+    of the training pass (LogprobScorer)."""
+    from vlmrl.logprobs import LogprobScorer
+
+    model, processor = load_policy(tiny_model_factory(arch), device="cuda")
+    assert decoding.decode_mode(model, "auto") == "compiled"
+    greedy = [completions(model, processor, examples, decode, True, 0) for decode in ("dynamic", "auto", "auto")]
+    assert torch.equal(greedy[0], greedy[1]) and torch.equal(greedy[0], greedy[2])  # the graph replays too
+    settings = GenerationSettings(group_size=3, max_new_tokens=12, temperature=1.0, decode="auto")
+    rollout = generate_groups(model, processor, examples, settings, seed=5)
+    with torch.no_grad():
+        trained = LogprobScorer(processor, temperature=1.0)(model, rollout)[0]  # (N, T)
+    mask = rollout.completion_mask.bool()
+    assert (rollout.sampler_logp - trained)[mask].abs().max() < 1e-4
