@@ -271,3 +271,24 @@ def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arc
         assert (plain - packed).abs().max() < 1e-5
         assert torch.nn.functional.cosine_similarity(plain_grad, packed_grad, dim=0) >= 0.9999
         assert packed_rows < plain_rows  # each prompt's image once per group, not once per trajectory
+
+
+def test_under_auto_decoding_later_turns_keep_the_dynamic_cache(tiny_model_dir, example, monkeypatch):
+    """A later turn's rows and length are new each time: "auto" compiles only the first turn, whose
+    shapes repeat from step to step; a decode path named outright holds for every turn."""
+    from vlmrl import tool_rollout
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    decodes = []
+    real = tool_rollout.sample
+
+    def spy(model, processor, inputs, settings, suppressed):
+        decodes.append(settings.decode)
+        return real(model, processor, inputs, settings, suppressed)
+
+    monkeypatch.setattr(tool_rollout, "sample", spy)
+    for decode in ("auto", "static"):
+        scripted(model, processor, [[CALL, ANSWER], [CALL, CALL, ANSWER]])
+        generate_trajectories(model, processor, [example], ToolBox.from_config(settings(f"rollout.decode={decode}",
+                                                                                        "rollout.max_turns=3")))
+    assert decodes == ["auto", "dynamic", "dynamic", "static", "static", "static"]

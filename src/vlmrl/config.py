@@ -132,8 +132,9 @@ class GenerationSettings:
     decode: str = "auto"
     """How generation decodes (decoding.py): "dynamic" (a growing KV cache, eager), "static" (a KV
     cache allocated once), "compiled" (static, and the decode step compiled: CUDA graphs on a GPU);
-    "auto" = compiled on CUDA, dynamic elsewhere. All give the same tokens; the first compiled call
-    per shape pays the compilation."""
+    "auto" = compiled on CUDA (a tool rollout's later turns, whose shapes change every turn: dynamic),
+    dynamic elsewhere. All give the same tokens; the first compiled call per shape pays the
+    compilation."""
 
     def validate(self) -> None:
         require((self.decode in DECODES, f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}"),

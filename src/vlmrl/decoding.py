@@ -10,7 +10,10 @@
   its shapes (torch.compile; on CUDA in "reduce-overhead" mode, i.e. replayed as a CUDA graph).
   The first call per shape pays the compilation (~40 s for the tiny model on a CPU).
 - "auto" (the default): "compiled" on CUDA, "dynamic" elsewhere (on a CPU the static cache attends
-  over its whole length at every step and nothing is replayed: measured no faster).
+  over its whole length at every step and nothing is replayed: measured no faster). A tool
+  rollout's later turns keep the dynamic cache under "auto" (tool_rollout.py): their row count and
+  length change every turn, and each new shape would be compiled again (seconds on the tiny model
+  on a CPU, more for a real one), until torch's recompile limit leaves it eager anyway.
 
 The three give the same tokens: greedy completions token for token, and sampled ones with the
 same seed (tests/test_decoding.py: Qwen2.5-VL, Qwen2-VL, Idefics3 in fp32 on the CPU). A model

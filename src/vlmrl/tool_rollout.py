@@ -97,6 +97,8 @@ def sample_turn(model, processor, rows: list[Example], segments: list[list[Segme
     """One turn of each trajectory: the model segment of each row (its sampled ids and their
     sampler log-probs), cut at the turn's end (`turn_end`)."""
     first = not any(segments)
+    if not first and settings.decode == "auto":  # a later turn's rows and length change every turn: a
+        settings = replace(settings, decode="dynamic")  # compiled step would compile again for each shape
     inputs = (generation_inputs(model, processor, rows[::settings.group_size], settings) if first else
               encode_trajectories(processor, rows, segments, next(model.parameters()).device))
     stop_ids = stop_token_ids(processor, model)
