@@ -21,13 +21,14 @@ medians over the next `--steps`. Per step:
 - peak memory: on a GPU, torch's peak allocated memory during the step; on a CPU, the peak rise
   of the process's resident memory during the step (sampled every millisecond; the script re-runs
   itself with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the system).
-- training model FLOPs, TFLOP/s, MFU: the training phase's model FLOPs (`training_flops`: 6 x
+- training model FLOPs, TFLOP/s, MFU: the training phase's model FLOPs (`StepWork.flops`: 6 x
   parameters x tokens for the update, 2 x parameters x tokens for each extra forward, i.e. the
   reference's; the text model on text and image tokens, the vision tower on its own patches;
   attention's own FLOPs and gradient checkpointing's recomputation left out, as MFU counts them)
   over the phase's time, and over the device's bf16 dense peak: the datasheet's (`--peak-tflops`,
-  known for H100 and H200 SXM) and the rate of a large bf16 matrix product measured on the device. Each side is counted on the sequences it runs: vlmrl each prompt once per group,
-  TRL each prompt G times;
+  known for H100 and H200 SXM) and the rate of a large bf16 matrix product measured on the device.
+  Each side is counted on the sequences it runs: vlmrl each prompt once per group, TRL each
+  prompt G times;
 - tokens/s per GPU as EasyR1 counts it: prompt + image + response tokens of every sequence (the
   same count for both sides) per second of the training phase.
 Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results FILE` appends
@@ -462,7 +463,9 @@ def table(args, sides: list[Side], work: StepWork) -> list[str]:
                                ("peak memory (MiB)", "memory")]]
     rows += [("training model FLOPs (TFLOP)", "{:.3g}", {n: flops[n] / 1e12 for n in names}),
              ("training TFLOP/s", "{:.3g}", rate)]
-    for kind, peak in (("given" if args.peak_tflops else "datasheet", peak_tflops(args)), ("measured matmul", measured_peak_tflops(args))):
+    peaks = [("given" if args.peak_tflops else "datasheet", peak_tflops(args)),
+             ("measured matmul", measured_peak_tflops(args))]
+    for kind, peak in peaks:
         if peak:
             rows.append((f"training MFU (of {kind} {peak:.0f} TFLOP/s)", "{:.1%}", {n: rate[n] / peak for n in names}))
     rows.append(("tokens/s per GPU (EasyR1 count, training)", "{:.0f}", tokens))
@@ -582,8 +585,8 @@ def main() -> None:
               + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
                  if args.dtype == "bfloat16" else "") +
               f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; "
-              f"wall {time.perf_counter() - started:.0f} s" + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""),
-              ""]
+              f"wall {time.perf_counter() - started:.0f} s"
+              + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""), ""]
     publish(header + table(args, sides, work) + [""], args.results)
 
 
