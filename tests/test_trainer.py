@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,14 @@ def test_batch_layout_errors(tmp_path, tiny_model_dir, letter_task):
         train(_config(tmp_path, tiny_model_dir, "rollout.generation_batch_size=3"))
 
 
+def _free_port() -> int:
+    """A TCP port nothing listens on now. accelerate's default, 29500, is only probed before it is
+    bound: two launches at once (two test runs on one machine) can both find it free and collide."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     overrides = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", f"task.name={LETTER_TASK}",
                  "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
@@ -161,11 +170,15 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     two = tmp_path / "two"
     cli = [sys.executable, "-m", "vlmrl", "train"]
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "vlmrl",
-                "train"]
+                "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "no",
+                "--dynamo_backend", "no", "-m", "vlmrl", "train"]
     for command, out in ((cli, one), (launcher, two)):
-        result = subprocess.run(command + overrides + [f"output_dir={out}"], capture_output=True, text=True,
-                                timeout=300, env={**os.environ, "PYTHONPATH": str(TESTS)})
+        try:
+            result = subprocess.run(command + overrides + [f"output_dir={out}"], capture_output=True, text=True,
+                                    timeout=300, env={**os.environ, "PYTHONPATH": str(TESTS)})
+        except subprocess.TimeoutExpired as stopped:  # say what the processes had printed, not only that they hung
+            printed = (stopped.stderr or b"")[-3000:].decode(errors="replace")  # bytes, whatever `text` says
+            pytest.fail(f"{command[2]} timed out after 300 s; its stderr:\n{printed}")
         assert result.returncode == 0, result.stderr[-3000:]
     a, b = _params(one / "final"), _params(two / "final")
     base = _params(Path(tiny_model_dir))
