@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from transformers import AutoModelForImageTextToText
 
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
+from vlmrl.session import release_process_group
 from vlmrl.tracking import read_metrics
 from vlmrl.trainer import train
 
@@ -160,6 +162,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _run_all_or_kill(command: list[str], timeout: float) -> tuple[int, str]:
+    """Run `command` (the CLI, or a launcher and the processes it starts) to its end: its exit
+    status and stderr. After `timeout` seconds, kill all of them (the launcher's workers too, which
+    would otherwise hang on, holding the pipes) and fail with what they had printed."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONPATH": str(TESTS)})
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+        return process.returncode, stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the session's every process
+        _, stderr = process.communicate()
+        pytest.fail(f"{command[2]} timed out after {timeout:.0f} s; its stderr:\n{stderr[-3000:]}")
+
+
 def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     overrides = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", f"task.name={LETTER_TASK}",
                  "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
@@ -173,13 +190,8 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
                 "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "no",
                 "--dynamo_backend", "no", "-m", "vlmrl", "train"]
     for command, out in ((cli, one), (launcher, two)):
-        try:
-            result = subprocess.run(command + overrides + [f"output_dir={out}"], capture_output=True, text=True,
-                                    timeout=300, env={**os.environ, "PYTHONPATH": str(TESTS)})
-        except subprocess.TimeoutExpired as stopped:  # say what the processes had printed, not only that they hung
-            printed = (stopped.stderr or b"")[-3000:].decode(errors="replace")  # bytes, whatever `text` says
-            pytest.fail(f"{command[2]} timed out after 300 s; its stderr:\n{printed}")
-        assert result.returncode == 0, result.stderr[-3000:]
+        returncode, stderr = _run_all_or_kill(command + overrides + [f"output_dir={out}"], timeout=300)
+        assert returncode == 0, stderr[-3000:]
     a, b = _params(one / "final"), _params(two / "final")
     base = _params(Path(tiny_model_dir))
     assert any(not torch.equal(a[k], base[k]) for k in a)
@@ -193,3 +205,18 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-4)
     assert len((two / "rollouts" / "step_000001.jsonl").read_text().splitlines()) == 16
+
+
+def test_closing_leaves_the_process_group_no_owner_that_frees_it_holding_the_gil(tmp_path):
+    """The deadlock behind a two-process run that hung at exit: torch frees a DDP reducer without
+    letting the GIL go, and a reducer freed last destroys the gloo group, which waits for a worker
+    thread that may need the GIL. Closing a session drops the reducer (and its logger) first."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        model(torch.ones(1, 2)).sum().backward()
+        release_process_group(model)
+        assert model.reducer is None and model.logger is None
+        release_process_group(torch.nn.Linear(2, 2))  # a model of one process: nothing to do
+    finally:
+        torch.distributed.destroy_process_group()

@@ -135,6 +135,7 @@ class TrainingSession:
         self.signals.restore()
         if self.main:
             self.log.close()
+        release_process_group(self.model)
         self.accelerator.end_training()
 
     def maybe_evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
@@ -172,6 +173,18 @@ class TrainingSession:
                 save_model(self.run_dir / "final", self.policy, self.processor)
         self.close()
         return self.run_dir
+
+
+def release_process_group(model: torch.nn.Module) -> None:
+    """Let a DistributedDataParallel `model` go without a deadlock at exit, by dropping its C++
+    owners of the process group (its reducer, and the logger that holds the reducer) now.
+
+    Otherwise the reducer may be the group's last owner, and torch frees a reducer holding the GIL:
+    gloo's destructor then waits for its worker thread, which may itself wait for the GIL to free a
+    tensor of the last collective (seen: a two-process CPU run hung after its last step). The
+    group's last owner is now a Python ProcessGroup, whose destructor lets the GIL go first."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.logger = model.reducer = None  # the model cannot train after this; close() ends the run
 
 
 def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None):
