@@ -16,6 +16,7 @@ from vlmrl.config import GenerationSettings, load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.models import load_policy
 from vlmrl.rollout import generate_groups
+from vlmrl.support import CACHE_KEY
 from vlmrl.tasks import Example
 from vlmrl.tool_rollout import ToolBox, generate_trajectories
 
@@ -93,7 +94,7 @@ def test_a_static_cache_takes_over_the_prefilled_keys(tiny_model_dir, examples):
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     inputs = prefill_once(model, encode_prompts(processor, examples, torch.device("cpu")), 2)
-    dynamic = inputs["past_key_values"]
+    dynamic = inputs[CACHE_KEY]
     seen = dynamic.get_seq_length()
     before = [(layer.keys.clone(), layer.values.clone()) for layer in dynamic.layers]
     static = decoding.static_move(model, dynamic, 256)

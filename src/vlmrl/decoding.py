@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from vlmrl.config import DECODES  # noqa: F401  (the values of `decode`, also a public name here)
-from vlmrl.support import hf_model, static_cache_unsupported, warn_once
+from vlmrl.support import CACHE_KEY, hf_model, static_cache_unsupported, warn_once
 
 CACHE_BUCKET = 256
 """A static cache's length is a multiple of this: decode steps of batches with other prompt
@@ -66,14 +66,14 @@ def static_move(model: torch.nn.Module, cache, length: int):
 def decode_kwargs(model: torch.nn.Module, inputs: dict, decode: str, max_new_tokens: int) -> dict:
     """What to add to (or replace in) `generate`'s keyword arguments for the decode path `decode`:
     nothing for the dynamic cache; else a static cache sized for the prompt and `max_new_tokens`
-    (filled from `inputs["past_key_values"]` when the prompt was prefilled) and the compile switch."""
+    (filled from `inputs[CACHE_KEY]` when the prompt was prefilled) and the compile switch."""
     mode = decode_mode(model, decode)
     if mode == "dynamic":
         return {}
     from transformers import CompileConfig
 
     length = cache_length(inputs["input_ids"].shape[1] + max_new_tokens)
-    extra = {"past_key_values": static_move(model, inputs.get("past_key_values"), length)}
+    extra = {CACHE_KEY: static_move(model, inputs.get(CACHE_KEY), length)}
     if mode == "static":
         return extra | {"disable_compile": True}
     cuda = next(model.parameters()).device.type == "cuda"

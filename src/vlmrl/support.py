@@ -13,6 +13,8 @@ import inspect
 import warnings
 
 import torch
+import transformers
+from packaging.version import Version
 
 from vlmrl.block_attention import NAME as BLOCKS_KERNEL
 
@@ -21,6 +23,10 @@ from vlmrl.block_attention import NAME as BLOCKS_KERNEL
 # additive attention mask. Others use the plain path.
 CHECKED_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "idefics3", "smolvlm")
 MASKABLE_ATTENTION = ("eager", "sdpa", BLOCKS_KERNEL)
+CACHE_KEY = "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
+"""transformers' name for the KV cache, as a forward or `generate` argument and as an output field:
+`cache` from 5.24 on (where `past_key_values` still works, with a deprecation warning), before that
+`past_key_values`."""
 
 _warned: set[str] = set()
 
