@@ -138,6 +138,13 @@ def adamw_values(weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
 
 @functools.cache
 def compiled_adamw_values():
-    """`adamw_values` compiled once for pieces of any length (dynamic shapes; the scalars are not
-    specialised either, so a changing learning rate compiles nothing new)."""
-    return torch.compile(adamw_values, dynamic=True)
+    """`adamw_values` compiled once for pieces of any length (dynamic shapes), its scalars passed in
+    as a float32 tensor: a changing learning rate compiles nothing new (torch 2.11 guards on the
+    value of a Python float argument, so each new learning rate would compile again)."""
+    compiled = torch.compile(adamw_values, dynamic=True)
+
+    def values(weight, grad, exp_avg, exp_avg_sq, noise, hyper):
+        scalars = torch.tensor(hyper, dtype=torch.float32, device=weight.device)  # (7,)
+        return compiled(weight, grad, exp_avg, exp_avg_sq, noise, tuple(scalars.unbind()))
+
+    return values
