@@ -549,6 +549,7 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     from vlmrl.models import build_tiny_model
+    from vlmrl.preflight import speed_line
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
@@ -567,6 +568,7 @@ def main() -> None:
                 step()
         else:
             trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step).train()
+        speedups = speed_line(session.config, session.policy)  # what was taken: an asked-for kernel may fall back
         session.close()
         memory.running = False
     sides = [ours] if args.vlmrl_only else [trl, ours]
@@ -586,7 +588,8 @@ def main() -> None:
                  if args.dtype == "bfloat16" else "") +
               f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; "
               f"wall {time.perf_counter() - started:.0f} s"
-              + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""), ""]
+              + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""),
+              f"- vlmrl speedups taken: {speedups}", ""]
     publish(header + table(args, sides, work) + [""], args.results)
 
 

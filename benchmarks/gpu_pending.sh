@@ -25,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS="transformers==5.23.0 tokenizers==0.23.3 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+WHEELS="transformers==5.24.0 tokenizers==0.23.3 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 rapidfuzz==3.14.6 fsspec==2026.9.0 liger-kernel==0.8.5"
 SHAPE="--prompts 8 --group 8 --image 896 --tokens 256"
 STEP="benchmarks/bench_vs_trl.py --arch-3b --device cuda --dtype bfloat16 $SHAPE --micro 16 --warmup 1 --steps 2"
