@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -178,7 +179,9 @@ def apply_lora(model: torch.nn.Module, settings: LoraConfig):
         target_modules=list(settings.target_modules), exclude_modules=exclude, bias="none",
     )
     try:
-        return get_peft_model(model, config)
+        with warnings.catch_warnings():  # peft's own use of a name transformers 5.24 deprecates: not the user's
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(model, config)
     except ValueError as error:
         raise VlmrlError(f"LoRA: {first_line(error)} (target_modules={settings.target_modules})")
 
