@@ -38,7 +38,8 @@ the table in Markdown with date, machine and command.
 (`--dense-attention`, `--fused-kernels`, `--no-checkpointing`) measured against the TRL column of
 a full run in the same setting, without paying for TRL's steps again (minutes each on the 3B
 architecture). `--decode` picks vlmrl's decode path (`rollout.decode`; "dynamic" skips the
-compilation where only the training phase is of interest).
+compilation where only the training phase is of interest). `--profile FILE` runs one more vlmrl step
+under torch.profiler and writes where its time went (phases, operators, on CUDA the kernels).
 """
 
 from __future__ import annotations
@@ -336,7 +337,8 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         f"train.block_attention={str(not args.dense_attention).lower()}",
         f"train.fused_kernels={str(args.fused_kernels).lower()}",
         f"train.stochastic_rounding={str(not args.round_to_nearest).lower()}",
-        f"train.steps={args.warmup + args.steps}", f"train.lr={args.lr}", f"train.micro_batch_size={args.micro}",
+        f"train.steps={args.warmup + args.steps + bool(args.profile)}", f"train.lr={args.lr}",
+        f"train.micro_batch_size={args.micro}",
         "train.log_rollouts_every=0", "train.trackers=[]", f"algorithm.beta={args.beta}", "seed=0"])
     session = TrainingSession(config, config.train.steps, with_reference=True)
     task = get_task(config.task.name, **config.task.params)
@@ -363,10 +365,12 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
             sync(session.accelerator.device)
             start = time.perf_counter()
             policy.eval()
-            experience, state["cursor"] = collect_experience(sampler, state["step"], state["cursor"])
+            with torch.profiler.record_function("vlmrl: generation and rewards"):  # named in --profile
+                experience, state["cursor"] = collect_experience(sampler, state["step"], state["cursor"])
             policy.train()
             torch.manual_seed(derive_seed(config.seed, state["step"], "update"))
-            update = update_policy(session, scorer, experience)
+            with torch.profiler.record_function("vlmrl: training phase"):
+                update = update_policy(session, scorer, experience)
             sync(session.accelerator.device)
             seconds = time.perf_counter() - start
             peak = memory.stop()
@@ -378,6 +382,27 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
                            "completion_tokens": float(lengths.float().mean()), "loss": update["loss"]})
 
     return step, session
+
+
+def profile_step(step, side: Side, path: Path, device: torch.device) -> None:
+    """One more vlmrl step under torch.profiler, written to `path`: the phases and operators by CPU
+    time and, on CUDA, the kernels by their own GPU time (where the training phase's time goes, for
+    MFU). The step is left out of `side`'s figures."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as profiler:
+        step()
+    side.steps.pop()
+    events = profiler.key_averages()
+    tables = [("phases and operators by CPU time (host, kernels launched included)", "cpu_time_total")]
+    if cuda:
+        tables.insert(0, ("kernels and operators by their own GPU time", "self_device_time_total"))
+    text = "".join(f"## {title}\n\n{events.table(sort_by=key, row_limit=40, max_name_column_width=90)}\n"
+                   for title, key in tables)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# one vlmrl step, {' '.join(sys.argv[1:])}\n\n{text}")
+    print(f"profile: {path}")
 
 
 def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side, after_step):
@@ -536,6 +561,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="after the measured steps, one more vlmrl step under torch.profiler: its "
+                             "operator tables to FILE (not in the figures)")
     args = parser.parse_args()
     if args.device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
         os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors return to the system: RSS = live memory
@@ -568,6 +596,8 @@ def main() -> None:
                 step()
         else:
             trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step).train()
+        if args.profile:
+            profile_step(step, ours, Path(args.profile), torch.device(args.device))
         speedups = speed_line(session.config, session.policy)  # what was taken: an asked-for kernel may fall back
         session.close()
         memory.running = False
