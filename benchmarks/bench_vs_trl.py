@@ -596,14 +596,19 @@ def main() -> None:
                 step()
         else:
             trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step).train()
-        if args.profile:
-            profile_step(step, ours, Path(args.profile), torch.device(args.device))
         speedups = speed_line(session.config, session.policy)  # what was taken: an asked-for kernel may fall back
+        sides = [ours] if args.vlmrl_only else [trl, ours]
+        publish(report(args, sides, work, time.perf_counter() - started, speedups), args.results)
+        if args.profile:  # after the figures are out: a run stopped at a time limit keeps them
+            profile_step(step, ours, Path(args.profile), torch.device(args.device))
         session.close()
         memory.running = False
-    sides = [ours] if args.vlmrl_only else [trl, ours]
+
+
+def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) -> list[str]:
+    """The run's Markdown: a header with date, machine, command and settings, then the table."""
     assert all(len(side.steps) == args.warmup + args.steps for side in sides), [len(s.steps) for s in sides]
-    tokens = ours.median("completion_tokens", args.warmup)
+    tokens = sides[-1].median("completion_tokens", args.warmup)
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_vs_trl.py"] + sys.argv[1:])
     header = [f"## {datetime.date.today().isoformat()}: {args.prompts} prompts x G={args.group}, "
               f"{args.image}x{args.image} images, {args.tokens} completion tokens, {args.dtype}, "
@@ -616,11 +621,10 @@ def main() -> None:
               f"vlmrl fused kernels {'on' if args.fused_kernels else 'off'}; "
               + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
                  if args.dtype == "bfloat16" else "") +
-              f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; "
-              f"wall {time.perf_counter() - started:.0f} s"
+              f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; wall {wall:.0f} s"
               + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""),
               f"- vlmrl speedups taken: {speedups}", ""]
-    publish(header + table(args, sides, work) + [""], args.results)
+    return header + table(args, sides, work) + [""]
 
 
 if __name__ == "__main__":
