@@ -96,7 +96,6 @@ def test_each_weight_lands_on_a_bf16_neighbour_of_its_float32_update(monkeypatch
     assert not torch.equal(ours.detach(), exact.detach().bfloat16())  # not simply rounded to nearest
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch.compile's own
 def test_the_compiled_update_matches_the_eager_one_and_compiles_once():
     torch._dynamo.reset()
 
