@@ -1,9 +1,12 @@
 """The packed training pass, one speedup off against on, in one process:
 `--compare attention`: the dense mask against block attention (`train.block_attention`);
 `--compare fused`: the model's own RMSNorm and MLP against liger's fused kernels (`train.fused_kernels`,
-CUDA only), both with block attention.
+CUDA only), both with block attention;
+`--compare vision`: the vision tower's attention, one call per window (transformers' loop) against
+one per window length (`train.batched_vision_attention`, vision_attention.py).
+All but the compared speedup stay at vlmrl's defaults.
 
-Run: `python benchmarks/bench_pass.py [--compare attention|fused] [--arch-3b] [--prompts 2 --group 8
+Run: `python benchmarks/bench_pass.py [--compare attention|fused|vision] [--arch-3b] [--prompts 2 --group 8
 --image 896 --tokens 256]` (`--arch-3b`: the Qwen2.5-VL-3B architecture, random weights, bf16; else
 the offline tiny model).
 
@@ -14,6 +17,9 @@ tokens, as the training phase packs a group (packing.py); `--prompts` groups go 
 - train pass: the policy's forward and backward (LogprobScorer, loss = sum of log-probs);
 - forward: a no-grad forward (the old and reference log-prob passes);
 - peak memory of the train pass (on CUDA);
+- attention calls per forward: calls of F.scaled_dot_product_attention in one no-grad forward
+  (the launches the vision tower's windows cost: Qwen2.5-VL-3B at 8 images of 896 px, 14,368 per
+  tower pass in a loop, 32 batched);
 - attention scores (`--compare attention`): the (query, key) pairs the attention computes per head
   and layer, the dense square U L^2 against the blocks' P^2 + S T (P + T);
 and, on against off: the largest log-prob difference and the gradients' cosine.
@@ -33,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import bench_model, circle_image, machine, publish, sync  # noqa: E402
@@ -43,6 +50,7 @@ from vlmrl.logprobs import LogprobScorer  # noqa: E402
 from vlmrl.models import enable_checkpointing, load_policy  # noqa: E402
 from vlmrl.prompts import encode_prompts  # noqa: E402
 from vlmrl.tasks import Example  # noqa: E402
+from vlmrl.vision_attention import use_batched_vision_attention  # noqa: E402
 
 
 def completions_of(model, processor, args) -> Completions:
@@ -65,10 +73,23 @@ def score_counts(processor, completions: Completions, args) -> tuple[int, int]:
             args.prompts * (width ** 2 + slots * (width + args.tokens)))
 
 
-VARIANTS = {  # the speedup compared: (label, block attention, fused kernels) off, then on
-    "attention": (("dense mask", False, False), ("blocks", True, False)),
-    "fused": (("own modules", True, False), ("fused kernels", True, True)),
+VARIANTS = {  # the speedup compared: (label, block attention, fused kernels, vision windows batched) off, then on
+    "attention": (("dense mask", False, False, True), ("blocks", True, False, True)),
+    "fused": (("own modules", True, False, True), ("fused kernels", True, True, True)),
+    "vision": (("a call per window", True, False, False), ("windows batched", True, False, True)),
 }
+
+
+class CountingAttention(TorchFunctionMode):
+    """Counts the calls of F.scaled_dot_product_attention made under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += func is torch.nn.functional.scaled_dot_product_attention
+        return func(*args, **(kwargs or {}))
 
 
 def measure(model, scorer, completions, args) -> dict[str, float]:
@@ -101,9 +122,11 @@ def measure(model, scorer, completions, args) -> dict[str, float]:
     # the last pass's gradients as they are: the next pass starts from None (zero_grad), so no copy
     # (a float64 copy of the 3B model's would be 30 GB; `gradient_cosine` takes one tensor at a time)
     grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    with torch.no_grad(), CountingAttention() as counting:
+        scorer(model, completions)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
     return {"train": statistics.median(train), "forward": statistics.median(forward), "memory": peak,
-            "logp": logp.float(), "grads": grads}
+            "logp": logp.float(), "grads": grads, "calls": counting.calls}
 
 
 def gradient_cosine(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -128,6 +151,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="small", help="tiny-model size (tiny, small)")
     parser.add_argument("--arch-3b", action="store_true", help="the Qwen2.5-VL-3B architecture, bf16")
+    parser.add_argument("--model", default=None, help="a saved model folder (e.g. the 3B one, built once)")
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -142,8 +166,9 @@ def main() -> None:
         enable_checkpointing(model)
     completions = completions_of(model, processor, args)
     results = []
-    for _, blocks, fused in VARIANTS[args.compare]:
+    for _, blocks, fused, batched in VARIANTS[args.compare]:
         use_fused_kernels(model, fused)
+        use_batched_vision_attention(model, batched)
         results.append(measure(model, LogprobScorer(processor, 1.0, True, 1024, blocks), completions, args))
     use_fused_kernels(model, False)
     publish(table(args, processor, completions, results), args.results)
@@ -156,8 +181,10 @@ def table(args, processor, completions, results: list[dict]) -> list[str]:
     logp_diff = float((off["logp"] - on["logp"]).abs().max())
     cosine = gradient_cosine(off["grads"], on["grads"])
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_pass.py"] + sys.argv[1:])
-    name = f"Qwen2.5-VL-3B architecture ({args.layers} layers)" if args.arch_3b else f"tiny-model {args.size}"
-    rows = [("train pass (s)", "train", "{:.3f}"), ("no-grad forward (s)", "forward", "{:.3f}")]
+    name = args.model or (f"Qwen2.5-VL-3B architecture ({args.layers} layers)" if args.arch_3b else
+                          f"tiny-model {args.size}")
+    rows = [("train pass (s)", "train", "{:.3f}"), ("no-grad forward (s)", "forward", "{:.3f}"),
+            ("attention calls per forward", "calls", "{:d}")]
     if args.device == "cuda":
         rows.append(("peak memory, train pass (MiB)", "memory", "{:.0f}"))
     lines = [f"### {datetime.date.today().isoformat()}: packed pass, {off_label} against {on_label}, {name}, "

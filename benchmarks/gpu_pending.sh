@@ -14,9 +14,10 @@
 #             the compiled decode step as a CUDA graph), then issue 16's decode table (each decode
 #             path: ms per step, tokens/s, share of the bandwidth floor), then AdamW's step at 3B
 #             size in bf16 (foreach, fused, RoundingAdamW: time, memory, update kept)
-#   variants  (~9 min) issue 17's ablations: the packed pass, dense mask against blocks and the
-#             model's own RMSNorm/MLP against liger's fused kernels (values, gradients, time,
-#             memory); then vlmrl's step alone (--vlmrl-only, against `step`'s TRL column; eager
+#   variants  (~9 min) issue 17's ablations, on one 3B folder built first: the packed pass, the
+#             vision windows in a loop against batched, dense mask against blocks, and the model's
+#             own RMSNorm/MLP against liger's fused kernels (values, gradients, time, memory,
+#             attention calls); then vlmrl's step alone (--vlmrl-only, against `step`'s TRL column; eager
 #             decoding, as only the training phase differs) with checkpointing off, with the fused
 #             kernels, with the dense mask
 #
@@ -66,11 +67,12 @@ case $part in
                 --results $RESULTS
             measure python3 benchmarks/bench_optimizer.py --params 3.75e9 --dtype bfloat16 --device cuda \
                 --results $RESULTS ;;
-    variants) measure python3 $PASS --compare attention --results $RESULTS
-              measure python3 $PASS --compare fused --results $RESULTS
-              model=/tmp/qwen2.5-vl-3b-architecture  # built once for the three steps below
+    variants) model=/tmp/qwen2.5-vl-3b-architecture  # built once for every command below
               measure python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path
 from bench_vs_trl import qwen25vl_3b_folder; qwen25vl_3b_folder(Path('$model'), 896)"
+              for compare in vision attention fused; do
+                  measure python3 ${PASS/--arch-3b/--model $model} --compare $compare --results $RESULTS
+              done
               for variant in --no-checkpointing --fused-kernels --dense-attention; do
                   measure python3 ${STEP/--arch-3b/--model $model} --vlmrl-only --decode dynamic $variant \
                       --results $RESULTS

@@ -88,6 +88,7 @@ VALUES: dict[str, list] = {
     "train.micro_batch_size": [0, 1, 4, "auto"],
     "train.pack_groups": [False, True],
     "train.block_attention": [False, True],
+    "train.batched_vision_attention": [False, True],
     "train.fused_kernels": [False, True],
     "train.logprob_chunk": [-1, 0, 2],
     "train.save_every": [-1, 0, 1],

@@ -44,16 +44,17 @@ def test_the_report_says_which_speedups_the_run_takes_and_why_not(tiny_model_dir
         return check(load_config(None, overrides(tiny_model_dir, *extra))).speed
 
     assert speed() == ("shared prompt cache; packed log-prob passes; block attention; "
-                       "output layer in chunks of 1024; decode dynamic")
+                       "output layer in chunks of 1024; vision windows batched; decode dynamic")
     assert speed("model.attn_implementation=eager", "train.logprob_chunk=0") == (
         "shared prompt cache; packed log-prob passes; no block attention (attention kernel 'eager'); "
-        "no chunked output layer (off); decode dynamic")
-    assert speed("train.pack_groups=false", "rollout.share_prompt_cache=false", "rollout.decode=static") == (
+        "no chunked output layer (off); no vision windows batched (the vision tower runs on eager); decode dynamic")
+    assert speed("train.pack_groups=false", "rollout.share_prompt_cache=false", "rollout.decode=static",
+                 "train.batched_vision_attention=false") == (
         "no shared prompt cache (off); no packed log-prob passes (off); output layer in chunks of 1024; "
-        "decode static")
+        "no vision windows batched (off); decode static")
     assert speed("train.fused_kernels=true") == (  # the CPU: liger's Triton kernels cannot serve
         "shared prompt cache; packed log-prob passes; block attention; output layer in chunks of 1024; "
-        "no fused kernels (needs a CUDA device: the kernels are Triton's); decode dynamic")
+        "vision windows batched; no fused kernels (needs a CUDA device: the kernels are Triton's); decode dynamic")
 
 
 def test_the_report_says_how_bf16_weights_take_their_updates(tiny_model_dir, letter_task):
@@ -128,10 +129,11 @@ def test_sft_preflight_measures_the_reference_completions(tiny_model_dir):
     task = get_task("shapes")
     report = preflight(config, policy, processor, task, "sft")
     assert report.splits[0].prompts == 6 and report.memory.generation == 0 and report.memory.reference == 0
-    assert report.speed == "output layer in chunks of 1024"  # SFT generates nothing and packs no groups
+    assert report.speed == "output layer in chunks of 1024; vision windows batched"  # no generation, no packing
     config = load_config(None, overrides(tiny_model_dir, "task.name=shapes", "train.fused_kernels=true"))
     assert preflight(config, policy, processor, task, "sft").speed == (
-        "output layer in chunks of 1024; no fused kernels (needs a CUDA device: the kernels are Triton's)")
+        "output layer in chunks of 1024; vision windows batched; "
+        "no fused kernels (needs a CUDA device: the kernels are Triton's)")
 
 
 def test_vlmrl_check_prints_the_report_and_warns_when_it_will_not_fit(tiny_model_dir, letter_task, capsys,

@@ -325,6 +325,11 @@ class TrainConfig:
     (the prompt over itself; each completion over its prompt and itself) instead of the whole
     (L x L) square: exact, fewer FLOPs, and FlashAttention's kernel where only the causal rule
     masks. False = one SDPA call under the dense mask."""
+    batched_vision_attention: bool = True
+    """The vision tower's attention (Qwen2.5-VL, Qwen2-VL on sdpa) in one call per window length
+    instead of transformers' one call per window or image, in every pass, generation included:
+    exact, and for Qwen2.5-VL-3B 32 calls per tower pass instead of 14,368 at 8 images of 896 px.
+    False = transformers' loop."""
     fused_kernels: bool = False
     """Each RMSNorm and SiLU-gated MLP of the model (Qwen2.5-VL, Qwen2-VL and Idefics3's language
     models, Qwen2.5-VL's vision tower) computes with one fused Triton kernel from liger-kernel, in

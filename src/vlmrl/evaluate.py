@@ -438,12 +438,14 @@ def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "te
     """
     from vlmrl.models import load_policy
     from vlmrl.tasks import get_task
+    from vlmrl.vision_attention import use_batched_vision_attention
 
     settings = settings or EvalSettings()
     settings.validate()
     task = get_task(task_name, **task_params)
     examples = held_out_examples(task, split, n)
     model, processor = load_policy(model_dir, dtype=dtype, device=device)
+    use_batched_vision_attention(model, True)  # the same numbers, far fewer kernel launches
     evaluation = evaluate(model, processor, task, examples, settings)
     evaluation.settings = {"model": str(model_dir), "split": split, **evaluation.settings}
     if out_dir is not None:

@@ -46,6 +46,7 @@ from vlmrl.session import load_trainable_policy
 from vlmrl.support import (block_attention_unsupported, output_layer_unchunkable, packing_unsupported,
                            shared_prefill_unsupported)
 from vlmrl.tasks import Example, Task
+from vlmrl.vision_attention import batched_vision_unsupported
 
 ACTIVATION_VALUES = 26
 """Values kept for backward per token, per layer, per hidden unit without checkpointing: attention
@@ -199,8 +200,8 @@ def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:
 
 def speed_line(config: Config, policy, mode: str = "train") -> str:
     """The speedups a run takes with this model, each switch's fallback and its reason; SFT
-    (mode "sft") generates nothing and packs no groups, so its line names the output layer and the
-    fused kernels only."""
+    (mode "sft") generates nothing and packs no groups, so its line names the output layer, the
+    vision windows and the fused kernels only."""
     def switch(name: str, on: bool, reason: str | None) -> str:
         return name if on and reason is None else f"no {name} ({'off' if not on else reason})"
 
@@ -214,6 +215,8 @@ def speed_line(config: Config, policy, mode: str = "train") -> str:
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
                         output_layer_unchunkable(policy)))
+    parts.append(switch("vision windows batched", config.train.batched_vision_attention,
+                        batched_vision_unsupported(policy)))
     if config.train.fused_kernels:  # opt-in: named only when asked for
         reason = None if computes_fused(policy) else fused_kernels_unsupported(policy)  # patched: checked already
         parts.append(switch("fused kernels", True, reason))

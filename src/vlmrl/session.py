@@ -32,6 +32,7 @@ from vlmrl.optim import build_optimizer, build_scheduler
 from vlmrl.reference import ReferencePolicy, build_reference
 from vlmrl.tasks import Task
 from vlmrl.tracking import build_trackers
+from vlmrl.vision_attention import use_batched_vision_attention
 
 
 class TrainingSession:
@@ -198,4 +199,5 @@ def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path
     if checkpoint is not None and settings.lora.enabled:
         load_adapter_weights(policy, checkpoint)
     use_fused_kernels(policy, config.train.fused_kernels)  # falls back where liger cannot serve (speed line)
+    use_batched_vision_attention(policy, config.train.batched_vision_attention)
     return policy, processor
