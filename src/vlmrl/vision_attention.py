@@ -50,7 +50,7 @@ def window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     bounds = cu_seqlens.tolist()  # the host needs the lengths to shape the batches (so does the loop)
     starts, lengths = bounds[:-1], [end - start for start, end in zip(bounds[:-1], bounds[1:])]
     sizes = set(lengths) - {0}
-    if len(sizes) == 1:  # every window as long: the windows are consecutive rows of one view
+    if len(sizes) == 1 and bounds[0] == 0 and bounds[-1] == len(query):  # consecutive rows of one view
         width = sizes.pop()
         return _attend(*(t.view(-1, width, *t.shape[1:]) for t in (query, key, value)), scaling).flatten(0, 1)
     out = torch.empty_like(query)  # (S, h, d): each position is in exactly one window
