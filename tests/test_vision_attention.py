@@ -19,7 +19,8 @@ from test_block_attention import rollout_of, scored
 import vlmrl.vision_attention as vision_attention
 from vlmrl.models import load_policy
 from vlmrl.support import hf_model
-from vlmrl.vision_attention import computes_batched, use_batched_vision_attention, window_attention
+from vlmrl.vision_attention import (batched_vision_unsupported, computes_batched, use_batched_vision_attention,
+                                    window_attention)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,3 +135,13 @@ def test_a_deep_copy_keeps_the_patch_on_its_own_modules(tiny_model_dir):
     assert computes_batched(twin)
     patched = [m for m in twin.modules() if "forward" in m.__dict__]
     assert patched and all(m.forward.args[0] is m for m in patched)
+
+
+def test_a_batched_forward_that_computes_something_else_is_refused(tiny_model_dir, monkeypatch):
+    """As if a transformers release changed its vision attention: the self-check compares, and the
+    model keeps its own forward, with the reason in the speed line."""
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    assert batched_vision_unsupported(model) is None
+    monkeypatch.setattr(vision_attention, "window_attention", lambda q, k, v, cu, scaling: v)  # no attention
+    assert "off transformers' by" in batched_vision_unsupported(model)
+    assert use_batched_vision_attention(model, True) == 0 and not computes_batched(model)

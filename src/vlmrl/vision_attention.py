@@ -22,7 +22,10 @@ Instances are patched, as fused_kernels.py does: each vision attention module of
 BATCHABLE gets its own `forward` (an instance attribute) that computes its class's forward, batched.
 At each call it defers to the class's forward unless the vision tower runs on SDPA (or vlmrl's
 block-attention kernel, SDPA for the tower) with no dropout: an eager tower (attention maps) or
-FlashAttention's varlen call stay as transformers has them.
+FlashAttention's varlen call stay as transformers has them. Before any module is patched, the
+batched forward must give the class's numbers on a small input (`self_check`): a transformers
+whose vision attention computes something else keeps its own forward, and the preflight's speed
+line says why.
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ def _batched_forward(module: torch.nn.Module, hidden_states: torch.Tensor, cu_se
 
 def use_batched_vision_attention(model: torch.nn.Module, on: bool) -> int:
     """Put the model's vision attention modules on one call per window length (on) or back on their
-    class's forward (off). Returns how many modules compute batched."""
+    class's forward (off). Returns how many modules compute batched: none where
+    `batched_vision_unsupported` gives a reason."""
+    on = on and batched_vision_unsupported(model) is None
     patched = 0
     for module in model.modules():
         if _is_patched(module):
@@ -97,13 +102,36 @@ def use_batched_vision_attention(model: torch.nn.Module, on: bool) -> int:
 
 
 def batched_vision_unsupported(model: torch.nn.Module) -> str | None:
-    """Why the model's vision attention cannot be batched here, or None when it can."""
+    """Why the model's vision attention cannot be batched here, or None when it can: a Qwen2-VL or
+    Qwen2.5-VL vision tower on SDPA, whose batched forward passes `self_check`."""
     modules = [module for module in model.modules() if _batchable(module)]
     if not modules:
         return "not a Qwen2-VL or Qwen2.5-VL vision tower"
     kernel = modules[0].config._attn_implementation
     if kernel not in SDPA_KERNELS:
         return f"the vision tower runs on {kernel}" + (", one varlen call already" if "flash" in str(kernel) else "")
+    return self_check(modules[0])
+
+
+def self_check(module: torch.nn.Module) -> str | None:
+    """Why the batched forward cannot stand in for `module`'s own, or None: both on a small random
+    input (windows of 4, 2 and 6 positions) on its device and dtype, within a rounding (1e-5 of the
+    norm in float32, 2e-2 in 16 bits). Catches a transformers whose vision attention computes
+    something else than the forward copied here, before it trains anything."""
+    parameter = next(module.parameters())
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(12, module.dim, generator=generator).to(parameter)  # (S, dim)
+    angles = torch.randn(12, module.dim // module.num_heads, generator=generator).to(parameter)  # (S, d)
+    windows = torch.tensor([0, 4, 6, 12], dtype=torch.int32, device=parameter.device)
+    training = module.training
+    module.eval()  # no dropout (a LoRA adapter's on qkv) to tell the two apart
+    with torch.no_grad():
+        own = type(module).forward(module, hidden, windows, (angles.cos(), angles.sin())).float()
+        batched = _batched_forward(module, hidden, windows, (angles.cos(), angles.sin())).float()
+    module.train(training)
+    error = float((own - batched).norm() / own.norm().clamp(min=1e-12))
+    if not error <= (1e-5 if parameter.element_size() >= 4 else 2e-2):  # NaN fails too
+        return f"the batched forward is off transformers' by {error:.2g} of its norm (its vision attention changed?)"
     return None
 
 
