@@ -40,6 +40,9 @@ a full run in the same setting, without paying for TRL's steps again (minutes ea
 architecture). `--decode` picks vlmrl's decode path (`rollout.decode`; "dynamic" skips the
 compilation where only the training phase is of interest). `--profile FILE` runs one more vlmrl step
 under torch.profiler and writes where its time went (phases, operators, on CUDA the kernels).
+`--time-budget SECONDS` starts no new step after that long once every side has a measured step,
+so a run under a hard time limit (a lent GPU's 10 minutes a call) publishes a table over fewer
+steps instead of none; the header says so.
 """
 
 from __future__ import annotations
@@ -408,7 +411,8 @@ def profile_step(step, side: Side, path: Path, device: torch.device) -> None:
 
 
 def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side, after_step):
-    """TRL's GRPOTrainer on the same model and prompts; `after_step()` runs after each of its steps."""
+    """TRL's GRPOTrainer on the same model and prompts; `after_step()` runs after each of its steps
+    and returns True when the run should stop there."""
     import datasets
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -457,7 +461,7 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
             sync(device)
             self.start = time.perf_counter()
 
-        def on_step_end(self, *_, **__):
+        def on_step_end(self, _args, _state, control, **__):
             sync(device)
             seconds = time.perf_counter() - self.start
             peak = memory.stop()
@@ -467,7 +471,8 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
                                "train": seconds - generate.seconds - score.seconds, "memory": peak,
                                "vision_rows": sum(sum(r) for r in self.rows), "completion_tokens": float("nan"),
                                "loss": float("nan")})
-            after_step()
+            control.should_training_stop = after_step()
+            return control
 
     trainer.add_callback(Measure())
     return trainer
@@ -476,7 +481,7 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
 # --------------------------------------------------------------------------- report
 
 
-def table(args, sides: list[Side], work: StepWork) -> list[str]:
+def table(args, sides: list[Side], work: StepWork, measured: int) -> list[str]:
     """The Markdown table of `sides` (TRL then vlmrl, or vlmrl alone), with the ratio vlmrl / TRL."""
     skip, names = args.warmup, [side.name for side in sides]
     seconds = {side.name: side.median("train", skip) for side in sides}
@@ -497,7 +502,7 @@ def table(args, sides: list[Side], work: StepWork) -> list[str]:
             rows.append((f"training MFU (of {kind} {peak:.0f} TFLOP/s)", "{:.1%}", {n: rate[n] / peak for n in names}))
     rows.append(("tokens/s per GPU (EasyR1 count, training)", "{:.0f}", tokens))
     both = len(sides) == 2
-    lines = [f"| per step (median of {args.steps} after {skip} warm-up) | " + " | ".join(names)
+    lines = [f"| per step (median of {measured} after {skip} warm-up) | " + " | ".join(names)
              + (" | vlmrl / TRL |" if both else " |"), "|---|" + "---:|" * (len(names) + both)]
     for label, fmt, values in rows:
         cells = [fmt.format(values[n]) for n in names]
@@ -527,6 +532,7 @@ def machine() -> str:
 
 
 def main() -> None:
+    launched = time.perf_counter()  # --time-budget counts from here
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step (B)")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
@@ -563,6 +569,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
+    parser.add_argument("--time-budget", type=float, default=0, metavar="SECONDS",
+                        help="from the script's start: after it, no new step starts once every side has a "
+                             "measured step (the figures are then over fewer steps, and say so); 0 = none")
     parser.add_argument("--profile", default=None, metavar="FILE",
                         help="after the measured steps, one more vlmrl step under torch.profiler: its "
                              "operator tables to FILE (not in the figures)")
@@ -593,11 +602,18 @@ def main() -> None:
         step, session = vlmrl_stepper(args, model_dir, Path(tmp) / "vlmrl", memory, ours)
         work = step_work(args, session)
         started = time.perf_counter()
+
+        def step_then_stop() -> bool:  # one vlmrl step; True when no new step should start
+            step()
+            measured = min(len(side.steps) for side in ([ours] if args.vlmrl_only else [trl, ours])) - args.warmup
+            return args.time_budget > 0 and measured >= 1 and time.perf_counter() - launched > args.time_budget
+
         if args.vlmrl_only:
             for _ in range(args.warmup + args.steps):
-                step()
+                if step_then_stop():
+                    break
         else:
-            trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step).train()
+            trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step_then_stop).train()
         speedups = speed_line(session.config, session.policy)  # what was taken: an asked-for kernel may fall back
         sides = [ours] if args.vlmrl_only else [trl, ours]
         publish(report(args, sides, work, time.perf_counter() - started, speedups), args.results)
@@ -609,7 +625,9 @@ def main() -> None:
 
 def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) -> list[str]:
     """The run's Markdown: a header with date, machine, command and settings, then the table."""
-    assert all(len(side.steps) == args.warmup + args.steps for side in sides), [len(s.steps) for s in sides]
+    measured = {len(side.steps) - args.warmup for side in sides}
+    assert len(measured) == 1 and 1 <= min(measured) <= args.steps, [len(s.steps) for s in sides]
+    measured = measured.pop()
     tokens = sides[-1].median("completion_tokens", args.warmup)
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_vs_trl.py"] + sys.argv[1:])
     header = [f"## {datetime.date.today().isoformat()}: {args.prompts} prompts x G={args.group}, "
@@ -624,9 +642,11 @@ def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) 
               + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
                  if args.dtype == "bfloat16" else "") +
               f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; wall {wall:.0f} s"
-              + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else ""),
+              + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else "")
+              + (f"; stopped by --time-budget after {measured} of {args.steps} measured steps"
+                 if measured < args.steps else ""),
               f"- vlmrl speedups taken: {speedups}", ""]
-    return header + table(args, sides, work) + [""]
+    return header + table(args, sides, work, measured) + [""]
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
 #   on the GPU, each:  benchmarks/gpu_pending.sh PART         (run with kind nvidia-h200, carry [".whl"])
 #
 #   step      (~8 min) issues 16 and 17: vlmrl's whole step against TRL's on the 3B architecture:
-#             generation (compiled decoding), training phase, MFU, peak memory; then one more
-#             vlmrl step under torch.profiler into $OUT/profile_step.txt (where the time goes, kernels)
+#             generation (compiled decoding), training phase, MFU, peak memory (no new step after
+#             450 s once one is measured: the table over fewer steps beats none at the call's limit);
+#             then one more vlmrl step under torch.profiler into $OUT/profile_step.txt (the kernels)
 #   decode    (~8 min) every test marked gpu (block attention, fused kernels, stochastic rounding,
 #             the compiled decode step as a CUDA graph), then issue 16's decode table (each decode
 #             path: ms per step, tokens/s, share of the bandwidth floor), then AdamW's step at 3B
@@ -60,7 +61,7 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # shellcheck disable=SC2086
 case $part in
-    step) measure python3 $STEP --results $RESULTS --profile "${OUT:-/tmp}/profile_step.txt" ;;
+    step) measure python3 $STEP --time-budget 450 --results $RESULTS --profile "${OUT:-/tmp}/profile_step.txt" ;;
     decode) measure python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_block_attention.py \
                 tests/test_fused_kernels.py tests/test_stochastic_rounding.py tests/test_decoding.py
             measure python3 benchmarks/bench_decode.py --arch-3b --device cuda $SHAPE --warmup 1 --repeats 2 \
