@@ -35,9 +35,9 @@ Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results F
 the table in Markdown with date, machine and command.
 
 `--vlmrl-only` runs vlmrl's steps alone and prints its column: a variant of vlmrl's own step
-(`--dense-attention`, `--fused-kernels`, `--no-checkpointing`) measured against the TRL column of
-a full run in the same setting, without paying for TRL's steps again (minutes each on the 3B
-architecture). `--decode` picks vlmrl's decode path (`rollout.decode`; "dynamic" skips the
+(`--dense-attention`, `--vision-loop`, `--fused-kernels`, `--no-checkpointing`) measured against
+the TRL column of a full run in the same setting, without paying for TRL's steps again (minutes
+each on the 3B architecture). `--decode` picks vlmrl's decode path (`rollout.decode`; "dynamic" skips the
 compilation where only the training phase is of interest). `--profile FILE` runs one more vlmrl step
 under torch.profiler and writes where its time went (phases, operators, on CUDA the kernels).
 `--time-budget SECONDS` starts no new step after that long once every side has a measured step,
@@ -340,6 +340,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         f"rollout.share_prompt_cache={str(not args.vlmrl_plain).lower()}", f"rollout.decode={args.decode}",
         f"train.pack_groups={str(not args.vlmrl_plain).lower()}",
         f"train.block_attention={str(not args.dense_attention).lower()}",
+        f"train.batched_vision_attention={str(not args.vision_loop).lower()}",
         f"train.fused_kernels={str(args.fused_kernels).lower()}",
         f"train.stochastic_rounding={str(not args.round_to_nearest).lower()}",
         f"train.steps={args.warmup + args.steps + bool(args.profile)}", f"train.lr={args.lr}",
@@ -558,6 +559,8 @@ def main() -> None:
     parser.add_argument("--vlmrl-plain", action="store_true", help="vlmrl with shared prefix off (control)")
     parser.add_argument("--dense-attention", action="store_true",
                         help="vlmrl's packed passes under the dense mask (train.block_attention=false)")
+    parser.add_argument("--vision-loop", action="store_true",
+                        help="vlmrl's vision tower with a call per window (train.batched_vision_attention=false)")
     parser.add_argument("--fused-kernels", action="store_true",
                         help="vlmrl with liger's fused RMSNorm and MLP kernels (train.fused_kernels=true; CUDA)")
     parser.add_argument("--round-to-nearest", action="store_true",
@@ -638,6 +641,7 @@ def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) 
               f"micro-batch {args.micro}; torch threads {torch.get_num_threads()}; "
               f"vlmrl shared prefix {'off' if args.vlmrl_plain else 'on'}; "
               f"vlmrl attention {'dense mask' if args.dense_attention else 'blocks'}; "
+              f"vlmrl vision windows {'looped' if args.vision_loop else 'batched'}; "
               f"vlmrl fused kernels {'on' if args.fused_kernels else 'off'}; "
               + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
                  if args.dtype == "bfloat16" else "") +

@@ -44,8 +44,8 @@ def test_the_counter_counts_attention_calls_only():
 def test_a_run_stopped_by_the_time_budget_reports_the_steps_it_measured():
     args = argparse.Namespace(prompts=1, group=2, image=448, tokens=4, dtype="float32", checkpointing=True,
                               beta=0.0, model=None, arch_3b=False, size="tiny", micro=2, vlmrl_plain=False,
-                              dense_attention=False, fused_kernels=False, round_to_nearest=False, decode="auto",
-                              vlmrl_only=False, warmup=1, steps=3, device="cpu", peak_tflops=None)
+                              dense_attention=False, vision_loop=False, fused_kernels=False, round_to_nearest=False,
+                              decode="auto", vlmrl_only=False, warmup=1, steps=3, device="cpu", peak_tflops=None)
     step = {"step": 2.0, "generate": 1.0, "reward": 0.0, "train": 1.0, "memory": 10.0, "vision_rows": 4,
             "completion_tokens": 4.0, "loss": 0.0}
     sides = [Side("TRL", [dict(step, train=t) for t in (9.0, 4.0, 6.0)]),
