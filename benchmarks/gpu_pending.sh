@@ -12,7 +12,7 @@
 #             450 s once one is measured: the table over fewer steps beats none at the call's limit);
 #             then one more vlmrl step under torch.profiler into $OUT/profile_step.txt (the kernels)
 #   decode    (~8 min) every test marked gpu (block attention, fused kernels, stochastic rounding,
-#             the compiled decode step as a CUDA graph), then issue 16's decode table (each decode
+#             the compiled decode step as a CUDA graph, the vision windows batched), then issue 16's decode table (each decode
 #             path: ms per step, tokens/s, share of the bandwidth floor), then AdamW's step at 3B
 #             size in bf16 (foreach, fused, RoundingAdamW: time, memory, update kept)
 #   variants  (~9 min) issue 17's ablations, on one 3B folder built first: the packed pass, the
@@ -63,7 +63,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case $part in
     step) measure python3 $STEP --time-budget 450 --results $RESULTS --profile "${OUT:-/tmp}/profile_step.txt" ;;
     decode) measure python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_block_attention.py \
-                tests/test_fused_kernels.py tests/test_stochastic_rounding.py tests/test_decoding.py
+                tests/test_fused_kernels.py tests/test_stochastic_rounding.py tests/test_decoding.py \
+                tests/test_vision_attention.py
             measure python3 benchmarks/bench_decode.py --arch-3b --device cuda $SHAPE --warmup 1 --repeats 2 \
                 --results $RESULTS
             measure python3 benchmarks/bench_optimizer.py --params 3.75e9 --dtype bfloat16 --device cuda \

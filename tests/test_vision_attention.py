@@ -145,3 +145,26 @@ def test_a_batched_forward_that_computes_something_else_is_refused(tiny_model_di
     monkeypatch.setattr(vision_attention, "window_attention", lambda q, k, v, cu, scaling: v)  # no attention
     assert "off transformers' by" in batched_vision_unsupported(model)
     assert use_batched_vision_attention(model, True) == 0 and not computes_batched(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_on_cuda_the_batched_tower_gives_the_loops_numbers(dtype, tolerance, tiny_model_dir):
+    """On CUDA SDPA may pick another kernel for a batch than for one window: the numbers then differ
+    by rounding only (relative to the norm), values and gradients."""
+    model, processor = load_policy(tiny_model_dir, device="cuda", dtype=dtype)
+    visual = hf_model(model).model.visual
+    visual.fullatt_block_indexes = [1]
+    encoded = processor.image_processor(images=images_of_mixed_sizes(), return_tensors="pt").to("cuda")
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = visual(encoded["pixel_values"].to(model.dtype), grid_thw=encoded["image_grid_thw"]).pooler_output
+        out.float().pow(2).sum().backward()
+        return [out.detach().float()] + [p.grad.float() for p in visual.parameters()]
+
+    expected = run()
+    assert use_batched_vision_attention(model, True) > 0  # the self-check passes on CUDA too
+    for a, b in zip(expected, run()):
+        assert float((a - b).norm() / a.norm().clamp(min=1e-12)) <= tolerance
