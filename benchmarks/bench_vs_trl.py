@@ -292,13 +292,14 @@ def measured_peak_tflops(args) -> float | None:
 
 def bench_model(args, out: Path) -> str:
     """The offline model a benchmark runs: a saved folder (`--model`), the 3B architecture
-    (`--arch-3b`, `--layers` text layers) or a tiny model (`--size`)."""
+    (`--arch-3b`, `--layers` text layers, `--vision-depth` vision blocks where the benchmark has
+    it) or a tiny model (`--size`)."""
     from vlmrl.models import build_tiny_model
 
     if getattr(args, "model", None):
         return args.model
     if args.arch_3b:
-        return qwen25vl_3b_folder(out, args.image, text_layers=args.layers)
+        return qwen25vl_3b_folder(out, args.image, args.layers, getattr(args, "vision_depth", 32))
     return str(build_tiny_model(out, size=args.size))
 
 

@@ -3,16 +3,19 @@ whose parts add up, and `vlmrl check`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
+import torch
 
 from vlmrl import preflight as preflight_module
+from vlmrl.activation_memory import ActivationCosts
 from vlmrl.cli import main
 from vlmrl.config import load_config
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError
 from vlmrl.models import is_checkpointing, load_policy
-from vlmrl.preflight import check, micro_batch_candidates, preflight
+from vlmrl.preflight import check, estimate_memory, micro_batch_candidates, packed_prompts, preflight
 from vlmrl.tasks import Example, get_task
 
 
@@ -79,6 +82,57 @@ def test_memory_estimate_follows_the_settings(tiny_model_dir, letter_task):
     assert memory("algorithm.beta=0").reference == 0
     frozen = memory("model.freeze_vision=true")
     assert frozen.gradients < base.gradients and frozen.optimizer == 2 * frozen.gradients
+
+
+def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_model_dir, letter_task):
+    config = load_config(None, overrides(tiny_model_dir))  # 4 prompts x G=4, micro-batches of 8 rows, 8 tokens
+    policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, layers=2, layer_input=8, vision_layers=1,
+                            vision_layer_input=4)
+    vocab = policy.config.get_text_config().vocab_size
+    logits = 8 * 8 * vocab * (4 + 20)  # the 64 completion positions' logits, in one chunk
+
+    def activations(*extra):
+        trial = load_config(None, overrides(tiny_model_dir, *extra))
+        return estimate_memory(trial, policy, "train", 1, 50, 8, 10, costs).activations - logits
+
+    packed = 2 * 50 + 8 * 8  # 2 prompts of 50 tokens computed once, then 8 completions of 8 tokens
+    # per token 1000 bytes, per image token 300 (2 images x 10 tokens), half the larger layer (500 x tokens)
+    assert activations() == 1000 * packed + 300 * 2 * 10 + 500 * packed / 2
+    plain = 8 * (50 + 8)
+    assert activations("train.pack_groups=false") == 1000 * plain + 300 * 8 * 10 + 500 * plain / 2
+    assert activations("model.freeze_vision=true") == 1000 * packed + 500 * packed / 2
+    assert packed_prompts(config, policy, "train", 1) == 2
+    recomputed = activations("model.gradient_checkpointing=true")  # layer inputs, then 1.5 layers
+    assert recomputed == 2 * 8 * packed + 1 * 4 * 2 * 10 + 1.5 * 500 * packed
+
+
+def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():
+    """configs/shapes_grpo_3b.yaml (micro-batches of one group of 8, ~1100-token prompts with 1024
+    image tokens, 256 new tokens) on the Qwen2.5-VL-3B architecture, with the costs the probe
+    measured on bf16 builds of it (RESULTS.md): packed, the activations fit next to the weights,
+    AdamW and the reference; each row computing its own prompt and image, they would not."""
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
+
+    text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True)
+    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                  fullatt_block_indexes=[7, 15, 23, 31])
+    with torch.device("meta"):
+        policy = AutoModelForImageTextToText.from_config(
+            Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True), dtype=torch.bfloat16)
+    kib = 1024
+    costs = ActivationCosts(per_token=(16.5 + 36 * 127.1) * kib, per_image_token=(71.7 + 32 * 257.2) * kib,
+                            layers=36, layer_input=2048 * 2, vision_layers=32, vision_layer_input=4 * 1280 * 2)
+
+    def needed(*extra) -> float:
+        config = load_config(str(Path(__file__).resolve().parents[1] / "configs/shapes_grpo_3b.yaml"), list(extra))
+        return estimate_memory(config, policy, "train", 1, 1100, 256, 1024, costs).needed / 2 ** 30
+
+    packed, plain = needed("model.gradient_checkpointing=false"), needed("model.gradient_checkpointing=false",
+                                                                         "train.pack_groups=false")
+    assert 45 < packed < 60 and plain > 120
+    assert needed("model.gradient_checkpointing=true") < packed - 15
 
 
 def test_a_prompt_longer_than_max_prompt_length_is_an_error(tiny_model_dir, letter_task):
@@ -207,9 +261,10 @@ def test_auto_picks_the_largest_micro_batch_that_fits_then_checkpointing(tiny_mo
 def test_a_run_trains_with_what_auto_settled(tmp_path, tiny_model_dir, letter_task, monkeypatch, capsys):
     from vlmrl.trainer import train
 
-    needed = estimates(tiny_model_dir)
+    no_reference = "algorithm.beta=0"  # else the run has its reference loaded when it measures, and `check` not
+    needed = estimates(tiny_model_dir, no_reference)
     monkeypatch.setattr(preflight_module, "free_memory", lambda device: needed[4, True])
-    config = load_config(None, overrides(tiny_model_dir, "train.micro_batch_size=auto", "train.steps=1",
+    config = load_config(None, overrides(tiny_model_dir, no_reference, "train.micro_batch_size=auto", "train.steps=1",
                                          "model.gradient_checkpointing=auto", f"output_dir={tmp_path / 'run'}",
                                          "train.trackers=[]"))
     seen = []

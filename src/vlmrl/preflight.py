@@ -13,8 +13,11 @@ alone and prints the report. They:
   says how many of its tokens are image tokens;
 - estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
   moments, the reference copy, the generation KV cache, training activations) and warn
-  when it exceeds what the device has free. The estimate is rough (allocator overhead, fused
-  kernels and framework buffers are not counted): a warning to heed, not a guarantee either way;
+  when it exceeds what the device has free. The activations are what the model keeps for
+  backward per token and per image token, measured on the loaded model (activation_memory.py),
+  times the tokens and images a micro-batch computes (each prompt and image once per group when
+  groups are packed). Allocator overhead and framework buffers are not counted: a warning to
+  heed, not a guarantee either way;
 - settle `model.gradient_checkpointing` and `train.micro_batch_size` when they are "auto": the
   largest micro-batch whose estimate fits, without checkpointing if any fits so, else with it
   (`settle`); the run then trains with what was settled, the same on every process;
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from vlmrl.activation_memory import ActivationCosts, measure_activation_costs
 from vlmrl.config import Config
 from vlmrl.decoding import decode_mode
 from vlmrl.disk import DiskEstimate, free_space, gib
@@ -47,14 +51,6 @@ from vlmrl.support import (block_attention_unsupported, output_layer_unchunkable
                            shared_prefill_unsupported)
 from vlmrl.tasks import Example, Task
 from vlmrl.vision_attention import batched_vision_unsupported
-
-ACTIVATION_VALUES = 26
-"""Values kept for backward per token, per layer, per hidden unit without checkpointing: attention
-inputs and outputs, the MLP's wider intermediates, norms. Korthikanti et al. count 34 bytes in 16
-bits (~17 values) for a 4x MLP; the gated MLPs of current VLMs are wider. Calibrated on the small
-offline model (fp32, CPU, sdpa): with micro-batches of 8 and 32 completions of 64 tokens after an
-81-token prompt, activations plus gradients came within 3% of the measured peak-RSS growth of a
-forward and backward."""
 
 
 @dataclass
@@ -177,7 +173,8 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                              for ex in examples) + 2  # end-of-turn tokens
     longest = max(check.longest for check in checks)
     image_tokens = max(check.image_tokens for check in checks)
-    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), loaded)
+    costs = measure_activation_costs(policy, processor)
+    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded)
     params = list(policy.parameters())
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
     trainable = sum(p.numel() for name, p in policy.named_parameters()
@@ -259,7 +256,7 @@ def micro_batch_candidates(config: Config, mode: str, world: int) -> list[int]:
 
 
 def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, int, int],
-           loaded: int | None) -> tuple[Settled, MemoryEstimate]:
+           costs: ActivationCosts, loaded: int | None) -> tuple[Settled, MemoryEstimate]:
     """The memory settings to train with, and their estimate. `lengths`: the longest prompt, the
     completion and the image tokens. Without a free-memory figure, auto means no checkpointing and
     a micro-batch of about 16 rows."""
@@ -273,13 +270,25 @@ def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, in
     def estimate(micro: int, recompute: bool) -> MemoryEstimate:  # each option estimated once
         trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
                                     train=dataclasses.replace(train, micro_batch_size=micro))
-        return estimate_memory(trial, policy, mode, world, *lengths, loaded)
+        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded)
 
     options = [(micro, recompute) for recompute in checkpointing for micro in micros]
     if estimate(*options[0]).fits is None:  # free memory unknown: no checkpointing, about 16 rows
         options = [(next((m for m in micros if m <= 16), micros[-1]), checkpointing[0])]
     chosen = next((option for option in options if estimate(*option).fits), options[-1])  # else the smallest
     return Settled(*chosen, automatic), estimate(*chosen)
+
+
+def packed_prompts(config: Config, policy, mode: str, world: int) -> int:
+    """Distinct prompts in the widest training micro-batch when its groups are packed (packing.py:
+    each prompt computed once, its completions after it), 0 when its rows are computed one by one
+    (SFT, G = 1, packing off or not supported by the model)."""
+    group, micro = config.rollout.group_size, config.train.micro_batch_size
+    if (mode != "train" or group == 1 or not config.train.pack_groups or packing_unsupported(policy) is not None
+            or output_layer_unchunkable(policy) is not None):
+        return 0
+    rows = config.rollout.per_process(world) * group
+    return max((min(start + micro, rows) - 1) // group - start // group + 1 for start in range(0, rows, micro))
 
 
 def copies_reference(config: Config, mode: str) -> bool:
@@ -365,8 +374,10 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
 
 
 def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
-                    image_tokens: int, loaded: int | None = None) -> MemoryEstimate:
-    """A rough per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate)."""
+                    image_tokens: int, costs: ActivationCosts, loaded: int | None = None) -> MemoryEstimate:
+    """A per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate): the
+    activations from `costs` (measured on the model) for the tokens and images a micro-batch's
+    forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it)."""
     params = list(policy.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
@@ -394,24 +405,20 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
                                                     config.eval.max_new_tokens or config.rollout.max_new_tokens))
 
     micro = config.train.micro_batch_size
-    length = prompt + completion
-    per_layer = ACTIVATION_VALUES * micro * length * hidden * size
-    if config.model.gradient_checkpointing:  # only each layer's input is kept; one layer is recomputed at a time
-        text_activations = layers * micro * length * hidden * size + per_layer
-    else:
-        text_activations = layers * per_layer
+    packs = packed_prompts(config, policy, mode, world)
+    images = packs or micro  # packed (packing.py): each prompt and its image once, its completions after it
+    tokens = images * prompt + micro * completion
+    if frozen_vision or config.model.freeze_vision:
+        images = 0  # the tower keeps nothing for backward
+    activations = costs.kept(tokens, images * image_tokens, config.model.gradient_checkpointing is True)
     attention = getattr(policy.config, "_attn_implementation", None) or config.model.attn_implementation
     if attention == "eager":  # the (L, L) attention weights of every head are kept too
-        text_activations += layers * micro * heads * length * length * size * 2
-    logits = micro * completion * vocab * (size + 20)  # logits, scaled copy, log-softmax, their gradients
-    vision = 0
-    vision_config = getattr(policy.config, "vision_config", None)
-    if vision_config is not None and not config.model.freeze_vision and not frozen_vision:
-        merge = getattr(vision_config, "spatial_merge_size", 1) or 1
-        depth = getattr(vision_config, "depth", None) or getattr(vision_config, "num_hidden_layers", 0)
-        width = getattr(vision_config, "hidden_size", None) or getattr(vision_config, "embed_dim", 0)
-        vision = ACTIVATION_VALUES * depth * micro * image_tokens * merge * merge * width * size
-    activations = text_activations + logits + vision
+        length = tokens // (packs or micro)
+        activations += layers * (packs or micro) * heads * length * length * size * 2
+    positions = micro * completion
+    if config.train.logprob_chunk > 0 and output_layer_unchunkable(policy) is None:
+        positions = min(positions, config.train.logprob_chunk)  # one chunk of the output layer at a time
+    activations += positions * vocab * (size + 20)  # logits, scaled copy, log-softmax, their gradients
 
     device = next(iter(params)).device
     return MemoryEstimate(

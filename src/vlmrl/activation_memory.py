@@ -1,0 +1,141 @@
+"""What a training forward keeps for backward, per token: measured on the loaded model.
+
+The preflight's memory estimate (preflight.py) needs the bytes autograd keeps between a micro-
+batch's forward and its backward. They depend on the architecture (widths, a gated MLP), the dtype
+(bfloat16 models keep their norms and rotary embeddings in float32), the kernels (SDPA's, fused
+ones) and what trains (a frozen tower keeps nothing, a LoRA adapter keeps its inputs), so they are
+measured rather than modelled: `measure_activation_costs` runs three short forwards of the model
+as it will train and records every tensor autograd saves (each storage once, parameters not
+counted; torch.autograd.graph.saved_tensors_hooks):
+
+    text(k)   k text tokens                         per_token       = (text(2k) - text(k)) / k
+    image     k tokens, m of them an image's        per_image_token = (image - text(k)) / m
+
+per_token covers every layer of the language model, per_image_token the vision tower (and its
+projection into the text model) per image token it produces. Both are linear in the tokens for
+SDPA's fused kernels, which keep one log-sum-exp per query rather than the L x L scores. At the
+Qwen2.5-VL-3B architecture's widths a micro-batch of plain rows keeps what these figures say within
+0.5%, packed groups (dense mask) within 5%; the CPU's block kernel keeps its gathered grouped keys
+too, repeated per head (~20% more on the tiny model; FlashAttention takes them unrepeated). In
+bfloat16 the 3B keeps 127 KiB per token per layer, 257 KiB per image token per vision block
+(benchmarks/bench_memory.py, RESULTS.md).
+
+Gradient checkpointing keeps no activations inside a checkpointed layer, only its input (hidden
+size values per token), and recomputes one layer at a time in backward: the probe turns it off
+while it measures (and back on), and `ActivationCosts` gives both figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from vlmrl.prompts import encode_prompts, image_token_id
+from vlmrl.support import hf_model
+from vlmrl.tasks import Example
+
+PROBE_IMAGE = 112
+"""Side in pixels of the probe's image (64 patches, 16 image tokens for Qwen-VL)."""
+
+
+@dataclass(frozen=True)
+class ActivationCosts:
+    """Bytes a training forward keeps for backward, per token, as measured on one model."""
+
+    per_token: float
+    """A text token through the language model, all layers."""
+    per_image_token: float
+    """An image token's share of the vision tower (0 when the tower keeps nothing)."""
+    layers: int
+    """Layers of the language model."""
+    layer_input: int
+    """Bytes of one layer's input per token (hidden size x dtype): what checkpointing keeps per layer."""
+    vision_layers: int
+    """Blocks of the vision tower (1 when unknown)."""
+    vision_layer_input: int
+    """Bytes of one vision block's input per image token, all its patches (0 when unknown)."""
+
+    def kept(self, tokens: int, image_tokens: int, checkpointing: bool = False) -> int:
+        """Bytes kept for backward by a forward over `tokens` text positions (image tokens included)
+        with `image_tokens` from images, and what backward adds on top while it runs.
+
+        Backward frees each layer's activations as it passes it and adds that layer's gradients:
+        half a layer (the larger of a text layer and a vision block over the batch) covers it.
+        Under checkpointing only each layer's input is kept; backward recomputes one layer at a
+        time and holds it with its gradients: one and a half layers on top of the inputs."""
+        layer = max(self.per_token / self.layers * tokens,
+                    self.per_image_token / self.vision_layers * image_tokens)
+        if not checkpointing:
+            return round(self.per_token * tokens + self.per_image_token * image_tokens + layer / 2)
+        inputs = self.layers * self.layer_input * tokens + self.vision_layers * self.vision_layer_input * image_tokens
+        return round(inputs + 1.5 * layer)
+
+
+def saved_bytes(forward, model: torch.nn.Module) -> int:
+    """Bytes of the tensors autograd saves for backward while `forward()` runs, each storage once,
+    the model's parameters not counted."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.enable_grad():
+        forward()
+    return sum(storages.values())
+
+
+def measure_activation_costs(model: torch.nn.Module, processor) -> ActivationCosts:
+    """`ActivationCosts` of `model` as it will train (its dtype, kernels, adapter, frozen parts),
+    from three short forwards; the random state and gradient checkpointing are left as they were."""
+    device = next(model.parameters()).device
+    inputs = encode_prompts(processor, [Example(Image.new("RGB", (PROBE_IMAGE, PROBE_IMAGE), (200, 60, 20)),
+                                                "What is shown?", "")], device)  # (1, k)
+    length = inputs["input_ids"].shape[1]  # k
+    image_tokens = int((inputs["input_ids"] == image_token_id(processor, hf_model(model).config)).sum())  # m
+    plain = processor.tokenizer.encode("a", add_special_tokens=False)[0]
+
+    def text(n: int) -> int:
+        ids = torch.full((1, n), plain, device=device)  # (1, n)
+        return saved_bytes(lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                         logits_to_keep=1), model)
+
+    with _checkpointing_paused(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        short, long = text(length), text(2 * length)
+        image = saved_bytes(lambda: model(**inputs, use_cache=False, logits_to_keep=1), model)
+    return ActivationCosts(per_token=(long - short) / length,
+                           per_image_token=max(image - short, 0) / max(image_tokens, 1),
+                           **_layer_sizes(model))
+
+
+def _layer_sizes(model: torch.nn.Module) -> dict[str, int]:
+    """Layer counts and per-token input bytes of the language model and the vision tower."""
+    config = hf_model(model).config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = next(model.parameters()).element_size()
+    vision = getattr(config, "vision_config", None)
+    depth = (getattr(vision, "depth", None) or getattr(vision, "num_hidden_layers", None) or 1) if vision else 1
+    width = (getattr(vision, "hidden_size", None) or getattr(vision, "embed_dim", None) or 0) if vision else 0
+    merge = (getattr(vision, "spatial_merge_size", None) or 1) if vision else 1
+    return {"layers": text.num_hidden_layers, "layer_input": text.hidden_size * size, "vision_layers": depth,
+            "vision_layer_input": merge * merge * width * size}
+
+
+@contextlib.contextmanager
+def _checkpointing_paused(model: torch.nn.Module):
+    """Within: no module recomputes (transformers' `gradient_checkpointing` flags off); restored after."""
+    flags = {module: module.gradient_checkpointing for module in model.modules()
+             if isinstance(getattr(module, "gradient_checkpointing", None), bool)}
+    try:
+        for module in flags:
+            module.gradient_checkpointing = False
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.gradient_checkpointing = flag

@@ -1,0 +1,91 @@
+"""What a training forward keeps for backward: the saved-tensor count by hand, the probe's per-token
+figures against whole training passes, and the estimate that `kept` makes of them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmrl.activation_memory import ActivationCosts, measure_activation_costs, saved_bytes
+from vlmrl.logprobs import LogprobScorer
+from vlmrl.models import enable_checkpointing, is_checkpointing, load_policy
+from vlmrl.prompts import encode_prompts, image_token_id
+from vlmrl.rollout import Completions
+from vlmrl.tasks import Example
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_saved_bytes_counts_each_storage_once_and_no_parameter():
+    layer = torch.nn.Linear(8, 3, bias=False)
+    x = torch.randn(5, 8)
+    # Linear keeps its input (5 x 8; the weight is a parameter), relu its output (5 x 3): float32
+    assert saved_bytes(lambda: torch.relu(layer(x)), layer) == (40 + 15) * 4
+    y = torch.randn(2, 3, requires_grad=True)
+
+    def square_of_exp():
+        e = y.exp()  # keeps its result e
+        return e * e  # keeps both operands: e again
+
+    assert saved_bytes(square_of_exp, layer) == 6 * 4
+
+
+def test_kept_adds_half_a_layer_or_the_checkpointed_inputs_and_one_and_a_half():
+    costs = ActivationCosts(per_token=400.0, per_image_token=1000.0, layers=4, layer_input=8,
+                            vision_layers=2, vision_layer_input=16)
+    # per layer: 100 bytes a text token, 500 bytes an image token per vision block
+    assert costs.kept(10, 0) == 400 * 10 + 100 * 10 / 2
+    assert costs.kept(10, 4) == 400 * 10 + 1000 * 4 + 500 * 4 / 2  # the vision block is the larger layer
+    assert costs.kept(10, 4, checkpointing=True) == 4 * 8 * 10 + 2 * 16 * 4 + 1.5 * 500 * 4
+    assert costs.kept(100, 0, checkpointing=True) == 4 * 8 * 100 + 1.5 * 100 * 100
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    model.train()
+    return model, processor
+
+
+def group_rows(circle_image, prompts: int, group: int, tokens: int) -> Completions:
+    examples = [Example(circle_image.rotate(90 * p), f"Count the circles ({p}).", "2") for p in range(prompts)]
+    rows = [example for example in examples for _ in range(group)]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 400, (len(rows), tokens), generator=generator)  # (N, T) plain text tokens
+    return Completions(rows, ids, torch.ones_like(ids))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_probe_predicts_what_a_training_pass_keeps(policy, circle_image, packed):
+    model, processor = policy
+    costs = measure_activation_costs(model, processor)
+    completions = group_rows(circle_image, prompts=2, group=4, tokens=16)
+    # the dense-mask packed pass: the CPU's block kernel keeps its repeated grouped keys too (~18% more here)
+    scorer = LogprobScorer(processor, pack_groups=packed, block_attention=False)
+    measured = saved_bytes(lambda: scorer(model, completions)[0].sum(), model)
+    prompt = encode_prompts(processor, completions.rows[:1], torch.device("cpu"))["input_ids"]  # (1, P)
+    image_tokens = int((prompt == image_token_id(processor, model.config)).sum())
+    computed = 2 if packed else 8  # prompts and images the forward computes
+    predicted = costs.per_token * (computed * prompt.shape[1] + 8 * 16) + costs.per_image_token * computed * image_tokens
+    assert measured == pytest.approx(predicted, rel=0.1)
+
+
+def test_the_probe_leaves_the_random_state_and_checkpointing_as_they_were(tiny_model_dir):
+    model, processor = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    model.train()
+    plain = measure_activation_costs(model, processor)
+    enable_checkpointing(model)
+    state = torch.get_rng_state()
+    assert measure_activation_costs(model, processor) == plain  # measured with checkpointing paused
+    assert torch.equal(torch.get_rng_state(), state) and is_checkpointing(model)
+    assert (plain.layers, plain.layer_input) == (model.config.text_config.num_hidden_layers,
+                                                 model.config.text_config.hidden_size * 4)
+
+
+def test_a_frozen_tower_keeps_next_to_nothing_per_image_token(tiny_model_dir, policy):
+    frozen, processor = load_policy(tiny_model_dir, device="cpu", dtype="float32", freeze_vision=True)
+    frozen.train()
+    trained = measure_activation_costs(*policy)
+    costs = measure_activation_costs(frozen, processor)
+    assert costs.per_token == trained.per_token
+    assert costs.per_image_token < trained.per_image_token / 20
