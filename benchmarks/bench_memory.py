@@ -14,7 +14,7 @@ gradient checkpointing off and on, and the table gives for each:
   every large block back at once so that the resident size follows the live tensors).
 
 Run: `python benchmarks/bench_memory.py [--arch-3b | --model DIR | --size small] [--prompts 2 --group 8
---image 448 --tokens 64]`; `--results FILE` appends the table (Markdown, date, machine, command).
+--image 448 --tokens 64 --dtype auto]`; `--results FILE` appends the table (Markdown, date, machine, command).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def measured(model, scorer: LogprobScorer, completions, checkpointing: bool) -> 
 def estimated(args, model, processor, completions, packed: bool, checkpointing: bool, costs) -> float:
     """MiB: the preflight's activations for this micro-batch."""
     config = load_config(None, [
-        f"model.name_or_path={args.model_dir}", f"model.device={args.device}",
+        f"model.name_or_path={args.model_dir}", f"model.device={args.device}", f"model.dtype={args.dtype}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.tokens}", f"train.micro_batch_size={args.prompts * args.group}",
         f"train.pack_groups={str(packed).lower()}", f"model.gradient_checkpointing={str(checkpointing).lower()}"])
@@ -95,11 +95,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=36, help="with --arch-3b: text layers (36 = the real one)")
     parser.add_argument("--vision-depth", type=int, default=32, help="with --arch-3b: vision blocks (32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--results", default=None, help="append the table (Markdown) to this file")
     args = parser.parse_args()
 
     args.model_dir = bench_model(args, Path(tempfile.mkdtemp()) / "model")
-    model, processor = load_policy(args.model_dir, device=args.device)
+    model, processor = load_policy(args.model_dir, device=args.device, dtype=args.dtype)
     model.train()
     completions = completions_of(model, processor, args)
     costs = measure_activation_costs(model, processor)
@@ -112,16 +113,16 @@ def main() -> None:
             kept, peak = measured(model, scorer, completions, checkpointing)
             rows.append((packed, checkpointing,
                          estimated(args, model, processor, completions, packed, checkpointing, costs), kept, peak))
-    publish(table(args, rows), args.results)
+    publish(table(args, rows, next(model.parameters()).dtype), args.results)
 
 
-def table(args, rows: list[tuple]) -> list[str]:
+def table(args, rows: list[tuple], dtype: torch.dtype) -> list[str]:
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_memory.py"] + sys.argv[1:])
     name = args.model or (f"Qwen2.5-VL-3B architecture ({args.layers} layers, {args.vision_depth} vision blocks)"
                           if args.arch_3b else
                           f"tiny-model {args.size}")
     lines = [f"### {datetime.date.today().isoformat()}: activation estimate against the training pass, {name}, "
-             f"{args.device}, {args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} tokens", "",
+             f"{args.device}, {dtype}, {args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} tokens", "",
              f"- machine: {machine()}", f"- command: `{command}`", "",
              "| micro-batch | checkpointing | estimate (MiB) | kept for backward (MiB) | peak (MiB) | estimate / peak |",
              "|---|---|---:|---:|---:|---:|"]

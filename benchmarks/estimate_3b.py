@@ -44,6 +44,8 @@ def probed_costs() -> tuple[ActivationCosts, str]:
           f"token; outside them {(one.per_token - text_layer) / KIB:.1f} and {(one.per_image_token - vision_block) / KIB:.1f}")
     costs = ActivationCosts(per_token=one.per_token + (TEXT_LAYERS - 1) * text_layer,
                             per_image_token=one.per_image_token + (VISION_BLOCKS - 1) * vision_block,
+                            in_layers=TEXT_LAYERS * (two.in_layers - one.in_layers),
+                            in_blocks=VISION_BLOCKS * (two.in_blocks - one.in_blocks),
                             layers=TEXT_LAYERS, layer_input=two.layer_input, vision_layers=VISION_BLOCKS,
                             vision_layer_input=two.vision_layer_input)
     return costs, folder

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmrl.activation_memory import ActivationCosts, measure_activation_costs, saved_bytes
+from vlmrl.activation_memory import ActivationCosts, measure_activation_costs, saved_bytes, saved_bytes_by_place
 from vlmrl.logprobs import LogprobScorer
 from vlmrl.models import enable_checkpointing, is_checkpointing, load_policy
 from vlmrl.prompts import encode_prompts, image_token_id
@@ -30,14 +30,40 @@ def test_saved_bytes_counts_each_storage_once_and_no_parameter():
     assert saved_bytes(square_of_exp, layer) == 6 * 4
 
 
-def test_kept_adds_half_a_layer_or_the_checkpointed_inputs_and_one_and_a_half():
-    costs = ActivationCosts(per_token=400.0, per_image_token=1000.0, layers=4, layer_input=8,
-                            vision_layers=2, vision_layer_input=16)
-    # per layer: 100 bytes a text token, 500 bytes an image token per vision block
-    assert costs.kept(10, 0) == 400 * 10 + 100 * 10 / 2
-    assert costs.kept(10, 4) == 400 * 10 + 1000 * 4 + 500 * 4 / 2  # the vision block is the larger layer
-    assert costs.kept(10, 4, checkpointing=True) == 4 * 8 * 10 + 2 * 16 * 4 + 1.5 * 500 * 4
-    assert costs.kept(100, 0, checkpointing=True) == 4 * 8 * 100 + 1.5 * 100 * 100
+def test_saved_bytes_by_place_tells_what_a_checkpointable_layer_saved():
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    class Block(GradientCheckpointingLayer):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4, bias=False)
+
+        def forward(self, x):
+            return torch.relu(self.linear(x))  # keeps x (2 x 4) and its output (2 x 4)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(x.exp()).sum()  # exp keeps its output: the block's input, saved first outside
+
+    model, x = Model(), torch.randn(2, 4, requires_grad=True)
+    assert saved_bytes_by_place(lambda: model(x), model) == (8 * 4, 8 * 4)
+
+
+def test_peak_adds_half_a_layer_or_the_readout_and_under_checkpointing_the_inputs_and_one_and_a_half():
+    costs = ActivationCosts(per_token=450.0, per_image_token=1100.0, in_layers=400.0, in_blocks=1000.0, layers=4,
+                            layer_input=8, vision_layers=2, vision_layer_input=16)
+    # per layer: 100 bytes a text token, 500 an image token per vision block; 50 and 100 outside them
+    assert costs.peak(10, 0) == 450 * 10 + 100 * 10 / 2
+    assert costs.peak(10, 4) == 450 * 10 + 1100 * 4 + 500 * 4 / 2  # the vision block is the larger layer
+    assert costs.peak(10, 4, transient=5000) == 450 * 10 + 1100 * 4 + 5000  # the output layer's chunk is larger
+    outside = 50 * 10 + 100 * 4
+    assert costs.peak(10, 4, checkpointing=True) == outside + 4 * 8 * 10 + 2 * 16 * 4 + 1.5 * 500 * 4
+    assert costs.peak(100, 0, checkpointing=True) == 50 * 100 + 4 * 8 * 100 + 1.5 * 100 * 100
+    assert costs.peak(100, 0, checkpointing=True, transient=10 ** 5) == 50 * 100 + 4 * 8 * 100 + 10 ** 5
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +94,8 @@ def test_the_probe_predicts_what_a_training_pass_keeps(policy, circle_image, pac
     computed = 2 if packed else 8  # prompts and images the forward computes
     predicted = costs.per_token * (computed * prompt.shape[1] + 8 * 16) + costs.per_image_token * computed * image_tokens
     assert measured == pytest.approx(predicted, rel=0.1)
+    assert 0.5 * costs.per_token < costs.in_layers < costs.per_token  # most of it inside the decoder layers
+    assert 0 < costs.in_blocks < costs.per_image_token
 
 
 def test_the_probe_leaves_the_random_state_and_checkpointing_as_they_were(tiny_model_dir):
@@ -87,5 +115,5 @@ def test_a_frozen_tower_keeps_next_to_nothing_per_image_token(tiny_model_dir, po
     frozen.train()
     trained = measure_activation_costs(*policy)
     costs = measure_activation_costs(frozen, processor)
-    assert costs.per_token == trained.per_token
-    assert costs.per_image_token < trained.per_image_token / 20
+    assert (costs.per_token, costs.in_layers) == (trained.per_token, trained.in_layers)
+    assert costs.per_image_token < trained.per_image_token / 20 and costs.in_blocks <= costs.per_image_token

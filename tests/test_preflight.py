@@ -87,24 +87,25 @@ def test_memory_estimate_follows_the_settings(tiny_model_dir, letter_task):
 def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_model_dir, letter_task):
     config = load_config(None, overrides(tiny_model_dir))  # 4 prompts x G=4, micro-batches of 8 rows, 8 tokens
     policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
-    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, layers=2, layer_input=8, vision_layers=1,
-                            vision_layer_input=4)
-    vocab = policy.config.get_text_config().vocab_size
-    logits = 8 * 8 * vocab * (4 + 20)  # the 64 completion positions' logits, in one chunk
+    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, in_layers=800.0, in_blocks=200.0, layers=2,
+                            layer_input=8, vision_layers=1, vision_layer_input=4)
+    readout = 8 * 8 * policy.config.get_text_config().vocab_size * 12  # the 64 completion positions, one chunk
 
     def activations(*extra):
         trial = load_config(None, overrides(tiny_model_dir, *extra))
-        return estimate_memory(trial, policy, "train", 1, 50, 8, 10, costs).activations - logits
+        return estimate_memory(trial, policy, "train", 1, 50, 8, 10, costs).activations
 
     packed = 2 * 50 + 8 * 8  # 2 prompts of 50 tokens computed once, then 8 completions of 8 tokens
-    # per token 1000 bytes, per image token 300 (2 images x 10 tokens), half the larger layer (500 x tokens)
-    assert activations() == 1000 * packed + 300 * 2 * 10 + 500 * packed / 2
+    # per token 1000 bytes, per image token 300 (2 images x 10 tokens), then the output layer's chunk
+    assert readout > 400 * packed  # larger than half a layer's
+    assert activations() == 1000 * packed + 300 * 2 * 10 + readout
     plain = 8 * (50 + 8)
-    assert activations("train.pack_groups=false") == 1000 * plain + 300 * 8 * 10 + 500 * plain / 2
-    assert activations("model.freeze_vision=true") == 1000 * packed + 500 * packed / 2
+    assert activations("train.pack_groups=false") == 1000 * plain + 300 * 8 * 10 + readout
+    assert activations("model.freeze_vision=true") == 1000 * packed + readout
     assert packed_prompts(config, policy, "train", 1) == 2
-    recomputed = activations("model.gradient_checkpointing=true")  # layer inputs, then 1.5 layers
-    assert recomputed == 2 * 8 * packed + 1 * 4 * 2 * 10 + 1.5 * 500 * packed
+    # outside the layers 200 and 100 bytes, the layers' inputs, then the readout (over 1.5 layers)
+    assert activations("model.gradient_checkpointing=true") == 200 * packed + 100 * 20 + 2 * 8 * packed + 4 * 20 \
+        + readout
 
 
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():
@@ -123,7 +124,8 @@ def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed()
             Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True), dtype=torch.bfloat16)
     kib = 1024
     costs = ActivationCosts(per_token=(16.5 + 36 * 127.1) * kib, per_image_token=(71.7 + 32 * 257.2) * kib,
-                            layers=36, layer_input=2048 * 2, vision_layers=32, vision_layer_input=4 * 1280 * 2)
+                            in_layers=36 * 127.1 * kib, in_blocks=32 * 257.2 * kib, layers=36, layer_input=2048 * 2,
+                            vision_layers=32, vision_layer_input=4 * 1280 * 2)
 
     def needed(*extra) -> float:
         config = load_config(str(Path(__file__).resolve().parents[1] / "configs/shapes_grpo_3b.yaml"), list(extra))

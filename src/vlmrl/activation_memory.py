@@ -6,23 +6,25 @@ batch's forward and its backward. They depend on the architecture (widths, a gat
 ones) and what trains (a frozen tower keeps nothing, a LoRA adapter keeps its inputs), so they are
 measured rather than modelled: `measure_activation_costs` runs three short forwards of the model
 as it will train and records every tensor autograd saves (each storage once, parameters not
-counted; torch.autograd.graph.saved_tensors_hooks):
+counted; torch.autograd.graph.saved_tensors_hooks), and which of them a checkpointable layer
+(transformers' GradientCheckpointingLayer: a decoder layer, a vision block) saved:
 
     text(k)   k text tokens                         per_token       = (text(2k) - text(k)) / k
     image     k tokens, m of them an image's        per_image_token = (image - text(k)) / m
 
-per_token covers every layer of the language model, per_image_token the vision tower (and its
-projection into the text model) per image token it produces. Both are linear in the tokens for
-SDPA's fused kernels, which keep one log-sum-exp per query rather than the L x L scores. At the
-Qwen2.5-VL-3B architecture's widths a micro-batch of plain rows keeps what these figures say within
-0.5%, packed groups (dense mask) within 5%; the CPU's block kernel keeps its gathered grouped keys
-too, repeated per head (~20% more on the tiny model; FlashAttention takes them unrepeated). In
-bfloat16 the 3B keeps 127 KiB per token per layer, 257 KiB per image token per vision block
-(benchmarks/bench_memory.py, RESULTS.md).
+per_token covers the language model, per_image_token the vision tower (and its projection into
+the text model) per image token it produces; `in_layers` and `in_blocks` are their shares saved
+inside the layers. Both are linear in the tokens for SDPA's fused kernels, which keep one
+log-sum-exp per query rather than the L x L scores. At the Qwen2.5-VL-3B architecture's widths a
+micro-batch of plain rows keeps what these figures say within 0.5%, packed groups (dense mask)
+within 5%; the CPU's block kernel keeps its gathered grouped keys too, repeated per head (~20%
+more on the tiny model; FlashAttention takes them unrepeated). In bfloat16 the 3B keeps 127 KiB
+per token per layer, 257 KiB per image token per vision block (benchmarks/bench_memory.py,
+RESULTS.md).
 
 Gradient checkpointing keeps no activations inside a checkpointed layer, only its input (hidden
 size values per token), and recomputes one layer at a time in backward: the probe turns it off
-while it measures (and back on), and `ActivationCosts` gives both figures.
+while it measures (and back on), and `ActivationCosts.peak` gives both figures.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from PIL import Image
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.support import hf_model
@@ -49,6 +52,10 @@ class ActivationCosts:
     """A text token through the language model, all layers."""
     per_image_token: float
     """An image token's share of the vision tower (0 when the tower keeps nothing)."""
+    in_layers: float
+    """Of per_token, what the language model's layers keep (all of them): checkpointing drops it."""
+    in_blocks: float
+    """Of per_image_token, what the vision blocks keep (all of them): checkpointing drops it."""
     layers: int
     """Layers of the language model."""
     layer_input: int
@@ -58,37 +65,62 @@ class ActivationCosts:
     vision_layer_input: int
     """Bytes of one vision block's input per image token, all its patches (0 when unknown)."""
 
-    def kept(self, tokens: int, image_tokens: int, checkpointing: bool = False) -> int:
-        """Bytes kept for backward by a forward over `tokens` text positions (image tokens included)
-        with `image_tokens` from images, and what backward adds on top while it runs.
+    def peak(self, tokens: int, image_tokens: int, checkpointing: bool = False, transient: int = 0) -> int:
+        """Bytes a forward and backward over `tokens` text positions (image tokens included), with
+        `image_tokens` from images, hold at their peak: what the forward keeps, and the larger of
+        `transient` (what the start of backward allocates: the output layer's chunk) and what
+        backward holds for the layer it is in.
 
-        Backward frees each layer's activations as it passes it and adds that layer's gradients:
-        half a layer (the larger of a text layer and a vision block over the batch) covers it.
-        Under checkpointing only each layer's input is kept; backward recomputes one layer at a
-        time and holds it with its gradients: one and a half layers on top of the inputs."""
-        layer = max(self.per_token / self.layers * tokens,
-                    self.per_image_token / self.vision_layers * image_tokens)
+        That is half a layer (the larger of a text layer and a vision block over the batch): backward
+        frees each layer's activations as it adds that layer's gradients. Under checkpointing a layer
+        keeps only its input, and backward recomputes one layer at a time and holds it with its
+        gradients: one and a half layers."""
+        layer = max(self.in_layers / self.layers * tokens, self.in_blocks / self.vision_layers * image_tokens)
+        kept = self.per_token * tokens + self.per_image_token * image_tokens
         if not checkpointing:
-            return round(self.per_token * tokens + self.per_image_token * image_tokens + layer / 2)
+            return round(kept + max(transient, layer / 2))
         inputs = self.layers * self.layer_input * tokens + self.vision_layers * self.vision_layer_input * image_tokens
-        return round(inputs + 1.5 * layer)
+        outside = kept - self.in_layers * tokens - self.in_blocks * image_tokens
+        return round(outside + inputs + max(transient, 1.5 * layer))
 
 
 def saved_bytes(forward, model: torch.nn.Module) -> int:
     """Bytes of the tensors autograd saves for backward while `forward()` runs, each storage once,
     the model's parameters not counted."""
+    return sum(saved_bytes_by_place(forward, model))
+
+
+def saved_bytes_by_place(forward, model: torch.nn.Module) -> tuple[int, int]:
+    """`saved_bytes` in two parts: (saved inside a checkpointable layer, saved elsewhere). A storage
+    saved in both places counts where it was saved first."""
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
+    storages: dict[int, tuple[int, bool]] = {}  # data pointer -> (bytes, saved inside a layer)
+    depth = [0]  # checkpointable layers the forward is inside
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        pointer = storage.data_ptr()
+        if pointer not in parameters:
+            size, inside = storages.get(pointer, (0, depth[0] > 0))
+            storages[pointer] = (max(size, storage.nbytes()), inside)
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.enable_grad():
-        forward()
-    return sum(storages.values())
+    def enter(module, args):
+        depth[0] += 1
+
+    def leave(module, args, output):
+        depth[0] -= 1
+
+    handles = [hook for module in model.modules() if isinstance(module, GradientCheckpointingLayer)
+               for hook in (module.register_forward_pre_hook(enter), module.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.enable_grad():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    inside = sum(size for size, in_layer in storages.values() if in_layer)
+    return inside, sum(size for size, _ in storages.values()) - inside
 
 
 def measure_activation_costs(model: torch.nn.Module, processor) -> ActivationCosts:
@@ -101,16 +133,18 @@ def measure_activation_costs(model: torch.nn.Module, processor) -> ActivationCos
     image_tokens = int((inputs["input_ids"] == image_token_id(processor, hf_model(model).config)).sum())  # m
     plain = processor.tokenizer.encode("a", add_special_tokens=False)[0]
 
-    def text(n: int) -> int:
+    def text(n: int) -> tuple[int, int]:
         ids = torch.full((1, n), plain, device=device)  # (1, n)
-        return saved_bytes(lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
-                                         logits_to_keep=1), model)
+        return saved_bytes_by_place(lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                  use_cache=False, logits_to_keep=1), model)
 
     with _checkpointing_paused(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        short, long = text(length), text(2 * length)
-        image = saved_bytes(lambda: model(**inputs, use_cache=False, logits_to_keep=1), model)
-    return ActivationCosts(per_token=(long - short) / length,
-                           per_image_token=max(image - short, 0) / max(image_tokens, 1),
+        short, long = text(length), text(2 * length)  # (inside layers, elsewhere) each
+        image = saved_bytes_by_place(lambda: model(**inputs, use_cache=False, logits_to_keep=1), model)
+    per_image = max(sum(image) - sum(short), 0) / max(image_tokens, 1)
+    return ActivationCosts(per_token=(sum(long) - sum(short)) / length, per_image_token=per_image,
+                           in_layers=(long[0] - short[0]) / length,
+                           in_blocks=min(max(image[0] - short[0], 0) / max(image_tokens, 1), per_image),
                            **_layer_sizes(model))
 
 
