@@ -117,3 +117,13 @@ def test_a_frozen_tower_keeps_next_to_nothing_per_image_token(tiny_model_dir, po
     costs = measure_activation_costs(frozen, processor)
     assert (costs.per_token, costs.in_layers) == (trained.per_token, trained.in_layers)
     assert costs.per_image_token < trained.per_image_token / 20 and costs.in_blocks <= costs.per_image_token
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "idefics3"])
+def test_each_family_has_its_vision_blocks_measured_and_their_inputs_sized(tiny_model_factory, arch):
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu", dtype="float32")
+    model.train()
+    costs = measure_activation_costs(model, processor)
+    # the tiny towers: 2 blocks of width 32, 4 patches per image token (2 x 2 merged, or pixel-shuffled)
+    assert (costs.vision_layers, costs.vision_layer_input) == (2, 4 * 32 * 4)
+    assert 0 < costs.in_blocks < costs.per_image_token and 0 < costs.in_layers < costs.per_token

@@ -154,9 +154,11 @@ def _layer_sizes(model: torch.nn.Module) -> dict[str, int]:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     size = next(model.parameters()).element_size()
     vision = getattr(config, "vision_config", None)
-    depth = (getattr(vision, "depth", None) or getattr(vision, "num_hidden_layers", None) or 1) if vision else 1
-    width = (getattr(vision, "hidden_size", None) or getattr(vision, "embed_dim", None) or 0) if vision else 0
-    merge = (getattr(vision, "spatial_merge_size", None) or 1) if vision else 1
+    depth, width, merge = 1, 0, 1
+    if vision is not None:
+        depth = getattr(vision, "depth", None) or getattr(vision, "num_hidden_layers", None) or 1
+        width = getattr(vision, "embed_dim", None) or getattr(vision, "hidden_size", 0)  # Qwen2-VL: embed_dim
+        merge = getattr(vision, "spatial_merge_size", None) or getattr(config, "scale_factor", None) or 1  # Idefics3
     return {"layers": text.num_hidden_layers, "layer_input": text.hidden_size * size, "vision_layers": depth,
             "vision_layer_input": merge * merge * width * size}
 
