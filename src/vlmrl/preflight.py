@@ -52,6 +52,11 @@ from vlmrl.support import (block_attention_unsupported, output_layer_unchunkable
 from vlmrl.tasks import Example, Task
 from vlmrl.vision_attention import batched_vision_unsupported
 
+HEADROOM = 0.1
+"""Share of the free memory a run is not planned into: what the estimate does not count (blocks the
+allocator caches but cannot reuse, kernel workspaces, communication buffers). The estimate counts
+live tensors closely (benchmarks/bench_memory.py), so "fits" leaves this much spare."""
+
 LOGIT_BYTES = 12
 """Bytes per logit that backward through the output layer allocates at its start: logits, their
 float32 log-softmax and its gradients for one chunk of positions (recomputed in backward). Measured
@@ -105,7 +110,7 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool | None:
-        return None if self.free is None else self.needed <= self.free
+        return None if self.free is None else self.needed <= self.free * (1 - HEADROOM)
 
 
 @dataclass
@@ -146,8 +151,8 @@ class PreflightReport:
             verdict = "free memory unknown"
         else:
             shared = f" for {m.sharers} processes" if m.sharers > 1 else ""
-            verdict = (f"{gib(m.needed)} more needed{shared}, {gib(m.free)} free on {m.device}: "
-                       + ("fits" if m.fits else "DOES NOT FIT"))
+            verdict = (f"{gib(m.needed)} more needed{shared}, {gib(m.free)} free on {m.device} "
+                       f"({HEADROOM:.0%} kept spare): " + ("fits" if m.fits else "DOES NOT FIT"))
         out.append(f"memory     about {gib(m.peak)} per process at peak; {verdict}")
         out.append(f"           ({', '.join(parts)})")
         if self.settled.automatic:
@@ -480,7 +485,7 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
 
 def memory_advice(memory: MemoryEstimate) -> str:
     return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "
-            f"{gib(memory.free or 0)} free. Lower train.micro_batch_size or rollout.generation_batch_size, "
+            f"{gib(memory.free or 0)} free ({HEADROOM:.0%} of it kept spare). Lower train.micro_batch_size or rollout.generation_batch_size, "
             "turn on model.gradient_checkpointing, or train a LoRA adapter (model.lora.enabled=true)")
 
 
