@@ -18,10 +18,10 @@
 #   variants  (~9 min) issue 17's ablations, on one 3B folder built first: the packed pass, the
 #             vision windows in a loop against batched, dense mask against blocks, and the model's
 #             own RMSNorm/MLP against liger's fused kernels (values, gradients, time, memory,
-#             attention calls); the preflight's activation estimate against the training pass's
-#             peak (bench_memory.py, packed and plain, checkpointing off and on); then vlmrl's step alone (--vlmrl-only, against `step`'s TRL column; eager
+#             attention calls); then vlmrl's step alone (--vlmrl-only, against `step`'s TRL column; eager
 #             decoding, as only the training phase differs) with checkpointing off, with the fused
-#             kernels, with the dense mask
+#             kernels, with the dense mask; last, the preflight's activation estimate against the
+#             training pass's peak (bench_memory.py: packed and plain, checkpointing off and on)
 #
 # Use kind nvidia-h200: `step` holds both trainers' 3B models, references and optimizer states at
 # once (about 75 GB before activations, over an H100's 80 GB), and the issues' figures were taken
@@ -76,11 +76,11 @@ from bench_vs_trl import qwen25vl_3b_folder; qwen25vl_3b_folder(Path('$model'), 
               for compare in vision attention fused; do
                   measure python3 ${PASS/--arch-3b/--model $model} --compare $compare --results $RESULTS
               done
-              measure python3 benchmarks/bench_memory.py --model $model --device cuda --prompts 2 --group 8 \
-                  --image 896 --tokens 256 --results $RESULTS
               for variant in --no-checkpointing --fused-kernels --dense-attention; do
                   measure python3 ${STEP/--arch-3b/--model $model} --vlmrl-only --decode dynamic $variant \
                       --results $RESULTS
-              done ;;
+              done
+              measure python3 benchmarks/bench_memory.py --model $model --device cuda --prompts 2 --group 8 \
+                  --image 896 --tokens 256 --results $RESULTS ;;
 esac
 exit $failed

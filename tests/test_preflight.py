@@ -41,6 +41,7 @@ def test_check_reports_the_longest_prompt_and_a_memory_estimate(tiny_model_dir, 
     assert m.free > 0 and m.fits
     text = "\n".join(report.lines())
     assert "longest" in text and f"{train.image_tokens} image tokens" in text and "fits" in text
+    assert f"activations measured: {report.costs.per_token / 1024:.0f} KiB per token" in text
 
 
 def test_the_report_says_which_speedups_the_run_takes_and_why_not(tiny_model_dir, letter_task):

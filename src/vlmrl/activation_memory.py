@@ -111,8 +111,8 @@ def saved_bytes_by_place(forward, model: torch.nn.Module) -> tuple[int, int]:
     def leave(module, args, output):
         depth[0] -= 1
 
-    handles = [hook for module in model.modules() if isinstance(module, GradientCheckpointingLayer)
-               for hook in (module.register_forward_pre_hook(enter), module.register_forward_hook(leave))]
+    handles = [handle for module in model.modules() if isinstance(module, GradientCheckpointingLayer)
+               for handle in (module.register_forward_pre_hook(enter), module.register_forward_hook(leave))]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.enable_grad():
             forward()

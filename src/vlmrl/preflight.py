@@ -129,6 +129,8 @@ class PreflightReport:
     """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
     speed: str = ""
     """Which speedups the run takes (see `speed_line`)."""
+    costs: ActivationCosts | None = None
+    """What the model keeps for backward per token, as the preflight measured it."""
 
     def advice(self) -> list[str]:
         """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
@@ -155,6 +157,9 @@ class PreflightReport:
                        f"({HEADROOM:.0%} kept spare): " + ("fits" if m.fits else "DOES NOT FIT"))
         out.append(f"memory     about {gib(m.peak)} per process at peak; {verdict}")
         out.append(f"           ({', '.join(parts)})")
+        if self.costs is not None:
+            out.append(f"           activations measured: {gib(round(self.costs.per_token))} per token, "
+                       f"{gib(round(self.costs.per_image_token))} per image token")
         if self.settled.automatic:
             out.append(self.settled.line())
         out.append(self.disk.line())
@@ -194,7 +199,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                            trainable=trainable, dtype=dtype_note(config, params),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
-                           speed=speed_line(config, policy, mode))
+                           speed=speed_line(config, policy, mode), costs=costs)
 
 
 def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:
