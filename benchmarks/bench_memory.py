@@ -96,12 +96,15 @@ def main() -> None:
     parser.add_argument("--vision-depth", type=int, default=32, help="with --arch-3b: vision blocks (32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on a CPU")
+    parser.add_argument("--frozen-embedding", action="store_true",
+                        help="the input embedding (and a tied output layer) does not train")
     parser.add_argument("--results", default=None, help="append the table (Markdown) to this file")
     args = parser.parse_args()
 
     args.model_dir = bench_model(args, Path(tempfile.mkdtemp()) / "model")
     model, processor = load_policy(args.model_dir, device=args.device, dtype=args.dtype)
     model.train()
+    model.get_input_embeddings().weight.requires_grad_(not args.frozen_embedding)
     completions = completions_of(model, processor, args)
     costs = measure_activation_costs(model, processor)
     rows = []
@@ -121,6 +124,7 @@ def table(args, rows: list[tuple], dtype: torch.dtype) -> list[str]:
     name = args.model or (f"Qwen2.5-VL-3B architecture ({args.layers} layers, {args.vision_depth} vision blocks)"
                           if args.arch_3b else
                           f"tiny-model {args.size}")
+    name += ", embedding frozen" if args.frozen_embedding else ""
     lines = [f"### {datetime.date.today().isoformat()}: activation estimate against the training pass, {name}, "
              f"{args.device}, {dtype}, {args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} tokens", "",
              f"- machine: {machine()}", f"- command: `{command}`", "",

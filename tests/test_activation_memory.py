@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmrl.activation_memory import ActivationCosts, measure_activation_costs, saved_bytes, saved_bytes_by_place
+from vlmrl.activation_memory import (ActivationCosts, embedding_gradients, measure_activation_costs, saved_bytes,
+                                     saved_bytes_by_place)
 from vlmrl.logprobs import LogprobScorer
 from vlmrl.models import enable_checkpointing, is_checkpointing, load_policy
 from vlmrl.prompts import encode_prompts, image_token_id
@@ -59,11 +60,24 @@ def test_peak_adds_half_a_layer_or_the_readout_and_under_checkpointing_the_input
     # per layer: 100 bytes a text token, 500 an image token per vision block; 50 and 100 outside them
     assert costs.peak(10, 0) == 450 * 10 + 100 * 10 / 2
     assert costs.peak(10, 4) == 450 * 10 + 1100 * 4 + 500 * 4 / 2  # the vision block is the larger layer
-    assert costs.peak(10, 4, transient=5000) == 450 * 10 + 1100 * 4 + 5000  # the output layer's chunk is larger
+    assert costs.peak(10, 4, readout=5000) == 450 * 10 + 1100 * 4 + 5000  # the output layer's chunk is larger
+    assert costs.peak(10, 4, readout=5000, held=4000) == 450 * 10 + 1100 * 4 + 4000 + 500 * 4 / 2
     outside = 50 * 10 + 100 * 4
     assert costs.peak(10, 4, checkpointing=True) == outside + 4 * 8 * 10 + 2 * 16 * 4 + 1.5 * 500 * 4
     assert costs.peak(100, 0, checkpointing=True) == 50 * 100 + 4 * 8 * 100 + 1.5 * 100 * 100
-    assert costs.peak(100, 0, checkpointing=True, transient=10 ** 5) == 50 * 100 + 4 * 8 * 100 + 10 ** 5
+    assert costs.peak(100, 0, checkpointing=True, readout=10 ** 5) == 50 * 100 + 4 * 8 * 100 + 10 ** 5
+
+
+def test_embedding_gradients_tied_untied_and_frozen(tiny_model_dir):
+    model, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    embedding = model.get_input_embeddings().weight
+    size = embedding.numel() * 4
+    assert model.get_output_embeddings().weight is embedding  # the tiny models tie them, as the 3B does
+    assert embedding_gradients(model) == (size, 3 * size)  # the output layer's waits for the embedding's: summed
+    model.get_output_embeddings().weight = torch.nn.Parameter(embedding.detach().clone())
+    assert embedding_gradients(model) == (0, size)  # untied: the embedding's own, at the end
+    embedding.requires_grad_(False)
+    assert embedding_gradients(model) == (0, 0)
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,10 @@ def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_m
     assert activations("train.pack_groups=false") == 1000 * plain + 300 * 8 * 10 + readout
     assert activations("model.freeze_vision=true") == 1000 * packed + readout
     assert packed_prompts(config, policy, "train", 1) == 2
+    nothing = ActivationCosts(0.0, 0.0, 0.0, 0.0, layers=2, layer_input=0, vision_layers=1, vision_layer_input=0)
+    trial = load_config(None, overrides(tiny_model_dir, "train.logprob_chunk=16"))
+    embedding = policy.get_input_embeddings().weight.numel() * 4  # tied to the output layer
+    assert estimate_memory(trial, policy, "train", 1, 50, 8, 10, nothing).activations == 3 * embedding
     # outside the layers 200 and 100 bytes, the layers' inputs, then the readout (over 1.5 layers)
     assert activations("model.gradient_checkpointing=true") == 200 * packed + 100 * 20 + 2 * 8 * packed + 4 * 20 \
         + readout

@@ -65,11 +65,13 @@ class ActivationCosts:
     vision_layer_input: int
     """Bytes of one vision block's input per image token, all its patches (0 when unknown)."""
 
-    def peak(self, tokens: int, image_tokens: int, checkpointing: bool = False, transient: int = 0) -> int:
+    def peak(self, tokens: int, image_tokens: int, checkpointing: bool = False, readout: int = 0,
+             held: int = 0) -> int:
         """Bytes a forward and backward over `tokens` text positions (image tokens included), with
-        `image_tokens` from images, hold at their peak: what the forward keeps, and the larger of
-        `transient` (what the start of backward allocates: the output layer's chunk) and what
-        backward holds for the layer it is in.
+        `image_tokens` from images, hold at their peak: what the forward keeps, then the larger of
+        `readout` (what the output layer's chunk allocates as backward starts) and what backward
+        holds while it goes through the layers: `held` (gradients waiting in autograd's buffers)
+        and the layer it is in.
 
         That is half a layer (the larger of a text layer and a vision block over the batch): backward
         frees each layer's activations as it adds that layer's gradients. Under checkpointing a layer
@@ -78,10 +80,25 @@ class ActivationCosts:
         layer = max(self.in_layers / self.layers * tokens, self.in_blocks / self.vision_layers * image_tokens)
         kept = self.per_token * tokens + self.per_image_token * image_tokens
         if not checkpointing:
-            return round(kept + max(transient, layer / 2))
+            return round(kept + max(readout, held + layer / 2))
         inputs = self.layers * self.layer_input * tokens + self.vision_layers * self.vision_layer_input * image_tokens
         outside = kept - self.in_layers * tokens - self.in_blocks * image_tokens
-        return round(outside + inputs + max(transient, 1.5 * layer))
+        return round(outside + inputs + max(readout, held + 1.5 * layer))
+
+
+def embedding_gradients(model: torch.nn.Module) -> tuple[int, int]:
+    """(held, last): bytes of embedding gradients that backward holds from its start, and that it
+    allocates at its end. A trainable input embedding gets a dense (vocabulary x hidden) gradient
+    as backward ends; tied to the output layer (Qwen2.5-VL-3B), the output layer's gradient waits in
+    autograd's buffer from the start of backward until then, and the two are summed into a third
+    (measured on the CPU: 3 x 1187 MiB above the start for the 3B's fp32 embedding)."""
+    inner = hf_model(model)
+    weight = inner.get_input_embeddings().weight
+    if not weight.requires_grad:
+        return 0, 0
+    size = weight.numel() * weight.element_size()
+    output = inner.get_output_embeddings()
+    return (size, 3 * size) if output is not None and output.weight is weight else (0, size)
 
 
 def saved_bytes(forward, model: torch.nn.Module) -> int:

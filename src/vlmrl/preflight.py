@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from vlmrl.activation_memory import ActivationCosts, measure_activation_costs
+from vlmrl.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.config import Config
 from vlmrl.decoding import decode_mode
 from vlmrl.disk import DiskEstimate, free_space, gib
@@ -90,7 +90,8 @@ class MemoryEstimate:
     generation: int
     """KV cache and one step's logits of the largest generate call (rollouts, or evaluation)."""
     activations: int
-    """What one training micro-batch keeps for backward, logits included."""
+    """The peak of one training micro-batch's forward and backward on top of the rest: what it
+    keeps for backward, the output layer's chunk, embedding gradients in flight."""
     loaded: int
     """Of the above, already in memory when the device's free memory was read."""
     free: int | None
@@ -429,8 +430,9 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     positions = micro * completion
     if config.train.logprob_chunk > 0 and output_layer_unchunkable(policy) is None:
         positions = min(positions, config.train.logprob_chunk)  # one chunk of the output layer at a time
-    readout = positions * vocab * LOGIT_BYTES
-    activations = costs.peak(tokens, images * image_tokens, config.model.gradient_checkpointing is True, readout)
+    held, last = embedding_gradients(policy)
+    activations = max(last, costs.peak(tokens, images * image_tokens, config.model.gradient_checkpointing is True,
+                                       readout=positions * vocab * LOGIT_BYTES, held=held))
     attention = getattr(policy.config, "_attn_implementation", None) or config.model.attn_implementation
     if attention == "eager":  # the (L, L) attention weights of every head are kept too
         length = tokens // (packs or micro)
