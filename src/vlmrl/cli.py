@@ -286,8 +286,9 @@ def _add_check(commands: argparse._SubParsersAction) -> None:
                     "run the checks done before step 1, and print a short report: make and encode the\n"
                     "first batch of every split the run uses (a task or processor error names the\n"
                     "example), the longest prompt with its image tokens against\n"
-                    "rollout.max_prompt_length, and a rough peak-memory estimate (weights, gradients,\n"
-                    "AdamW, reference, generation, activations) against the device's free memory.\n"
+                    "rollout.max_prompt_length, and a peak-memory estimate (weights, gradients, AdamW,\n"
+                    "reference, generation, activations measured on the model) against the device's\n"
+                    "free memory, a tenth of it kept spare; what \"auto\" memory settings become.\n"
                     "Exits 2 with one line on a problem that would stop the run.",
         epilog="examples:\n  vlmrl check configs/geometry_grpo_3b.yaml\n"
                "  vlmrl check configs/shapes_sft_tiny.yaml --sft train.micro_batch_size=64",
