@@ -153,11 +153,11 @@ def measure_activation_costs(model: torch.nn.Module, processor) -> ActivationCos
     def text(n: int) -> tuple[int, int]:
         ids = torch.full((1, n), plain, device=device)  # (1, n)
         return saved_bytes_by_place(lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                                  use_cache=False, logits_to_keep=1), model)
+                                                  use_cache=False), model)
 
     with _checkpointing_paused(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         short, long = text(length), text(2 * length)  # (inside layers, elsewhere) each
-        image = saved_bytes_by_place(lambda: model(**inputs, use_cache=False, logits_to_keep=1), model)
+        image = saved_bytes_by_place(lambda: model(**inputs, use_cache=False), model)
     per_image = max(sum(image) - sum(short), 0) / max(image_tokens, 1)
     return ActivationCosts(per_token=(sum(long) - sum(short)) / length, per_image_token=per_image,
                            in_layers=(long[0] - short[0]) / length,
