@@ -65,7 +65,8 @@ def full_model_on_meta(folder: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/shapes_grpo_3b.yaml")
-    parser.add_argument("--prompt", type=int, default=1100, help="prompt tokens, image tokens included")
+    parser.add_argument("--prompt", type=int, default=1100,
+                        help="prompt tokens, image tokens included (the issues' setting: 896-px images)")
     parser.add_argument("--completion", type=int, default=256, help="completion tokens")
     parser.add_argument("--image-tokens", type=int, default=1024, help="image tokens per prompt (896 px: 1024)")
     args = parser.parse_args()
