@@ -13,8 +13,12 @@ gradient checkpointing off and on, and the table gives for each:
   allocated by a warm-up pass (CUDA: peak allocated; CPU: peak resident memory, glibc told to give
   every large block back at once so that the resident size follows the live tensors).
 
+`--frozen-embedding` keeps the input embedding (and the output layer tied to it) out of training:
+a shallow build's peak is otherwise its embedding gradients at the end of backward.
+
 Run: `python benchmarks/bench_memory.py [--arch-3b | --model DIR | --size small] [--prompts 2 --group 8
---image 448 --tokens 64 --dtype auto]`; `--results FILE` appends the table (Markdown, date, machine, command).
+--image 448 --tokens 64 --dtype auto --frozen-embedding]`; `--results FILE` appends the table
+(Markdown, date, machine, command).
 """
 
 from __future__ import annotations
