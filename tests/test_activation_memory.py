@@ -100,7 +100,8 @@ def test_the_probe_predicts_what_a_training_pass_keeps(policy, circle_image, pac
     model, processor = policy
     costs = measure_activation_costs(model, processor)
     completions = group_rows(circle_image, prompts=2, group=4, tokens=16)
-    # the dense-mask packed pass: the CPU's block kernel keeps its repeated grouped keys too (~18% more here)
+    # the dense-mask packed pass: the block kernel also keeps each completion's copy of its prompt's keys
+    # and values, which estimate_memory adds (tests/test_preflight.py)
     scorer = LogprobScorer(processor, pack_groups=packed, block_attention=False)
     measured = saved_bytes(lambda: scorer(model, completions)[0].sum(), model)
     prompt = encode_prompts(processor, completions.rows[:1], torch.device("cpu"))["input_ids"]  # (1, P)

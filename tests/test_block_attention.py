@@ -18,6 +18,7 @@ from PIL import Image
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from vlmrl import block_attention as blocks_module
+from vlmrl.activation_memory import saved_bytes
 from vlmrl.block_attention import NAME, block_attention, plan_blocks
 from vlmrl.completions import Completions
 from vlmrl.config import GenerationSettings
@@ -106,17 +107,24 @@ def test_block_attention_equals_the_dense_mask(prompts, segments, left_padded, h
 
 
 def test_grouped_heads_as_they_are_give_the_same_attention(monkeypatch):
-    """On a GPU the mask-free calls give FlashAttention the grouped key heads as they are (no
-    repeated keys); here SDPA's own grouped-query path stands in for it: the same numbers."""
+    """The CPU's kernel (and FlashAttention on a GPU, mask-free calls) takes the grouped key heads
+    as they are (enable_gqa, no repeated keys): the same numbers as repeating them, and less kept
+    for backward."""
     label, valid = layout([5], [[3, 3, 3]], left_padded=True)
     torch.manual_seed(0)
-    query = torch.randn(1, 4, label.shape[1], 8, dtype=torch.float64)
-    key, value = (torch.randn(1, 2, label.shape[1], 8, dtype=torch.float64) for _ in "kv")
-    repeated = block_attention(query, key, value, plan_blocks(label, valid))
-    monkeypatch.setattr(blocks_module, "_flash_takes_gqa", lambda *tensors: True)
-    grouped = block_attention(query, key, value, plan_blocks(label, valid))
+    query = torch.randn(1, 4, label.shape[1], 8, dtype=torch.float64, requires_grad=True)
+    key, value = (torch.randn(1, 2, label.shape[1], 8, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    plan = plan_blocks(label, valid)
+    grouped = block_attention(query, key, value, plan)
+    kept = saved_bytes(lambda: block_attention(query, key, value, plan), torch.nn.Linear(1, 1))
+    monkeypatch.setattr(blocks_module, "_takes_grouped_heads", lambda *args: False)
+    repeated = block_attention(query, key, value, plan)
     assert (repeated - grouped).abs().max() < 1e-12
     assert (dense(query, key, value, label, valid) - grouped).abs().max() < 1e-12
+    assert kept < saved_bytes(lambda: block_attention(query, key, value, plan), torch.nn.Linear(1, 1))
+    for a, b in zip(torch.autograd.grad(repeated.sum(), (query, key, value)),
+                    torch.autograd.grad(grouped.sum(), (query, key, value))):
+        assert (a - b).abs().max() < 1e-12
 
 
 def examples() -> list[Example]:

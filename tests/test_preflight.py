@@ -91,7 +91,10 @@ def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_m
     policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
     costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, in_layers=800.0, in_blocks=200.0, layers=2,
                             layer_input=8, vision_layers=1, vision_layer_input=4)
-    readout = 8 * 8 * policy.config.get_text_config().vocab_size * 12  # the 64 completion positions, one chunk
+    text = policy.config.get_text_config()
+    readout = 8 * 8 * text.vocab_size * 12  # the 64 completion positions, one chunk
+    key_value = 2 * text.num_key_value_heads * (text.hidden_size // text.num_attention_heads) * 4  # bytes a token
+    copies = 8 * 50 * key_value  # the block kernel: each of the 8 completions' calls copies its prompt's keys
 
     def activations(*extra):
         trial = load_config(None, overrides(tiny_model_dir, *extra))
@@ -100,18 +103,19 @@ def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_m
     packed = 2 * 50 + 8 * 8  # 2 prompts of 50 tokens computed once, then 8 completions of 8 tokens
     # per token 1000 bytes, per image token 300 (2 images x 10 tokens), then the output layer's chunk
     assert readout > 400 * packed  # larger than half a layer's
-    assert activations() == 1000 * packed + 300 * 2 * 10 + readout
+    assert activations() == 1000 * packed + 300 * 2 * 10 + readout + 2 * copies  # in each of 2 layers
+    assert activations("train.block_attention=false") == 1000 * packed + 300 * 2 * 10 + readout
     plain = 8 * (50 + 8)
     assert activations("train.pack_groups=false") == 1000 * plain + 300 * 8 * 10 + readout
-    assert activations("model.freeze_vision=true") == 1000 * packed + readout
+    assert activations("model.freeze_vision=true") == 1000 * packed + readout + 2 * copies
     assert packed_prompts(config, policy, "train", 1) == 2
     nothing = ActivationCosts(0.0, 0.0, 0.0, 0.0, layers=2, layer_input=0, vision_layers=1, vision_layer_input=0)
-    trial = load_config(None, overrides(tiny_model_dir, "train.logprob_chunk=16"))
+    trial = load_config(None, overrides(tiny_model_dir, "train.logprob_chunk=16", "train.block_attention=false"))
     embedding = policy.get_input_embeddings().weight.numel() * 4  # tied to the output layer
     assert estimate_memory(trial, policy, "train", 1, 50, 8, 10, nothing).activations == 3 * embedding
     # outside the layers 200 and 100 bytes, the layers' inputs, then the readout (over 1.5 layers)
     assert activations("model.gradient_checkpointing=true") == 200 * packed + 100 * 20 + 2 * 8 * packed + 4 * 20 \
-        + readout
+        + readout + copies  # in the one layer recomputed
 
 
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():

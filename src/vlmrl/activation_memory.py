@@ -17,10 +17,9 @@ the text model) per image token it produces; `in_layers` and `in_blocks` are the
 inside the layers. Both are linear in the tokens for SDPA's fused kernels, which keep one
 log-sum-exp per query rather than the L x L scores. At the Qwen2.5-VL-3B architecture's widths a
 micro-batch of plain rows keeps what these figures say within 0.5%, packed groups (dense mask)
-within 5%; the CPU's block kernel keeps its gathered grouped keys too, repeated per head (~20%
-more on the tiny model; FlashAttention takes them unrepeated). In bfloat16 the 3B keeps 127 KiB
-per token per layer, 257 KiB per image token per vision block (benchmarks/bench_memory.py,
-RESULTS.md).
+within 5%; the block kernel (block_attention.py) also keeps each completion's copy of its prompt's
+keys and values, which the preflight adds. In bfloat16 the 3B keeps 127 KiB per token per layer,
+257 KiB per image token per vision block (benchmarks/bench_memory.py, RESULTS.md).
 
 Gradient checkpointing keeps no activations inside a checkpointed layer, only its input (hidden
 size values per token), and recomputes one layer at a time in backward: the probe turns it off

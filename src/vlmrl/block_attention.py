@@ -122,7 +122,7 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocks:
     k, v = key[blocks.keys].transpose(1, 2), value[blocks.keys].transpose(1, 2)  # (B, h_kv, K, d)
     heads, dim, groups = q.shape[1], q.shape[-1], q.shape[1] // k.shape[1]
     causal = blocks.mask is None
-    gqa = causal and groups > 1 and _flash_takes_gqa(q, k, v)  # FlashAttention takes grouped heads as they are
+    gqa = groups > 1 and _takes_grouped_heads(q, k, v, causal)
     if groups > 1 and not gqa:
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, h, K, d)
     mask = causal_lower_right(q.shape[2], k.shape[2]) if causal else blocks.mask
@@ -130,10 +130,15 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocks:
     return out.transpose(1, 2).reshape(-1, heads, dim)  # (B*Q, h, d)
 
 
-def _flash_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the FlashAttention kernel runs these grouped heads as they are (no repeated keys)."""
+def _takes_grouped_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+    """Whether SDPA's kernel for this call runs grouped key heads as they are (enable_gqa, no
+    repeated keys): the CPU's, with a mask or without (less memory kept for backward, faster); on a
+    GPU FlashAttention's, which takes no mask (the memory-efficient kernel would fall back to the
+    math one, which keeps the scores)."""
+    if not q.is_cuda:
+        return True
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
-    return q.is_cuda and can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, True, True))
+    return causal and can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, True, True))
 
 
 def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: BlockPlan,

@@ -433,6 +433,11 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     held, last = embedding_gradients(policy)
     activations = max(last, costs.peak(tokens, images * image_tokens, config.model.gradient_checkpointing is True,
                                        readout=positions * vocab * LOGIT_BYTES, held=held))
+    if packs and config.train.block_attention and block_attention_unsupported(policy) is None:
+        # block_attention.py: each segment's call reads its own copy of its prompt's keys and values,
+        # kept in every layer (under checkpointing, in the one recomputed)
+        copies = 1 if config.model.gradient_checkpointing is True else layers
+        activations += copies * micro * prompt * 2 * kv_heads * head_dim * size
     attention = getattr(policy.config, "_attn_implementation", None) or config.model.attn_implementation
     if attention == "eager":  # the (L, L) attention weights of every head are kept too
         length = tokens // (packs or micro)
