@@ -121,9 +121,9 @@ def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_m
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():
     """configs/shapes_grpo_3b.yaml's batch (micro-batches of one group of 8, 256 new tokens) with
     the issues' benchmark images (~1100-token prompts of 1024 image tokens) on the Qwen2.5-VL-3B
-    architecture, with the costs the probe
-    measured on bf16 builds of it (RESULTS.md): packed, the activations fit next to the weights,
-    AdamW and the reference; each row computing its own prompt and image, they would not."""
+    architecture, with the costs the probe measured on bf16 builds of it (RESULTS.md): packed, the
+    activations fit next to the weights, AdamW and the reference; each row computing its own
+    prompt and image, they would not."""
     from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
 
     text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
