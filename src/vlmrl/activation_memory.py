@@ -23,7 +23,10 @@ keys and values, which the preflight adds. In bfloat16 the 3B keeps 127 KiB per 
 
 Gradient checkpointing keeps no activations inside a checkpointed layer, only its input (hidden
 size values per token), and recomputes one layer at a time in backward: the probe turns it off
-while it measures (and back on), and `ActivationCosts.peak` gives both figures.
+while it measures (and back on), and `ActivationCosts.peak` gives both figures. What backward
+allocates beyond the layers, parameter gradients in flight, is not an activation: a trainable
+embedding's (`embedding_gradients`) is the largest, three of them at once when it is tied to the
+output layer.
 """
 
 from __future__ import annotations
