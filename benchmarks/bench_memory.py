@@ -58,32 +58,36 @@ def train_pass(model, scorer: LogprobScorer, completions) -> None:
     logp.sum().backward()
 
 
-def measured(model, scorer: LogprobScorer, completions, checkpointing: bool) -> tuple[float | None, float]:
+def measured(model, scorer: LogprobScorer, completions, checkpointing: bool,
+             memory: MemoryPeak) -> tuple[float | None, float]:
     """(MiB kept for backward, or None under checkpointing; MiB peak above the start) of one pass."""
     train_pass(model, scorer, completions)  # warm-up: the parameters' gradients are allocated now
     model.zero_grad(set_to_none=False)
     gc.collect()
     if completions.completion_ids.device.type == "cpu":
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    memory = MemoryPeak(completions.completion_ids.device)
     memory.start()
     kept = saved_bytes(lambda: train_pass(model, scorer, completions), model)
     peak = memory.stop()
-    memory.running = False
     model.zero_grad(set_to_none=False)
     return (None if checkpointing else kept / MIB), peak
 
 
-def estimated(args, model, processor, completions, packed: bool, checkpointing: bool, costs) -> float:
+def prompt_lengths(model, processor, completions) -> tuple[int, int]:
+    """(tokens, image tokens) of the micro-batch's prompt (every prompt has the same image size)."""
+    prompt = encode_prompts(processor, completions.rows[:1], completions.completion_ids.device)["input_ids"]  # (1, P)
+    return prompt.shape[1], int((prompt == image_token_id(processor, model.config)).sum())
+
+
+def estimated(args, model, lengths: tuple[int, int], packed: bool, checkpointing: bool, costs) -> float:
     """MiB: the preflight's activations for this micro-batch."""
     config = load_config(None, [
         f"model.name_or_path={args.model_dir}", f"model.device={args.device}", f"model.dtype={args.dtype}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.tokens}", f"train.micro_batch_size={args.prompts * args.group}",
         f"train.pack_groups={str(packed).lower()}", f"model.gradient_checkpointing={str(checkpointing).lower()}"])
-    prompt = encode_prompts(processor, completions.rows[:1], completions.completion_ids.device)["input_ids"]  # (1, P)
-    image_tokens = int((prompt == image_token_id(processor, model.config)).sum())
-    memory = estimate_memory(config, model, "train", 1, prompt.shape[1], args.tokens, image_tokens, costs)
+    prompt, image_tokens = lengths
+    memory = estimate_memory(config, model, "train", 1, prompt, args.tokens, image_tokens, costs)
     return memory.activations / MIB
 
 
@@ -110,16 +114,17 @@ def main() -> None:
     model.train()
     model.get_input_embeddings().weight.requires_grad_(not args.frozen_embedding)
     completions = completions_of(model, processor, args)
-    costs = measure_activation_costs(model, processor)
+    costs, lengths = measure_activation_costs(model, processor), prompt_lengths(model, processor, completions)
+    memory = MemoryPeak(completions.completion_ids.device)
     rows = []
     for checkpointing in (False, True):
         if checkpointing:
             enable_checkpointing(model)
         for packed in (True, False):
             scorer = LogprobScorer(processor, pack_groups=packed)
-            kept, peak = measured(model, scorer, completions, checkpointing)
-            rows.append((packed, checkpointing,
-                         estimated(args, model, processor, completions, packed, checkpointing, costs), kept, peak))
+            kept, peak = measured(model, scorer, completions, checkpointing, memory)
+            rows.append((packed, checkpointing, estimated(args, model, lengths, packed, checkpointing, costs),
+                         kept, peak))
     publish(table(args, rows, next(model.parameters()).dtype), args.results)
 
 

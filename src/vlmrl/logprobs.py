@@ -27,7 +27,7 @@ from vlmrl.completions import Completions
 from vlmrl.output_layer import Readout, logprobs_at, logprobs_of_logits
 from vlmrl.packing import group_rows, pack_groups, use_block_attention
 from vlmrl.prompts import encode_prompts
-from vlmrl.support import output_layer_unchunkable, packing_unsupported, warn_once
+from vlmrl.support import output_layer_unchunkable, packed_passes_unsupported, warn_once
 from vlmrl.token_inputs import extend_tokens
 from vlmrl.trajectories import encode_trajectories, pack_trajectories
 
@@ -73,7 +73,7 @@ class LogprobScorer:
         model supports it (else the plain way, said once)."""
         if not self.pack_groups or len(group_rows(completions.rows)) == len(completions.rows):
             return False
-        reason = packing_unsupported(model) or output_layer_unchunkable(model)
+        reason = packed_passes_unsupported(model)
         if reason is not None:
             warn_once(f"vlmrl: packed log-probs off ({reason}); every prompt is repeated per completion")
         return reason is None

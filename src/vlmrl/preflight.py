@@ -47,7 +47,7 @@ from vlmrl.fused_kernels import computes_fused, fused_kernels_unsupported
 from vlmrl.models import checkpoint_activations, is_vision_parameter
 from vlmrl.prompts import encode_prompts, image_token_id
 from vlmrl.session import load_trainable_policy
-from vlmrl.support import (block_attention_unsupported, output_layer_unchunkable, packing_unsupported,
+from vlmrl.support import (block_attention_unsupported, output_layer_unchunkable, packed_passes_unsupported,
                            shared_prefill_unsupported)
 from vlmrl.tasks import Example, Task
 from vlmrl.vision_attention import batched_vision_unsupported
@@ -221,7 +221,7 @@ def speed_line(config: Config, policy, mode: str = "train") -> str:
 
     parts = []
     if mode == "train":
-        packing = packing_unsupported(policy)
+        packing = packed_passes_unsupported(policy)
         parts += [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
                   switch("packed log-prob passes", config.train.pack_groups, packing)]
         if config.train.pack_groups and packing is None:
@@ -301,8 +301,7 @@ def packed_prompts(config: Config, policy, mode: str, world: int) -> int:
     each prompt computed once, its completions after it), 0 when its rows are computed one by one
     (SFT, G = 1, packing off or not supported by the model)."""
     group, micro = config.rollout.group_size, config.train.micro_batch_size
-    if (mode != "train" or group == 1 or not config.train.pack_groups or packing_unsupported(policy) is not None
-            or output_layer_unchunkable(policy) is not None):
+    if mode != "train" or group == 1 or not config.train.pack_groups or packed_passes_unsupported(policy) is not None:
         return 0
     rows = config.rollout.per_process(world) * group
     return max((min(start + micro, rows) - 1) // group - start // group + 1 for start in range(0, rows, micro))

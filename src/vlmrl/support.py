@@ -92,6 +92,12 @@ def output_layer_unchunkable(model: torch.nn.Module) -> str | None:
     return None
 
 
+def packed_passes_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the log-prob passes cannot compute a group's prompt once (packing.py: one sequence under
+    a block mask, read through the output layer in chunks), or None when they can."""
+    return packing_unsupported(model) or output_layer_unchunkable(model)
+
+
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model's forward can compute logits for the last positions only."""
     return "logits_to_keep" in inspect.signature(hf_model(model).forward).parameters
