@@ -68,7 +68,7 @@ def test_tool_rollouts_take_the_same_turns_with_a_static_cache(tiny_model_dir):
 def test_the_compiled_decode_step_gives_the_same_tokens(tiny_model_dir, examples):
     """torch.compile of the decode step on the CPU (~40 s to compile), greedy and sampled."""
     model, processor = load_policy(tiny_model_dir, device="cpu")
-    for temperature in (0, 1.0):
+    for temperature in (0, 1.0, 1.0):  # the third call reuses the kept cache
         dynamic = completions(model, processor, examples, "dynamic", True, temperature)
         assert torch.equal(dynamic, completions(model, processor, examples, "compiled", True, temperature))
 
@@ -97,12 +97,54 @@ def test_a_static_cache_takes_over_the_prefilled_keys(tiny_model_dir, examples):
     dynamic = inputs[CACHE_KEY]
     seen = dynamic.get_seq_length()
     before = [(layer.keys.clone(), layer.values.clone()) for layer in dynamic.layers]
-    static = decoding.static_move(model, dynamic, 256)
+    static = decoding.static_move(model, dynamic, 4, 256)
     assert static.get_seq_length() == seen and all(s.keys.shape[2] == 256 for s in static.layers)
     assert len(static.layers) == len(before) and dynamic.layers == []  # moved: the dynamic cache is empty
     for (keys, values), s in zip(before, static.layers):
         assert torch.equal(s.keys[:, :, :seen], keys) and torch.equal(s.values[:, :, :seen], values)
         assert not s.keys[:, :, seen:].any()
+
+
+def test_the_compiled_path_keeps_one_static_cache_and_empties_it(tiny_model_dir, examples):
+    """Same rows and rounded length: the same tensors (a CUDA graph's recorded addresses), emptied;
+    another shape: a new cache, kept in place of the old; the static path keeps none."""
+    from vlmrl.prefill import prefill_once
+    from vlmrl.prompts import encode_prompts
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+
+    def cache(decode: str, prompts: list[Example], group: int = 2):
+        inputs = prefill_once(model, encode_prompts(processor, prompts, torch.device("cpu")), group)
+        return decoding.decode_kwargs(model, inputs, decode, max_new_tokens=12)[CACHE_KEY]
+
+    first = cache("compiled", examples)
+    first.layers[0].keys[:, :, -1] = 7.0  # stale values at a position the next prompt never writes
+    seen = first.get_seq_length()
+    second = cache("compiled", examples)
+    assert second is first and second.layers[0].keys.data_ptr() == first.layers[0].keys.data_ptr()
+    fresh = cache("static", examples)
+    assert fresh is not second and decoding._kept_caches[model][1] is second  # "static" keeps nothing
+    assert second.get_seq_length() == seen == fresh.get_seq_length()
+    for kept, new in zip(second.layers, fresh.layers):
+        assert torch.equal(kept.keys, new.keys) and torch.equal(kept.values, new.values)  # emptied, refilled
+    other = cache("compiled", examples, group=3)  # 6 rows, not 4
+    assert other is not second and decoding._kept_caches[model][1] is other
+    assert decoding.kept_cache_bytes(model, "compiled", rows=6, tokens=1) == sum(
+        layer.keys.nbytes + layer.values.nbytes for layer in other.layers)
+    assert decoding.kept_cache_bytes(model, "static", rows=6, tokens=1) == 0
+
+
+def test_a_kept_cache_gives_the_same_tokens_call_after_call(tiny_model_dir, examples, monkeypatch):
+    """The compiled path's generate calls, the step left uncompiled (its kernels are the slow test's):
+    a kept cache reused by later calls of the same shape, and replaced by one of another shape,
+    gives the dynamic cache's tokens each time."""
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    monkeypatch.setattr(model, "get_compiled_call", lambda config: model.__call__)
+    for prompts in (examples, examples, examples[:1], examples):
+        for temperature in (0, 1.0):
+            dynamic = completions(model, processor, prompts, "dynamic", True, temperature)
+            assert torch.equal(dynamic, completions(model, processor, prompts, "compiled", True, temperature))
+    assert decoding._kept_caches[model][0] == (6, 256)
 
 
 @pytest.mark.gpu

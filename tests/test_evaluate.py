@@ -250,6 +250,22 @@ def test_evaluate_greedy_only_skips_the_optional_passes(tiny_policy, task):
         evaluate(model, processor, task, [], show_progress=False)
 
 
+def test_evaluation_decodes_as_asked_with_the_same_answers(tiny_policy, task):
+    """EvalSettings.decode, as rollout.decode (a run's evaluations take its setting): each decode
+    path gives the same answers, greedy and sampled (tests/test_decoding.py); an unknown one is an error."""
+    model, processor = tiny_policy
+    examples = held_out_examples(task, "test", 2)
+
+    def answers(decode: str) -> list[str]:
+        settings = EvalSettings(max_new_tokens=4, k=2, decode=decode)
+        return [r["completion"] for r in evaluate(model, processor, task, examples, settings,
+                                                 show_progress=False).records]
+
+    assert answers("static") == answers("dynamic")
+    with pytest.raises(VlmrlError, match="decode must be one of auto, dynamic, static, compiled"):
+        evaluate(model, processor, task, examples, EvalSettings(decode="fast"), show_progress=False)
+
+
 def test_run_eval_writes_next_to_the_model_by_default(tiny_model_dir, tmp_path):
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)

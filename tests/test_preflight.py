@@ -118,6 +118,36 @@ def test_the_activation_estimate_counts_each_packed_prompt_and_image_once(tiny_m
         + readout + copies  # in the one layer recomputed
 
 
+def test_the_compiled_decode_path_counts_the_cache_it_keeps_into_the_training_phase(tiny_model_dir, letter_task):
+    """A static cache is CACHE_BUCKET-rounded; the compiled path keeps it from one step's generation
+    through the training phase (decoding.py), so it adds to the activations' side of the peak."""
+    policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, in_layers=800.0, in_blocks=200.0, layers=2,
+                            layer_input=8, vision_layers=1, vision_layer_input=4)
+    text = policy.config.get_text_config()
+    head_dim = text.hidden_size // text.num_attention_heads
+    per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 4  # keys and values, fp32
+
+    def memory(decode: str):
+        config = load_config(None, overrides(tiny_model_dir, f"rollout.decode={decode}", "eval.every=0"))
+        return estimate_memory(config, policy, "train", 1, 50, 8, 10, costs)
+
+    dynamic, static, compiled = memory("dynamic"), memory("static"), memory("compiled")
+    logits = 8 * text.vocab_size * (4 + 8)  # 2 prompts x G=4 rows a call
+    assert dynamic.generation == 8 * 58 * per_token + logits and dynamic.kept_cache == 0
+    assert static.generation == compiled.generation == 8 * 256 * per_token + logits  # 58 tokens -> 256
+    assert static.kept_cache == 0 and compiled.kept_cache == 8 * 256 * per_token
+    assert compiled.activations == static.activations
+    fixed = static.weights + static.gradients + static.optimizer + static.reference
+    assert static.peak == fixed + max(static.generation, static.activations)
+    assert compiled.peak == fixed + max(compiled.generation, compiled.activations + compiled.kept_cache)
+    assert compiled.peak > static.peak
+    report = check(load_config(None, overrides(tiny_model_dir, "rollout.decode=compiled")))
+    assert any("+ the decode cache kept" in line for line in report.lines())
+    assert "rollout.decode=static" in preflight_module.memory_advice(compiled)
+    assert "rollout.decode" not in preflight_module.memory_advice(static)
+
+
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():
     """configs/shapes_grpo_3b.yaml's batch (micro-batches of one group of 8, 256 new tokens) with
     the issues' benchmark images (~1100-token prompts of 1024 image tokens) on the Qwen2.5-VL-3B

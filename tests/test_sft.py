@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-
+import json
 
 from vlmrl.config import load_config
 from vlmrl.models import load_policy
@@ -34,14 +34,16 @@ def test_sft_teaches_the_reference_and_logs_evaluations(tmp_path, tiny_model_dir
     config = load_config(None, [
         f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
         f"output_dir={tmp_path / 'run'}", "sft.batch_size=8", "train.micro_batch_size=4", "train.steps=30",
-        "train.lr=1e-2", "train.save_every=15", "eval.every=15", "eval.n=4", "rollout.max_new_tokens=10"])
+        "train.lr=1e-2", "train.save_every=15", "eval.every=15", "eval.n=4", "rollout.max_new_tokens=10",
+        "rollout.decode=static"])
     run = sft(config)
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 31))
     assert rows[-1]["loss"] < 0.1 * rows[0]["loss"] and rows[-1]["confident_tokens"] == 1.0
     assert "eval/test/accuracy" in rows[14] and "eval/test/accuracy" not in rows[13]
     assert rows[-1]["eval/test/accuracy"] == 1.0  # greedy decoding now writes the reference
-    assert (run / "evals" / "step_000015_test.json").exists()
+    saved = json.loads((run / "evals" / "step_000015_test.json").read_text())
+    assert saved["settings"]["decode"] == "static"  # the run's evaluations decode as its rollouts
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000015", "step_000030"]
 
     model, processor = load_policy(str(run / "final"))

@@ -100,7 +100,7 @@ def _eval(args: argparse.Namespace) -> None:
     settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
                             temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
                             tools=list(args.tools), max_turns=args.max_turns,
-                            tool_image_side=args.tool_image_side)
+                            tool_image_side=args.tool_image_side, decode=args.decode)
     evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
                                 split=args.split, n=args.n, settings=settings, out_dir=args.out,
                                 dtype=args.dtype, device=args.device)
@@ -313,6 +313,8 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
 
 def _add_eval(commands: argparse._SubParsersAction) -> None:
     """`vlmrl eval MODEL --task NAME [...] [KEY=VALUE ...]`; defaults from `eval_defaults()`."""
+    from vlmrl.config import DECODES
+
     default = eval_defaults()
     evaluate = commands.add_parser(
         "eval", help="accuracy, pass@k, reward components, length buckets, blind-image check",
@@ -351,6 +353,10 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--tool-image-side", type=int, default=default["tool_image_side"],
                           help="with --tools: longest side of a zoomed image in pixels "
                                f"(default {default['tool_image_side']})")
+    evaluate.add_argument("--decode", default=default["decode"], choices=DECODES,
+                          help="how generation decodes, as rollout.decode: a growing or a static KV cache, "
+                               "the decode step compiled (auto: compiled on CUDA, dynamic elsewhere; "
+                               f"default {default['decode']})")
     evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")

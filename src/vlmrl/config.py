@@ -134,7 +134,8 @@ class GenerationSettings:
     cache allocated once), "compiled" (static, and the decode step compiled: CUDA graphs on a GPU);
     "auto" = compiled on CUDA (a tool rollout's later turns, whose shapes change every turn: dynamic),
     dynamic elsewhere. All give the same tokens; the first compiled call per shape pays the
-    compilation."""
+    compilation, and the compiled path keeps its cache allocated between steps (the preflight counts
+    it). A run's evaluations decode the same way."""
 
     def validate(self) -> None:
         require((self.decode in DECODES, f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}"),

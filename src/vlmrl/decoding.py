@@ -19,9 +19,19 @@ The three give the same tokens: greedy completions token for token, and sampled 
 same seed (tests/test_decoding.py: Qwen2.5-VL, Qwen2-VL, Idefics3 in fp32 on the CPU). A model
 family not checked for the static cache falls back to "dynamic" with a one-time warning. With the
 shared prompt cache (prefill.py) the prefilled keys and values are moved into the static cache.
+
+The compiled path keeps its static cache between calls (one per model, emptied and reused while the
+rows and the rounded length stay the same). A CUDA graph replays at the addresses it recorded: the
+transformers cache is marked as a static address, so a new cache per call (what `generate` itself
+allocates) means a new recording at every training step, each kept by torch's graph tree, which
+checks every one of them at each decode step, and past torch's re-record limit (128) no graph at
+all. The price is the cache's memory held through the training phase as well: the preflight's
+estimate counts it (`kept_cache_bytes`), and "static" frees its cache after each call.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -48,13 +58,49 @@ def cache_length(tokens: int) -> int:
     return -(-tokens // CACHE_BUCKET) * CACHE_BUCKET
 
 
-def static_move(model: torch.nn.Module, cache, length: int):
-    """A StaticCache of `length` tokens holding what `cache` (a prefilled DynamicCache, or None for
-    an empty one) holds, at the same positions. `cache` is emptied layer by layer as it is copied,
-    so memory holds one layer twice at most, not the whole prefill."""
+_kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> ((rows, length), the StaticCache) its compiled decode step last used (see the module's
+docstring)."""
+
+
+def empty_static_cache(model: torch.nn.Module, rows: int, length: int, keep: bool):
+    """An empty StaticCache for `rows` sequences of `length` tokens: a new one; with `keep`, the one
+    kept for `model` when it has that shape (emptied in place: same tensors, same addresses), else a
+    new one kept in its place (the old one let go first)."""
     from transformers import StaticCache
 
-    static = StaticCache(config=hf_model(model).config, max_cache_len=length)
+    if not keep:
+        return StaticCache(config=hf_model(model).config, max_cache_len=length)
+    shape, static = _kept_caches.pop(model, (None, None))
+    if shape == (rows, length):
+        static.reset()  # keys and values zeroed, lengths back to 0
+    else:  # allocated at its first update: the old one is let go by then
+        static = StaticCache(config=hf_model(model).config, max_cache_len=length)
+    _kept_caches[model] = ((rows, length), static)
+    return static
+
+
+def kv_cache_bytes(model: torch.nn.Module, rows: int, length: int) -> int:
+    """Bytes of the keys and values of `rows` sequences of `length` tokens in every layer."""
+    text = hf_model(model).config.get_text_config(decoder=True)
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    size = next(model.parameters()).element_size()
+    return 2 * text.num_hidden_layers * rows * length * heads * head_dim * size
+
+
+def kept_cache_bytes(model: torch.nn.Module, decode: str, rows: int, tokens: int) -> int:
+    """Bytes of the static cache that the decode path `decode` keeps between calls of `rows`
+    sequences of `tokens` tokens (prompt + completion): 0 but on the compiled path."""
+    return kv_cache_bytes(model, rows, cache_length(tokens)) if decode_mode(model, decode) == "compiled" else 0
+
+
+def static_move(model: torch.nn.Module, cache, rows: int, length: int, keep: bool = False):
+    """A StaticCache of `rows` x `length` tokens holding what `cache` (a prefilled DynamicCache, or
+    None for an empty one) holds, at the same positions (`keep`: see `empty_static_cache`). `cache`
+    is emptied layer by layer as it is copied, so memory holds one layer twice at most, not the
+    whole prefill."""
+    static = empty_static_cache(model, rows, length, keep)
     layers = getattr(cache, "layers", [])
     for index in range(len(layers)):
         layer = layers.pop(0)  # the cache keeps no reference: its tensors go once copied
@@ -72,8 +118,10 @@ def decode_kwargs(model: torch.nn.Module, inputs: dict, decode: str, max_new_tok
         return {}
     from transformers import CompileConfig
 
-    length = cache_length(inputs["input_ids"].shape[1] + max_new_tokens)
-    extra = {CACHE_KEY: static_move(model, inputs.get(CACHE_KEY), length)}
+    rows, prompt = inputs["input_ids"].shape  # (N, P)
+    cache = static_move(model, inputs.get(CACHE_KEY), rows, cache_length(prompt + max_new_tokens),
+                        keep=mode == "compiled")
+    extra = {CACHE_KEY: cache}
     if mode == "static":
         return extra | {"disable_compile": True}
     cuda = next(model.parameters()).device.type == "cuda"

@@ -139,7 +139,8 @@ def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
     rollout = config.rollout
     settings = EvalSettings(batch_size=32, max_new_tokens=rollout.max_new_tokens, blind_check=True,
                             tools=list(rollout.tools), max_turns=rollout.max_turns,
-                            max_trajectory_tokens=rollout.max_trajectory_tokens, tool_image_side=rollout.tool_image_side)
+                            max_trajectory_tokens=rollout.max_trajectory_tokens, tool_image_side=rollout.tool_image_side,
+                            decode=rollout.decode)
     runs = [(split, split, settings) for split in ("test", "ood") if split in task.splits]
     if rollout.tools:
         runs.append(("no_tools", "test", replace(settings, tools=[], blind_check=False,

@@ -43,6 +43,8 @@ class EvalSettings:
     """With tools: most tokens after the prompt per answer, tool results included."""
     tool_image_side: int = 448
     """With tools: longest side of an image a built-in tool returns (as rollout.tool_image_side)."""
+    decode: str = "auto"
+    """How generation decodes, as rollout.decode: auto, dynamic, static or compiled (decoding.py)."""
 
     def validate(self) -> None:
         """Raise VlmrlError with a one-line message when a value is out of range."""

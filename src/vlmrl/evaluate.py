@@ -259,9 +259,11 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
                      show_progress: bool) -> _Passes:
     """Run the greedy, sampled and blind passes under one progress bar and a forked random state."""
     n, k, batch = len(examples), settings.k, settings.batch_size
-    greedy = GenerationSettings(group_size=1, max_new_tokens=settings.max_new_tokens, temperature=0)
+    greedy = GenerationSettings(group_size=1, max_new_tokens=settings.max_new_tokens, temperature=0,
+                                decode=settings.decode)
+    greedy.validate()  # the decode path is one of DECODES
     sampled = GenerationSettings(group_size=max(k, 1), max_new_tokens=settings.max_new_tokens,
-                                 temperature=settings.temperature, top_p=settings.top_p)
+                                 temperature=settings.temperature, top_p=settings.top_p, decode=settings.decode)
     sampling_batch = max(1, batch // max(k, 1))  # prompts per call, k completions each
     blind_passes = (2 if n >= 2 else 1) if settings.blind_check else 0
     calls = _calls(n, batch) * (1 + blind_passes) + (_calls(n, sampling_batch) if k else 0)

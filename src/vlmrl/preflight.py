@@ -39,7 +39,7 @@ import torch
 
 from vlmrl.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.config import Config
-from vlmrl.decoding import decode_mode
+from vlmrl.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
 from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError, warn
@@ -98,11 +98,15 @@ class MemoryEstimate:
     """Free memory of the device (RAM on a CPU), None when unknown."""
     sharers: int = 1
     """Processes sharing that memory (several CPU processes share the RAM)."""
+    kept_cache: int = 0
+    """The static KV cache the compiled decode path keeps from one step's generation to the next
+    (decoding.py): alive through the training phase too."""
 
     @property
     def peak(self) -> int:
         # Generation runs before the update, under no_grad: the two are never alive together.
-        return self.weights + self.gradients + self.optimizer + self.reference + max(self.generation, self.activations)
+        return (self.weights + self.gradients + self.optimizer + self.reference
+                + max(self.generation, self.activations + self.kept_cache))
 
     @property
     def needed(self) -> int:
@@ -149,7 +153,9 @@ class PreflightReport:
         parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"AdamW {gib(m.optimizer)}"]
         if m.reference:
             parts.append(f"reference {gib(m.reference)}")
-        parts.append(f"then the larger of generation {gib(m.generation)} and training activations {gib(m.activations)}")
+        kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
+        parts.append(f"then the larger of generation {gib(m.generation)} and training activations "
+                     f"{gib(m.activations)}{kept}")
         if m.free is None:
             verdict = "free memory unknown"
         else:
@@ -389,6 +395,31 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
     return best
 
 
+def generation_memory(config: Config, policy, mode: str, world: int, lengths: tuple[int, int]) -> tuple[int, int]:
+    """Bytes of the largest generate call (its KV cache and one step's logits: rollouts, or
+    evaluation) and of the KV cache the decode path keeps into the training phase, for prompts and
+    completions of `lengths` tokens."""
+    prompt, completion = lengths
+    text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+    size = next(policy.parameters()).element_size()
+    static = decode_mode(policy, config.rollout.decode) != "dynamic"  # its cache length is rounded up
+
+    def generate_bytes(rows: int, new_tokens: int) -> int:
+        length = cache_length(prompt + new_tokens) if static else prompt + new_tokens
+        logits = rows * text.vocab_size * (size + 8)  # one step's logits, a float copy and the sampling probabilities
+        return kv_cache_bytes(policy, rows, length) + logits
+
+    generation = kept_cache = 0
+    if mode == "train":
+        rows = config.rollout.per_call(world) * config.rollout.group_size
+        generation = generate_bytes(rows, completion)
+        kept_cache = kept_cache_bytes(policy, config.rollout.decode, rows, prompt + completion)
+    if config.eval.every > 0:
+        generation = max(generation, generate_bytes(config.eval.batch_size,
+                                                    config.eval.max_new_tokens or config.rollout.max_new_tokens))
+    return generation, kept_cache
+
+
 def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
                     image_tokens: int, costs: ActivationCosts, loaded: int | None = None) -> MemoryEstimate:
     """A per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate): the
@@ -407,18 +438,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     size = params[0].element_size()  # bytes per activation value (the compute dtype)
 
-    def generate_bytes(rows: int, new_tokens: int) -> int:
-        length = prompt + new_tokens
-        kv_cache = 2 * layers * rows * length * kv_heads * head_dim * size
-        logits = rows * vocab * (size + 8)  # one step's logits, a float copy and the sampling probabilities
-        return kv_cache + logits
-
-    generation = 0
-    if mode == "train":
-        generation = generate_bytes(config.rollout.per_call(world) * config.rollout.group_size, completion)
-    if config.eval.every > 0:
-        generation = max(generation, generate_bytes(config.eval.batch_size,
-                                                    config.eval.max_new_tokens or config.rollout.max_new_tokens))
+    generation, kept_cache = generation_memory(config, policy, mode, world, (prompt, completion))
 
     micro = config.train.micro_batch_size
     packs = packed_prompts(config, policy, mode, world)
@@ -447,7 +467,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         device=str(device), weights=weights, gradients=gradients, optimizer=2 * gradients,
         reference=weights if copy_reference else 0, generation=generation, activations=activations,
         loaded=weights if loaded is None else loaded, free=free_memory(device),
-        sharers=world if device.type == "cpu" else 1)
+        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache)
 
 
 def free_memory(device: torch.device) -> int | None:
@@ -495,9 +515,12 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
 
 
 def memory_advice(memory: MemoryEstimate) -> str:
+    kept = (f", decode with rollout.decode=static (the compiled path keeps its {gib(memory.kept_cache)} KV cache "
+            "through the training phase)") if memory.kept_cache else ""
     return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "
-            f"{gib(memory.free or 0)} free ({HEADROOM:.0%} of it kept spare). Lower train.micro_batch_size or rollout.generation_batch_size, "
-            "turn on model.gradient_checkpointing, or train a LoRA adapter (model.lora.enabled=true)")
+            f"{gib(memory.free or 0)} free ({HEADROOM:.0%} of it kept spare). Lower train.micro_batch_size or "
+            "rollout.generation_batch_size, turn on model.gradient_checkpointing, train a LoRA adapter "
+            f"(model.lora.enabled=true){kept}")
 
 
 def check(config: Config, mode: str = "train") -> PreflightReport:
