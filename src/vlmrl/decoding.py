@@ -26,7 +26,10 @@ transformers cache is marked as a static address, so a new cache per call (what 
 allocates) means a new recording at every training step, each kept by torch's graph tree, which
 checks every one of them at each decode step, and past torch's re-record limit (128) no graph at
 all. The price is the cache's memory held through the training phase as well: the preflight's
-estimate counts it (`kept_cache_bytes`), and "static" frees its cache after each call.
+estimate counts it (`kept_cache_bytes`), and "static" frees its cache after each call. An
+evaluation inside a run whose rows or length differ from the rollouts' takes the kept cache over,
+so the next rollout records its graph once more: one re-recording per evaluation (torch counts
+them per graph: 128 evaluations before torch 2.11 gives up the rollout's graph), not one per step.
 """
 
 from __future__ import annotations
