@@ -15,6 +15,11 @@
   length change every turn, and each new shape would be compiled again (seconds on the tiny model
   on a CPU, more for a real one), until torch's recompile limit leaves it eager anyway.
 
+transformers' continuous batching (`generate_batch`, the paged cache TRL's `use_transformers_paged`
+drives) is not among them: in transformers 5.24 a request is a list of token ids
+(`ContinuousBatchingManager.add_request(input_ids)`), with no pixel values or image grid to go with
+it, so an image prompt cannot be decoded by it (TRL passes it text alone).
+
 The three give the same tokens: greedy completions token for token, and sampled ones with the
 same seed (tests/test_decoding.py: Qwen2.5-VL, Qwen2-VL, Idefics3 in fp32 on the CPU). A model
 family not checked for the static cache falls back to "dynamic" with a one-time warning. With the
