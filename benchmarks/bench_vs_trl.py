@@ -20,7 +20,9 @@ medians over the next `--steps`. Per step:
   the rest (reference and old log-probs, forward/backward, optimizer);
 - peak memory: on a GPU, torch's peak allocated memory during the step; on a CPU, the peak rise
   of the process's resident memory during the step (sampled every millisecond; the script re-runs
-  itself with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the system).
+  itself with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors go back to the system). vlmrl's adds
+  the KV cache its compiled decoding keeps from one step to the next (decoding.kept_cache_held),
+  which is allocated before a later step's window opens and is alive through it.
 - training model FLOPs, TFLOP/s, MFU: the training phase's model FLOPs (`StepWork.flops`: 6 x
   parameters x tokens for the update, 2 x parameters x tokens for each extra forward, i.e. the
   reference's; the text model on text and image tokens, the vision tower on its own patches;
@@ -323,6 +325,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
     """A function that runs one vlmrl training step and records it in `side`."""
     from vlmrl import experience as experience_module
     from vlmrl.config import load_config
+    from vlmrl.decoding import kept_cache_held
     from vlmrl.experience import GroupSampler, collect_experience
     from vlmrl.logprobs import LogprobScorer
     from vlmrl.models import counting_vision_rows
@@ -368,6 +371,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
         generate.seconds = score.seconds = 0.0
         policy = session.policy
         with counting_vision_rows(towers[0]) as rows, counting_vision_rows(towers[-1]) as ref_rows:
+            held = kept_cache_held(policy) / 2 ** 20  # allocated before the window: its rise would miss it
             memory.start()
             sync(session.accelerator.device)
             start = time.perf_counter()
@@ -380,7 +384,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
                 update = update_policy(session, scorer, experience)
             sync(session.accelerator.device)
             seconds = time.perf_counter() - start
-            peak = memory.stop()
+            peak = memory.stop() + held
         state["step"] += 1
         lengths = experience.rollout.lengths
         side.steps.append({"step": seconds, "generate": generate.seconds, "reward": score.seconds,

@@ -117,6 +117,7 @@ def test_the_compiled_path_keeps_one_static_cache_and_empties_it(tiny_model_dir,
         inputs = prefill_once(model, encode_prompts(processor, prompts, torch.device("cpu")), group)
         return decoding.decode_kwargs(model, inputs, decode, max_new_tokens=12)[CACHE_KEY]
 
+    assert decoding.kept_cache_held(model) == 0
     first = cache("compiled", examples)
     first.layers[0].keys[:, :, -1] = 7.0  # stale values at a position the next prompt never writes
     seen = first.get_seq_length()
@@ -130,7 +131,7 @@ def test_the_compiled_path_keeps_one_static_cache_and_empties_it(tiny_model_dir,
     other = cache("compiled", examples, group=3)  # 6 rows, not 4
     assert other is not second and decoding._kept_caches[model][1] is other
     assert decoding.kept_cache_bytes(model, "compiled", rows=6, tokens=1) == sum(
-        layer.keys.nbytes + layer.values.nbytes for layer in other.layers)
+        layer.keys.nbytes + layer.values.nbytes for layer in other.layers) == decoding.kept_cache_held(model)
     assert decoding.kept_cache_bytes(model, "static", rows=6, tokens=1) == 0
 
 

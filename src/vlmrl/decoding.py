@@ -103,6 +103,14 @@ def kept_cache_bytes(model: torch.nn.Module, decode: str, rows: int, tokens: int
     return kv_cache_bytes(model, rows, cache_length(tokens)) if decode_mode(model, decode) == "compiled" else 0
 
 
+def kept_cache_held(model: torch.nn.Module) -> int:
+    """Bytes the cache kept for `model` holds now: 0 before its first compiled call, or where none
+    is kept (a memory figure taken from one step's start misses them, being allocated already)."""
+    _, static = _kept_caches.get(model, (None, None))
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in getattr(static, "layers", [])
+               if layer.is_initialized)
+
+
 def static_move(model: torch.nn.Module, cache, rows: int, length: int, keep: bool = False):
     """A StaticCache of `rows` x `length` tokens holding what `cache` (a prefilled DynamicCache, or
     None for an empty one) holds, at the same positions (`keep`: see `empty_static_cache`). `cache`
