@@ -432,10 +432,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
                     if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
     copy_reference = copies_reference(config, mode)
     text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
-    hidden, layers, vocab = text.hidden_size, text.num_hidden_layers, text.vocab_size
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    layers, vocab, heads = text.num_hidden_layers, text.vocab_size, text.num_attention_heads
     size = params[0].element_size()  # bytes per activation value (the compute dtype)
 
     generation, kept_cache = generation_memory(config, policy, mode, world, (prompt, completion))
@@ -456,7 +453,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         # block_attention.py: each segment's call reads its own copy of its prompt's keys and values,
         # kept in every layer (under checkpointing, in the one recomputed)
         copies = 1 if config.model.gradient_checkpointing is True else layers
-        activations += copies * micro * prompt * 2 * kv_heads * head_dim * size
+        activations += kv_cache_bytes(policy, micro, prompt) // layers * copies
     attention = getattr(policy.config, "_attn_implementation", None) or config.model.attn_implementation
     if attention == "eager":  # the (L, L) attention weights of every head are kept too
         length = tokens // (packs or micro)
