@@ -1,7 +1,8 @@
-# `make demo` and `make test` create .venv from nothing and do their job.
-# torch is installed first and pinned by constraints-cpu.txt in every later pip call, so nothing
-# pulls a CUDA build on a CPU machine. On a GPU machine, install your torch first and use
-# `pip install -e .[test]` directly.
+# `make demo`, `make test` and `make docs` create .venv from nothing and do their job.
+# torch is installed first, and constraints-cpu.txt pins it and the rest of the stack (the versions
+# `make test` passed with) in every later pip call, so nothing pulls a CUDA build on a CPU machine.
+# On a GPU machine, install your torch first, then the same pins without torch's line
+# (docs/install.md).
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,12 +10,12 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow docs install clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -c constraints-cpu.txt torch  # first, alone: the CPU build on disk
 	$(PIP) install --quiet -c constraints-cpu.txt -e '.[test]'
 	touch $(STAMP)
 
@@ -31,5 +32,9 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m slow
 
+# The manual as a site in site/ (mkdocs, Material theme); `make test` builds it too, with --strict.
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

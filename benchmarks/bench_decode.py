@@ -42,11 +42,11 @@ from bench_vs_trl import bench_model, circle_image, machine, sync  # noqa: E402
 
 from vlmrl import grpo  # noqa: E402
 from vlmrl.config import GenerationSettings  # noqa: E402
-from vlmrl.logprobs import LogprobScorer  # noqa: E402
-from vlmrl.prompts import encode_prompts  # noqa: E402
-from vlmrl.rollout import generate_groups  # noqa: E402
-from vlmrl.support import hf_model  # noqa: E402
+from vlmrl.models.support import hf_model  # noqa: E402
+from vlmrl.rollout.generation import generate_groups  # noqa: E402
+from vlmrl.rollout.prompts import encode_prompts  # noqa: E402
 from vlmrl.tasks import Example  # noqa: E402
+from vlmrl.training.logprobs import LogprobScorer  # noqa: E402
 
 BANDWIDTH_GBS = {"H100": 3350.0, "H200": 4800.0}
 """HBM bandwidth by GPU name fragment (SXM parts), GB/s."""

@@ -43,12 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pass import completions_of  # noqa: E402
 from bench_vs_trl import MemoryPeak, bench_model, machine, publish  # noqa: E402
 
-from vlmrl.activation_memory import measure_activation_costs, saved_bytes  # noqa: E402
 from vlmrl.config import load_config  # noqa: E402
-from vlmrl.logprobs import LogprobScorer  # noqa: E402
-from vlmrl.models import enable_checkpointing, load_policy  # noqa: E402
-from vlmrl.preflight import estimate_memory  # noqa: E402
-from vlmrl.prompts import encode_prompts, image_token_id  # noqa: E402
+from vlmrl.models.loading import enable_checkpointing, load_policy  # noqa: E402
+from vlmrl.rollout.prompts import encode_prompts, image_token_id  # noqa: E402
+from vlmrl.safety.activation_memory import measure_activation_costs, saved_bytes  # noqa: E402
+from vlmrl.safety.preflight import estimate_memory  # noqa: E402
+from vlmrl.training.logprobs import LogprobScorer  # noqa: E402
 
 MIB = 2 ** 20
 

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import MemoryPeak, machine, publish, sync  # noqa: E402
 
-from vlmrl.stochastic_rounding import RoundingAdamW  # noqa: E402
+from vlmrl.training.stochastic_rounding import RoundingAdamW  # noqa: E402
 
 IMPLEMENTATIONS = {
     "foreach": lambda params: torch.optim.AdamW(params, lr=1e-4, foreach=True),

@@ -44,13 +44,13 @@ from torch.overrides import TorchFunctionMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import bench_model, circle_image, machine, publish, sync  # noqa: E402
 
-from vlmrl.completions import Completions  # noqa: E402
-from vlmrl.fused_kernels import fused_kernels_unsupported, use_fused_kernels  # noqa: E402
-from vlmrl.logprobs import LogprobScorer  # noqa: E402
-from vlmrl.models import enable_checkpointing, load_policy  # noqa: E402
-from vlmrl.prompts import encode_prompts  # noqa: E402
+from vlmrl.models.fused_kernels import fused_kernels_unsupported, use_fused_kernels  # noqa: E402
+from vlmrl.models.loading import enable_checkpointing, load_policy  # noqa: E402
+from vlmrl.models.vision_attention import use_batched_vision_attention  # noqa: E402
+from vlmrl.rollout.completions import Completions  # noqa: E402
+from vlmrl.rollout.prompts import encode_prompts  # noqa: E402
 from vlmrl.tasks import Example  # noqa: E402
-from vlmrl.vision_attention import use_batched_vision_attention  # noqa: E402
+from vlmrl.training.logprobs import LogprobScorer  # noqa: E402
 
 
 def completions_of(model, processor, args) -> Completions:

@@ -12,7 +12,7 @@ micro-batch, learning rate and clip range, one optimizer step per rollout batch,
 
 The two trainers run alternately: each TRL optimizer step (driven by `trainer.train()`) is
 followed, from a callback, by one vlmrl step (`collect_experience` + `update_policy`, the body
-of `vlmrl.trainer.train`). The first `--warmup` steps of each are dropped; the figures are
+of `vlmrl.training.trainer.train`). The first `--warmup` steps of each are dropped; the figures are
 medians over the next `--steps`. Per step:
 - vision rows: rows given to the vision tower (image patches), counted by a forward hook on the
   policy's and the reference's vision tower;
@@ -124,8 +124,8 @@ def qwen25vl_3b_folder(out: Path, image: int, text_layers: int = 36, vision_dept
     from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig, Qwen2VLImageProcessorPil
     from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
 
-    from vlmrl.processing import image_text_processor_class
-    from vlmrl.tiny_model import build_tokenizer
+    from vlmrl.models.processing import image_text_processor_class
+    from vlmrl.models.tiny_model import build_tokenizer
 
     tok = build_tokenizer(512, "qwen2_5_vl")
     ids = {name: tok.convert_tokens_to_ids(t) for name, t in (
@@ -250,8 +250,8 @@ class StepWork:
 
 def step_work(args, session) -> StepWork:
     """The training phase's work in the benchmark's setting (every prompt has the same length)."""
-    from vlmrl.models import is_vision_parameter
-    from vlmrl.prompts import encode_prompts
+    from vlmrl.models.loading import is_vision_parameter
+    from vlmrl.rollout.prompts import encode_prompts
 
     named = list(session.policy.named_parameters())
     vision = sum(p.numel() for n, p in named if is_vision_parameter(n))
@@ -323,16 +323,16 @@ def sync(device: torch.device) -> None:
 
 def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side):
     """A function that runs one vlmrl training step and records it in `side`."""
-    from vlmrl import experience as experience_module
     from vlmrl.config import load_config
-    from vlmrl.decoding import kept_cache_held
-    from vlmrl.experience import GroupSampler, collect_experience
-    from vlmrl.logprobs import LogprobScorer
-    from vlmrl.models import counting_vision_rows
-    from vlmrl.policy_update import update_policy
+    from vlmrl.models.loading import counting_vision_rows
+    from vlmrl.rollout.decoding import kept_cache_held
     from vlmrl.seeds import derive_seed
-    from vlmrl.session import TrainingSession
     from vlmrl.tasks import get_task
+    from vlmrl.training import experience as experience_module
+    from vlmrl.training.experience import GroupSampler, collect_experience
+    from vlmrl.training.logprobs import LogprobScorer
+    from vlmrl.training.policy_update import update_policy
+    from vlmrl.training.session import TrainingSession
 
     config = load_config(None, [
         f"model.name_or_path={model_dir}", f"model.device={args.device}", f"model.dtype={args.dtype}",
@@ -424,7 +424,7 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
     from trl import GRPOConfig, GRPOTrainer
 
     from vlmrl.models import load_policy
-    from vlmrl.models import counting_vision_rows
+    from vlmrl.models.loading import counting_vision_rows
 
     datasets.disable_progress_bars()
     n = args.prompts * (args.warmup + args.steps)
@@ -596,7 +596,7 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     from vlmrl.models import build_tiny_model
-    from vlmrl.preflight import speed_line
+    from vlmrl.safety.preflight import speed_line
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:

@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import qwen25vl_3b_folder  # noqa: E402
 
-from vlmrl.activation_memory import ActivationCosts, measure_activation_costs  # noqa: E402
 from vlmrl.config import load_config  # noqa: E402
 from vlmrl.models import load_policy  # noqa: E402
-from vlmrl.preflight import estimate_memory  # noqa: E402
+from vlmrl.safety.activation_memory import ActivationCosts, measure_activation_costs  # noqa: E402
+from vlmrl.safety.preflight import estimate_memory  # noqa: E402
 
 TEXT_LAYERS, VISION_BLOCKS = 36, 32
 KIB, GIB = 2 ** 10, 2 ** 30

@@ -6,13 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmrl.activation_memory import (ActivationCosts, embedding_gradients, measure_activation_costs, saved_bytes,
-                                     saved_bytes_by_place)
-from vlmrl.logprobs import LogprobScorer
-from vlmrl.models import enable_checkpointing, is_checkpointing, load_policy
-from vlmrl.prompts import encode_prompts, image_token_id
-from vlmrl.rollout import Completions
+from vlmrl.models.loading import enable_checkpointing, is_checkpointing, load_policy
+from vlmrl.rollout.generation import Completions
+from vlmrl.rollout.prompts import encode_prompts, image_token_id
+from vlmrl.safety.activation_memory import (
+    ActivationCosts,
+    embedding_gradients,
+    measure_activation_costs,
+    saved_bytes,
+    saved_bytes_by_place,
+)
 from vlmrl.tasks import Example
+from vlmrl.training.logprobs import LogprobScorer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

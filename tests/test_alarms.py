@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vlmrl.alarms import Alarms
+from vlmrl.safety.alarms import Alarms
 
 
 def _steps(alarms: Alarms, rows: list[dict]) -> list[tuple[int, str]]:

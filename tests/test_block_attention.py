@@ -17,16 +17,16 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from vlmrl import block_attention as blocks_module
-from vlmrl.activation_memory import saved_bytes
-from vlmrl.block_attention import NAME, block_attention, plan_blocks
-from vlmrl.completions import Completions
 from vlmrl.config import GenerationSettings
-from vlmrl.logprobs import LogprobScorer
-from vlmrl.models import enable_checkpointing, load_policy
-from vlmrl.packing import segment_attention_mask
-from vlmrl.rollout import generate_groups
+from vlmrl.models import block_attention as blocks_module
+from vlmrl.models.block_attention import NAME, block_attention, plan_blocks
+from vlmrl.models.loading import enable_checkpointing, load_policy
+from vlmrl.rollout.completions import Completions
+from vlmrl.rollout.generation import generate_groups
+from vlmrl.safety.activation_memory import saved_bytes
 from vlmrl.tasks import Example
+from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training.packing import segment_attention_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-import vlmrl.eval_settings
-import vlmrl.evaluate
+import vlmrl.evaluation.eval_settings
+import vlmrl.evaluation.evaluate
 from vlmrl.cli import EVAL_CLI_DEFAULTS, build_parser, main
 from vlmrl.config import EvalConfig
 from vlmrl.errors import VlmrlError
-from vlmrl.eval_settings import EvalSettings
+from vlmrl.evaluation.eval_settings import EvalSettings
 
 
 def _commands(parser, prefix=()):
@@ -97,7 +97,7 @@ def test_eval_flag_defaults_are_eval_settings_defaults():
     assert EVAL_CLI_DEFAULTS == {"k": 8, "blind_check": True}  # where `vlmrl eval` departs, on purpose
     assert (args.k, args.no_blind, args.n) == (8, False, 64) and (settings.k, settings.blind_check) == (0, False)
     assert EvalConfig().batch_size == settings.batch_size == 32
-    assert vlmrl.evaluate.EvalSettings is EvalSettings  # re-exported
+    assert vlmrl.evaluation.evaluate.EvalSettings is EvalSettings  # re-exported
 
 
 def test_eval_flag_defaults_are_read_not_written_twice(monkeypatch, capsys):
@@ -107,7 +107,7 @@ def test_eval_flag_defaults_are_read_not_written_twice(monkeypatch, capsys):
         max_new_tokens: int = 7
         seed: int = 3
 
-    monkeypatch.setattr(vlmrl.eval_settings, "EvalSettings", Changed)
+    monkeypatch.setattr(vlmrl.evaluation.eval_settings, "EvalSettings", Changed)
     args = build_parser().parse_args(["eval", "m", "--task", "shapes"])
     assert (args.batch_size, args.max_new_tokens, args.seed, args.k) == (5, 7, 3, 8)
     with pytest.raises(SystemExit):
@@ -124,7 +124,7 @@ def test_eval_command_runs_with_the_settings_its_flags_give(monkeypatch, capsys)
         seen.append((model_dir, task_name, task_params, split, n, settings))
         raise VlmrlError("stop here")
 
-    monkeypatch.setattr(vlmrl.evaluate, "run_eval", fake_run_eval)
+    monkeypatch.setattr(vlmrl.evaluation.evaluate, "run_eval", fake_run_eval)
     assert main(["eval", "m", "--task", "shapes"]) == 2
     assert main(["eval", "m", "--task", "shapes", "--batch-size", "4", "--k", "0", "--no-blind", "--seed", "2",
                  "--n", "3", "image_size=112"]) == 2

@@ -139,8 +139,8 @@ def override(key: str, value) -> str:
 def one_line_or_one_step(model: str, drawn: dict, mode: str) -> None:
     """The drawn config is refused in one line (by the config, or before step 1), or trains one step
     and saves its model; anything else raises. The run's folder is removed after."""
-    from vlmrl.sft import sft
-    from vlmrl.trainer import train
+    from vlmrl.training.sft import sft
+    from vlmrl.training.trainer import train
 
     with tempfile.TemporaryDirectory() as folder:
         try:

@@ -11,14 +11,14 @@ import pytest
 import torch
 from PIL import Image
 
-from vlmrl import decoding
 from vlmrl.config import GenerationSettings, load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.models import load_policy
-from vlmrl.rollout import generate_groups
-from vlmrl.support import CACHE_KEY
+from vlmrl.models.support import CACHE_KEY
+from vlmrl.rollout import decoding
+from vlmrl.rollout.generation import generate_groups
+from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
 from vlmrl.tasks import Example
-from vlmrl.tool_rollout import ToolBox, generate_trajectories
 
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 
@@ -89,8 +89,8 @@ def test_the_decode_setting(tiny_model_dir, monkeypatch):
 
 
 def test_a_static_cache_takes_over_the_prefilled_keys(tiny_model_dir, examples):
-    from vlmrl.prefill import prefill_once
-    from vlmrl.prompts import encode_prompts
+    from vlmrl.rollout.prefill import prefill_once
+    from vlmrl.rollout.prompts import encode_prompts
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     inputs = prefill_once(model, encode_prompts(processor, examples, torch.device("cpu")), 2)
@@ -108,8 +108,8 @@ def test_a_static_cache_takes_over_the_prefilled_keys(tiny_model_dir, examples):
 def test_the_compiled_path_keeps_one_static_cache_and_empties_it(tiny_model_dir, examples):
     """Same rows and rounded length: the same tensors (a CUDA graph's recorded addresses), emptied;
     another shape: a new cache, kept in place of the old; the static path keeps none."""
-    from vlmrl.prefill import prefill_once
-    from vlmrl.prompts import encode_prompts
+    from vlmrl.rollout.prefill import prefill_once
+    from vlmrl.rollout.prompts import encode_prompts
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
 
@@ -155,7 +155,7 @@ def test_on_cuda_the_compiled_decode_step_gives_the_dynamic_caches_tokens(arch, 
     """The compiled step replayed as a CUDA graph ("auto" on CUDA), in fp32 (torch's default: no TF32
     in matrix products): greedy, token for token; sampled, the log-probs each row recorded are those
     of the training pass (LogprobScorer)."""
-    from vlmrl.logprobs import LogprobScorer
+    from vlmrl.training.logprobs import LogprobScorer
 
     model, processor = load_policy(tiny_model_factory(arch), device="cuda")
     assert decoding.decode_mode(model, "auto") == "compiled"

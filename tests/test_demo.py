@@ -44,7 +44,7 @@ def test_demo_runs_every_phase_and_writes_the_summary(tmp_path, smoke_preset, ca
 
 
 def test_an_older_tiny_model_is_rebuilt(tmp_path):
-    from vlmrl.tiny_model import TINY_MODEL_VERSION
+    from vlmrl.models.tiny_model import TINY_MODEL_VERSION
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -10,10 +10,11 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
-from vlmrl import checkpoint, disk
+from vlmrl import disk
 from vlmrl.config import load_config
 from vlmrl.disk import DiskFull, is_disk_full, writing
-from vlmrl.tracking import MetricsLog, read_metrics
+from vlmrl.report.tracking import MetricsLog, read_metrics
+from vlmrl.safety import checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
 
@@ -74,7 +75,7 @@ def config(tmp_path, model_dir, *overrides):
 
 def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_resumes(tmp_path, tiny_model_dir,
                                                                                 letter_task, monkeypatch):
-    from vlmrl.trainer import train
+    from vlmrl.training.trainer import train
 
     real_save = checkpoint.save_model
     saves = []
@@ -101,7 +102,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_resum
 
 
 def test_the_preflight_says_what_the_run_writes(tmp_path, tiny_model_dir, letter_task, monkeypatch, capsys):
-    from vlmrl.preflight import check
+    from vlmrl.safety.preflight import check
 
     report = check(config(tmp_path, tiny_model_dir, "train.steps=10", "train.save_every=2"))
     weights = sum(p.numel() * 4 for p in load_file(f"{tiny_model_dir}/model.safetensors").values())

@@ -8,23 +8,23 @@ import time
 
 import pytest
 
-from vlmrl import model_source
 from vlmrl.cli import main
 from vlmrl.config import load_config
-from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError
+from vlmrl.models import model_source
+from vlmrl.safety.early_checks import check_before_loading
 
 
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading a model is a test failure: everything here must be refused before."""
-    import vlmrl.models
+    import vlmrl.models.loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(vlmrl.models, "load_policy", refuse)
-    monkeypatch.setattr(vlmrl.models, "load_processor", refuse)
+    monkeypatch.setattr(vlmrl.models.loading, "load_policy", refuse)
+    monkeypatch.setattr(vlmrl.models.loading, "load_processor", refuse)
 
 
 @pytest.mark.parametrize("overrides, message", [

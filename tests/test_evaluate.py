@@ -11,10 +11,23 @@ import torch
 
 from vlmrl.cli import main
 from vlmrl.errors import VlmrlError
-from vlmrl.evaluate import (
-    EvalSettings, Evaluation, blank_images, derangement, evaluate, format_table, held_out_examples,
-    length_buckets, mean_scores, pass_at_k, run_eval, safe_filename, save_evaluation, scalar_metrics,
-    shuffled_images, summarize,
+from vlmrl.evaluation.evaluate import (
+    EvalSettings,
+    Evaluation,
+    blank_images,
+    derangement,
+    evaluate,
+    format_table,
+    held_out_examples,
+    length_buckets,
+    mean_scores,
+    pass_at_k,
+    run_eval,
+    safe_filename,
+    save_evaluation,
+    scalar_metrics,
+    shuffled_images,
+    summarize,
 )
 from vlmrl.tasks import get_task
 

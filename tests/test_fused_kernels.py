@@ -19,9 +19,18 @@ import torch
 import torch.nn.functional as F
 from test_block_attention import rollout_of, scored
 
-from vlmrl.fused_kernels import (TORCH_KERNELS, Kernels, computes_fused, fusable_modules, fused_kernels_unsupported,
-                                 self_check, torch_rms_norm, torch_silu_mul, use_fused_kernels)
-from vlmrl.models import LoraConfig, apply_lora, load_policy
+from vlmrl.models.fused_kernels import (
+    TORCH_KERNELS,
+    Kernels,
+    computes_fused,
+    fusable_modules,
+    fused_kernels_unsupported,
+    self_check,
+    torch_rms_norm,
+    torch_silu_mul,
+    use_fused_kernels,
+)
+from vlmrl.models.loading import LoraConfig, apply_lora, load_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

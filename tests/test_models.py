@@ -11,7 +11,7 @@ from transformers import AutoModelForImageTextToText
 
 from vlmrl.config import LoraConfig
 from vlmrl.errors import VlmrlError
-from vlmrl.models import is_vision_parameter, load_policy, load_processor, trainable_parameters
+from vlmrl.models.loading import is_vision_parameter, load_policy, load_processor, trainable_parameters
 
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 

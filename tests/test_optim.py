@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vlmrl.config import load_config
-from vlmrl.optim import build_optimizer, lr_factor
+from vlmrl.training.optim import build_optimizer, lr_factor
 
 
 class TwoTowers(torch.nn.Module):

@@ -11,9 +11,9 @@ import torch
 
 from vlmrl import grpo
 from vlmrl.config import load_config
-from vlmrl.experience import Experience
-from vlmrl.policy_update import LOSS_STATISTICS, accumulate_gradients, loss_batch, loss_settings
-from vlmrl.rollout import Rollout
+from vlmrl.rollout.generation import Rollout
+from vlmrl.training.experience import Experience
+from vlmrl.training.policy_update import LOSS_STATISTICS, accumulate_gradients, loss_batch, loss_settings
 
 
 class OneProcess:

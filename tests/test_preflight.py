@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlmrl import preflight as preflight_module
-from vlmrl.activation_memory import ActivationCosts
 from vlmrl.cli import main
 from vlmrl.config import load_config
-from vlmrl.early_checks import check_before_loading
 from vlmrl.errors import VlmrlError
-from vlmrl.models import is_checkpointing, load_policy
-from vlmrl.preflight import check, estimate_memory, micro_batch_candidates, packed_prompts, preflight
+from vlmrl.models.loading import is_checkpointing, load_policy
+from vlmrl.safety import preflight as preflight_module
+from vlmrl.safety.activation_memory import ActivationCosts
+from vlmrl.safety.early_checks import check_before_loading
+from vlmrl.safety.preflight import check, estimate_memory, micro_batch_candidates, packed_prompts, preflight
 from vlmrl.tasks import Example, get_task
 
 
@@ -249,7 +249,7 @@ def test_vlmrl_check_prints_the_report_and_warns_when_it_will_not_fit(tiny_model
 
 def test_training_warns_before_step_one_when_memory_is_short(tmp_path, tiny_model_dir, letter_task, capsys,
                                                              monkeypatch):
-    from vlmrl.trainer import train
+    from vlmrl.training.trainer import train
 
     monkeypatch.setattr(preflight_module, "free_memory", lambda device: 1024)
     train(load_config(None, overrides(tiny_model_dir, f"output_dir={tmp_path / 'run'}", "train.steps=1",
@@ -309,7 +309,7 @@ def test_auto_picks_the_largest_micro_batch_that_fits_then_checkpointing(tiny_mo
 
 
 def test_a_run_trains_with_what_auto_settled(tmp_path, tiny_model_dir, letter_task, monkeypatch, capsys):
-    from vlmrl.trainer import train
+    from vlmrl.training.trainer import train
 
     no_reference = "algorithm.beta=0"  # else the run has its reference loaded when it measures, and `check` not
     needed = estimates(tiny_model_dir, no_reference)

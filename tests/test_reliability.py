@@ -17,14 +17,14 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from vlmrl import grpo
-from vlmrl.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
 from vlmrl.config import load_config
 from vlmrl.errors import Interrupted, VlmrlError
-from vlmrl.scoring import score_completions
 from vlmrl.models import load_policy
+from vlmrl.report.tracking import read_metrics
+from vlmrl.rollout.scoring import score_completions
+from vlmrl.safety.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
 from vlmrl.tasks import Example
-from vlmrl.tracking import read_metrics
-from vlmrl.trainer import train
+from vlmrl.training.trainer import train
 
 TESTS = Path(__file__).parent
 LETTER_TASK = "letter_task:LetterTask"  # tests/letter_task.py, loaded by import path
@@ -123,8 +123,8 @@ def test_nan_gradients_in_a_row_stop_the_run_with_a_checkpoint(tmp_path, tiny_mo
 
 
 def test_sft_skips_nan_updates(tmp_path, tiny_model_dir, letter_task, monkeypatch):
-    from vlmrl import sft as sft_module
-    from vlmrl.logprobs import LogprobScorer
+    from vlmrl.training import sft as sft_module
+    from vlmrl.training.logprobs import LogprobScorer
 
     real = LogprobScorer.__call__
 
@@ -143,7 +143,7 @@ def test_sft_skips_nan_updates(tmp_path, tiny_model_dir, letter_task, monkeypatc
 
 
 def test_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, tiny_model_dir, letter_task, monkeypatch):
-    import vlmrl.trainer as trainer_module
+    import vlmrl.training.trainer as trainer_module
 
     real, calls = trainer_module.collect_experience, [0]
 
@@ -287,7 +287,7 @@ def test_pickled_weights_are_refused(tiny_model_dir, tmp_path):
 def test_remote_code_only_when_the_config_says_so(tmp_path, tiny_model_dir, monkeypatch):
     import transformers
 
-    from vlmrl.session import load_trainable_policy
+    from vlmrl.models.loading import load_trainable_policy
 
     seen = []
     for cls in (transformers.AutoModelForImageTextToText, transformers.AutoProcessor):

@@ -9,9 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlmrl.rewards import (Rubric, closer_than, collapse_whitespace, compose, count_tag, edit_distance,
-                           extract_tag, iou, last_number, math_equal, normalize_math_string,
-                           normalized_edit_similarity, parse_box, think_answer_format)
+from vlmrl.tasks.rewards import (
+    Rubric,
+    closer_than,
+    collapse_whitespace,
+    compose,
+    count_tag,
+    edit_distance,
+    extract_tag,
+    iou,
+    last_number,
+    math_equal,
+    normalize_math_string,
+    normalized_edit_similarity,
+    parse_box,
+    think_answer_format,
+)
 
 FRAGMENTS = ["<think>", "</think>", "<answer>", "</answer>", "<chars>", "</chars>", "<", ">", "/", "[", "]",
              ",", "_", " ", "\n", "3", "-1.5", "[1, 2, 3, 4]", "\\boxed{", "}", "{", "$", "A", "(A)", "x",

@@ -12,12 +12,12 @@ from PIL import Image
 from torch.testing import assert_close
 
 from vlmrl.config import GenerationSettings, load_config
-from vlmrl.logprobs import LogprobScorer
 from vlmrl.models import load_policy
-from vlmrl.rollout import Rollout, generate_groups
-from vlmrl.sampling import SampledLogprobs
+from vlmrl.rollout.generation import Rollout, generate_groups
+from vlmrl.rollout.sampling import SampledLogprobs
+from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
 from vlmrl.tasks import Example
-from vlmrl.tool_rollout import ToolBox, generate_trajectories
+from vlmrl.training.logprobs import LogprobScorer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
 
@@ -73,7 +73,7 @@ def test_greedy_decoding_records_nothing_and_selection_keeps_the_logprobs(tiny_m
 def test_tool_rollouts_record_the_model_turns_logprobs(tiny_model_dir, monkeypatch):
     """Every first turn counts as a call (the random model writes none): its result (a parse error)
     sits between two sampled turns, whose log-probs are recorded turn by turn."""
-    from vlmrl import tool_rollout
+    from vlmrl.rollout import tool_rollout
 
     monkeypatch.setattr(tool_rollout, "ends_with_call", lambda text: True)
     model, processor = load_policy(tiny_model_dir, device="cpu")

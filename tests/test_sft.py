@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 
-from vlmrl.config import load_config
+from vlmrl.config import GenerationSettings, load_config
 from vlmrl.models import load_policy
-from vlmrl.config import GenerationSettings
-from vlmrl.rollout import generate_groups, stop_token_ids
-from vlmrl.sft import completion_tokens, sft
+from vlmrl.report.tracking import read_metrics
+from vlmrl.rollout.generation import generate_groups, stop_token_ids
 from vlmrl.tasks import get_task
-from vlmrl.tracking import read_metrics
-
-
+from vlmrl.training.sft import completion_tokens, sft
 
 
 def test_targets_are_the_completion_and_its_end_token_only(tiny_model_dir):

@@ -16,15 +16,15 @@ import pytest
 import torch
 from PIL import Image
 
-from vlmrl import support
-from vlmrl.completions import Completions
 from vlmrl.config import GenerationSettings, load_config
-from vlmrl.logprobs import LogprobScorer
-from vlmrl.models import counting_vision_rows, enable_checkpointing, load_policy
-from vlmrl.rollout import generate_groups
+from vlmrl.models import support
+from vlmrl.models.loading import counting_vision_rows, enable_checkpointing, load_policy
+from vlmrl.report.tracking import read_metrics
+from vlmrl.rollout.completions import Completions
+from vlmrl.rollout.generation import generate_groups
 from vlmrl.tasks import Example
-from vlmrl.tracking import read_metrics
-from vlmrl.trainer import train
+from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training.trainer import train
 
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 G = 3

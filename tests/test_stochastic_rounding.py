@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmrl import stochastic_rounding
 from vlmrl.config import load_config
-from vlmrl.optim import build_optimizer
-from vlmrl.stochastic_rounding import RoundingAdamW, round_stochastically
+from vlmrl.training import stochastic_rounding
+from vlmrl.training.optim import build_optimizer
+from vlmrl.training.stochastic_rounding import RoundingAdamW, round_stochastically
 
 
 def test_a_bf16_value_stays_and_one_between_lands_on_a_neighbour_as_often_as_it_is_near():

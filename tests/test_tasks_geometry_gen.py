@@ -11,9 +11,9 @@ from fractions import Fraction
 import pytest
 
 from vlmrl.cli import main
-from vlmrl.rewards import math_equal
 from vlmrl.tasks import get_task
 from vlmrl.tasks.geometry_gen import KINDS, latex_number, latex_sqrt, make_problem
+from vlmrl.tasks.rewards import math_equal
 
 
 def test_numbers_are_written_as_latex():

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from vlmrl.rewards import iou
 from vlmrl.tasks import Example, get_task
+from vlmrl.tasks.rewards import iou
 from vlmrl.tasks.shapes import RGB
 
 TASK = get_task("grounding", seed=0)

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from vlmrl.errors import VlmrlError
-from vlmrl.models import build_tiny_model, load_processor
-from vlmrl.tiny_model import TAG_TOKENS, model_summary
+from vlmrl.models.loading import load_processor
+from vlmrl.models.tiny_model import TAG_TOKENS, build_tiny_model, model_summary
 
 
 def test_tiny_model_folder_has_model_tokenizer_and_processor(tiny_model_dir):

@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 from vlmrl.config import load_config
-from vlmrl.logprobs import LogprobScorer
 from vlmrl.models import load_policy
-from vlmrl.rollout import stop_token_ids
+from vlmrl.rollout.generation import stop_token_ids
+from vlmrl.rollout.tool_rollout import ToolBox, ToolRollout, generate_trajectories
+from vlmrl.rollout.trajectories import Segment, prompt_text
 from vlmrl.tasks import Example
-from vlmrl.tool_rollout import ToolBox, ToolRollout, generate_trajectories
-from vlmrl.trajectories import Segment, prompt_text
+from vlmrl.training.logprobs import LogprobScorer
 
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 CALL = '<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 56, 28]}}\n</tool_call>'
@@ -121,9 +121,9 @@ def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, lett
     statistics are logged, and the weights move."""
     from safetensors.torch import load_file
 
-    from vlmrl import tool_rollout
-    from vlmrl.tracking import read_metrics
-    from vlmrl.trainer import train
+    from vlmrl.report.tracking import read_metrics
+    from vlmrl.rollout import tool_rollout
+    from vlmrl.training.trainer import train
 
     def sample_turn(model, processor, rows, segments, settings):  # row i: zoom first when i is even
         tokens = processor.tokenizer
@@ -166,7 +166,7 @@ def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, lett
 def test_reference_trajectories_run_their_calls(tiny_model_dir, letter_task):
     from letter_task import LookTask
 
-    from vlmrl.tool_rollout import reference_rollout
+    from vlmrl.rollout.tool_rollout import reference_rollout
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     examples = [LookTask().example(i) for i in range(2)]
@@ -181,8 +181,8 @@ def test_reference_trajectories_run_their_calls(tiny_model_dir, letter_task):
 
 
 def test_sft_learns_reference_trajectories(tmp_path, tiny_model_dir, letter_task):
-    from vlmrl.sft import sft
-    from vlmrl.tracking import read_metrics
+    from vlmrl.report.tracking import read_metrics
+    from vlmrl.training.sft import sft
 
     config = load_config(None, [
         f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LookTask",
@@ -195,7 +195,7 @@ def test_sft_learns_reference_trajectories(tmp_path, tiny_model_dir, letter_task
 def test_evaluation_with_tools_reports_tool_use_and_keeps_the_turns(tiny_model_dir, letter_task, tmp_path):
     from letter_task import LookTask
 
-    from vlmrl.evaluate import EvalSettings, evaluate, format_table, save_evaluation
+    from vlmrl.evaluation.evaluate import EvalSettings, evaluate, format_table, save_evaluation
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     scripted(model, processor, [[CALL, "a a"], ["b"], [CALL, CALL, "a"]])
@@ -213,7 +213,7 @@ def test_evaluation_with_tools_reports_tool_use_and_keeps_the_turns(tiny_model_d
 
 
 def test_a_turn_ends_at_its_stop_token_or_at_the_end_of_a_call(tiny_model_dir):
-    from vlmrl.tool_rollout import turn_end
+    from vlmrl.rollout.tool_rollout import turn_end
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     tokens, stop = processor.tokenizer, stop_token_ids(processor, model)
@@ -229,7 +229,7 @@ def test_tool_tags_that_are_special_tokens_stay_in_the_text_and_may_be_sampled(t
     them (other special tokens are dropped) and sampling does not ban them."""
     from tokenizers import AddedToken
 
-    from vlmrl.tool_rollout import tool_tag_ids, turn_text
+    from vlmrl.rollout.tool_rollout import tool_tag_ids, turn_text
 
     _, processor = load_policy(tiny_model_dir, device="cpu")
     tokens = processor.tokenizer
@@ -248,7 +248,7 @@ def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arc
     """Training on trajectories with train.pack_groups: one forward per group [prompt, trajectory 1,
     trajectory 2, ...]: the plain path's log-probs (1e-5) and gradients, the prompt's image once;
     under the dense mask and with block attention."""
-    from vlmrl.models import counting_vision_rows
+    from vlmrl.models.loading import counting_vision_rows
 
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     other = Example(Image.new("RGB", (56, 56), (0, 0, 200)), "Count it.", "1")
@@ -276,7 +276,7 @@ def test_packed_trajectories_compute_each_prompt_once_with_the_plain_numbers(arc
 def test_under_auto_decoding_later_turns_keep_the_dynamic_cache(tiny_model_dir, example, monkeypatch):
     """A later turn's rows and length are new each time: "auto" compiles only the first turn, whose
     shapes repeat from step to step; a decode path named outright holds for every turn."""
-    from vlmrl import tool_rollout
+    from vlmrl.rollout import tool_rollout
 
     model, processor = load_policy(tiny_model_dir, device="cpu")
     decodes = []

@@ -11,11 +11,25 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from vlmrl import tools
 from vlmrl.errors import VlmrlError
-from vlmrl.tools import (BUILTIN_TOOLS, ERROR_KINDS, ToolCall, ToolContext, ToolLimits, ToolResult, Trajectory,
-                         Turn, ends_with_call, fit_side, parse_tool_call, resolve_tools, run_tool,
-                         tool_result_text, zoom)
+from vlmrl.tasks import tools
+from vlmrl.tasks.tools import (
+    BUILTIN_TOOLS,
+    ERROR_KINDS,
+    ToolCall,
+    ToolContext,
+    ToolLimits,
+    ToolResult,
+    Trajectory,
+    Turn,
+    ends_with_call,
+    fit_side,
+    parse_tool_call,
+    resolve_tools,
+    run_tool,
+    tool_result_text,
+    zoom,
+)
 
 TESTS = Path(__file__).parent
 RED, GREEN, WHITE = (255, 0, 0), (0, 255, 0), (255, 255, 255)
@@ -292,7 +306,7 @@ def test_a_tool_past_its_timeout_is_left_behind(helpers, context):
 
 def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting():
     script = ("import threading\n"
-              "from vlmrl.tools import ToolCall, ToolContext, ToolLimits, run_tool\n"
+              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, run_tool\n"
               "stuck = lambda context: threading.Event().wait()\n"
               "result = run_tool(ToolCall('stuck', {}), {'stuck': stuck}, ToolContext([]), ToolLimits(timeout_s=0.1))\n"
               "print(result.error)\n")

@@ -12,7 +12,7 @@ import pytest
 
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
-from vlmrl.tracking import MetricsLog, TensorBoardSink, TrackioSink, WandbSink, build_trackers, read_metrics
+from vlmrl.report.tracking import MetricsLog, TensorBoardSink, TrackioSink, WandbSink, build_trackers, read_metrics
 
 
 def _config(*overrides: str):

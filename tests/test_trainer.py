@@ -19,9 +19,9 @@ from transformers import AutoModelForImageTextToText
 
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
-from vlmrl.session import release_process_group
-from vlmrl.tracking import read_metrics
-from vlmrl.trainer import train
+from vlmrl.report.tracking import read_metrics
+from vlmrl.training.session import release_process_group
+from vlmrl.training.trainer import train
 
 TESTS = Path(__file__).parent
 LETTER_TASK = "letter_task:LetterTask"  # tests/letter_task.py, loaded by import path

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from vlmrl.models import load_policy
-from vlmrl.prompts import chat_messages
+from vlmrl.rollout.prompts import chat_messages
+from vlmrl.rollout.trajectories import Segment, encode_trajectories, prompt_text, tool_turn
 from vlmrl.tasks import Example
-from vlmrl.trajectories import Segment, encode_trajectories, prompt_text, tool_turn
 
 ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
 FIRST = 'Let me look.<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 28, 28]}}\n</tool_call>'

@@ -16,11 +16,15 @@ import torch.nn.functional as F
 from PIL import Image
 from test_block_attention import rollout_of, scored
 
-import vlmrl.vision_attention as vision_attention
+import vlmrl.models.vision_attention as vision_attention
 from vlmrl.models import load_policy
-from vlmrl.support import hf_model
-from vlmrl.vision_attention import (batched_vision_unsupported, computes_batched, use_batched_vision_attention,
-                                    window_attention)
+from vlmrl.models.support import hf_model
+from vlmrl.models.vision_attention import (
+    batched_vision_unsupported,
+    computes_batched,
+    use_batched_vision_attention,
+    window_attention,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,7 @@ from vlmrl.errors import Interrupted, VlmrlError
 def _tiny_model(args: argparse.Namespace) -> None:
     """`vlmrl tiny-model`: build and save the offline random-weight model, print its summary."""
     from vlmrl.models import build_tiny_model
-    from vlmrl.tiny_model import model_summary
+    from vlmrl.models.tiny_model import model_summary
 
     out = build_tiny_model(args.out, size=args.size, arch=args.arch, seed=args.seed)
     print(model_summary(out))
@@ -86,7 +86,7 @@ def _config(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     """`vlmrl train`: the RL run; prints where the final model and the metrics are."""
     from vlmrl.config import load_config
-    from vlmrl.trainer import train
+    from vlmrl.training.trainer import train
 
     run_dir = train(load_config(*_config_and_overrides(args)))
     print(f"done: {run_dir} (final model in {run_dir / 'final'}, metrics in {run_dir / 'metrics.jsonl'})")
@@ -95,7 +95,7 @@ def _train(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     """`vlmrl eval`: evaluate a model folder with the flags' settings, print the table, write JSON."""
     from vlmrl.config import parse_override
-    from vlmrl.evaluate import EvalSettings, format_table, run_eval
+    from vlmrl.evaluation.evaluate import EvalSettings, format_table, run_eval
 
     settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
                             temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
@@ -111,7 +111,7 @@ def _eval(args: argparse.Namespace) -> None:
 def _sft(args: argparse.Namespace) -> None:
     """`vlmrl sft`: the supervised warm start; prints how to start RL from its model."""
     from vlmrl.config import load_config
-    from vlmrl.sft import sft
+    from vlmrl.training.sft import sft
 
     run_dir = sft(load_config(*_config_and_overrides(args)))
     print(f"done: {run_dir} (model in {run_dir / 'final'}; RL from it: vlmrl train CONFIG "
@@ -121,7 +121,7 @@ def _sft(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     """`vlmrl check`: the preflight checks alone; prints the report and a memory verdict."""
     from vlmrl.config import load_config
-    from vlmrl.preflight import check
+    from vlmrl.safety.preflight import check
 
     report = check(load_config(*_config_and_overrides(args)), mode="sft" if args.sft else "train")
     print("\n".join(report.lines()))
@@ -146,7 +146,7 @@ def _report(args: argparse.Namespace) -> None:
 
 def _attention(args: argparse.Namespace) -> None:
     """`vlmrl attention`: attention heatmaps of each generated token over the image."""
-    from vlmrl.report.attention import attention_maps, format_summary
+    from vlmrl.evaluation.attention_maps import attention_maps, format_summary
 
     maps = attention_maps(args.model, args.image, args.prompt, layer=args.layer, out_dir=args.out,
                           max_new_tokens=args.max_new_tokens, device=args.device)
@@ -164,7 +164,7 @@ check (greedy only): a person asking for an evaluation gets pass@8 and the blind
 def eval_defaults() -> dict:
     """The settings `vlmrl eval` runs with when no flag is given: EvalSettings' field defaults
     updated with EVAL_CLI_DEFAULTS, by field name."""
-    from vlmrl.eval_settings import EvalSettings
+    from vlmrl.evaluation.eval_settings import EvalSettings
 
     def default(field: dataclasses.Field):
         return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
@@ -180,7 +180,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
 
 def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     """`vlmrl tiny-model OUT [--size] [--arch] [--seed]`."""
-    from vlmrl.tiny_model import ARCHES, SIZES
+    from vlmrl.models.tiny_model import ARCHES, SIZES
 
     tiny = commands.add_parser(
         "tiny-model", help="build an offline random-weight VLM of a real architecture",

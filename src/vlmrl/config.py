@@ -20,8 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from vlmrl.errors import VlmrlError, require
-from vlmrl.fields import Naming, build, read_text
-from vlmrl.fields import all_keys, field_docs  # noqa: F401  (also public names of this module)
+from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
 
 RENAMED_KEYS: dict[str, str] = {
     "rollout.shared_prefill": "rollout.share_prompt_cache",

@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vlmrl.checkpoint import latest_checkpoint
 from vlmrl.config import Config, load_config
-from vlmrl.evaluate import EvalSettings, evaluate, format_table, held_out_examples, save_evaluation
+from vlmrl.evaluation.evaluate import EvalSettings, evaluate, format_table, held_out_examples, save_evaluation
 from vlmrl.models import build_tiny_model, load_policy
+from vlmrl.models.tiny_model import TINY_MODEL_VERSION, model_summary
+from vlmrl.safety.checkpoint import latest_checkpoint
 from vlmrl.tasks import get_task
-from vlmrl.tiny_model import TINY_MODEL_VERSION, model_summary
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,8 @@ def before_after_table(before: dict, after: dict) -> str:
 
 def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
     """The whole demo; returns (and writes to summary.json) the before/after numbers."""
-    from vlmrl.sft import sft
-    from vlmrl.trainer import train
+    from vlmrl.training.sft import sft
+    from vlmrl.training.trainer import train
 
     preset = PRESETS[preset_name]
     out = Path(out_dir)

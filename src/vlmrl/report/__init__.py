@@ -5,12 +5,17 @@ lengths, timings, ...), a rollout viewer (each logged step's prompts, their imag
 completions, best and worst marked, reward components and advantages), evaluation results,
 alarms and the run's config. The file fetches nothing: it opens from disk, offline.
 
-    rundir.py    read a run directory
-    charts.py    which metrics go in which chart
-    svg.py       draw a chart as inline SVG
-    rollouts.py  the rollout viewer's data (capped steps and groups, images as data URIs)
-    page.py      assemble and write the page (static/report.css, static/viewer.js inline)
-    attention.py where the model looks: attention heatmaps (`vlmrl attention`)
+    rundir.py       read a run directory
+    charts.py       which metrics go in which chart
+    svg.py          draw a chart as inline SVG
+    rollouts.py     the rollout viewer's data (capped steps and groups, images as data URIs)
+    page.py         assemble and write the page (static/report.css, static/viewer.js inline)
+    compare.py      the comparison page of a `vlmrl compare` study
+    tracking.py     where metrics go: metrics.jsonl and the trackers asked for (TensorBoard, ...)
+    rollout_log.py  the rollout log the trainer writes and the viewer reads
+
+May import: config, disk, errors. Nothing from the model, rollout, training, safety or evaluation
+folders: training writes metrics and rollouts here; the report only reads them back.
 """
 
 from vlmrl.report.page import render_page, write_report

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from vlmrl import __version__
 from vlmrl.disk import writing
-from vlmrl.report.charts import (build_charts, constant_metrics, final_value, is_accuracy_like,
-                                  is_heldout_accuracy)
+from vlmrl.report.charts import build_charts, constant_metrics, final_value, is_accuracy_like, is_heldout_accuracy
 from vlmrl.report.rollouts import MAX_GROUPS, MAX_STEPS, rollout_data
 from vlmrl.report.rundir import RunDir, read_run_dir
 from vlmrl.report.svg import render_chart

@@ -28,7 +28,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, build, closest, field_docs, type_name
 
 if TYPE_CHECKING:
-    from vlmrl.tools import Trajectory
+    from vlmrl.tasks.tools import Trajectory
 
 TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
@@ -177,7 +177,7 @@ class Task:
         raise NotImplementedError
 
     def score_trajectory(self, example: Example, trajectory: Trajectory) -> dict[str, float]:
-        """Reward components of a tool-using rollout (`vlmrl.tools.Trajectory`). By default `score`
+        """Reward components of a tool-using rollout (`vlmrl.tasks.tools.Trajectory`). By default `score`
         of its final text (the model's last turn), so every task takes trajectories; a task that
         rewards the tool use itself (zoom) overrides it."""
         return self.score(example, trajectory.final_text)

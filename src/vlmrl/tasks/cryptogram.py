@@ -28,9 +28,16 @@ from importlib import resources
 
 from PIL import Image, ImageDraw, ImageFont
 
-from vlmrl.rewards import (Rubric, closer_than, collapse_whitespace, count_tag, extract_tag,
-                           normalized_edit_similarity, think_answer_format)
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
+from vlmrl.tasks.rewards import (
+    Rubric,
+    closer_than,
+    collapse_whitespace,
+    count_tag,
+    extract_tag,
+    normalized_edit_similarity,
+    think_answer_format,
+)
 
 LETTERS = string.ascii_lowercase
 RUBRIC = Rubric({"format": 1.0, "decoding": 1.0, "correctness": 1.0})

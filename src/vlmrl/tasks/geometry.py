@@ -56,9 +56,9 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from vlmrl.errors import VlmrlError, warn
-from vlmrl.rewards import Rubric, extract_tag, math_equal, think_answer_format
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task, stable_unit
 from vlmrl.tasks.geometry_gen import KINDS, Problem, make_problem
+from vlmrl.tasks.rewards import Rubric, extract_tag, math_equal, think_answer_format
 
 PROCEDURAL = "procedural"
 SCHEMAS = ("auto", "open_r1", "geometry3k", "geoqa")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from vlmrl.errors import VlmrlError
-from vlmrl.rewards import Rubric, extract_tag, last_number, think_answer_format
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
+from vlmrl.tasks.rewards import Rubric, extract_tag, last_number, think_answer_format
 
 KINDS = ("circle", "square", "triangle")
 PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles"}

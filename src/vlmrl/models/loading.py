@@ -1,0 +1,240 @@
+"""Load any Hugging Face image-text-to-text model and its processor as a policy to train.
+
+One path for every model: the offline tiny model, Qwen2.5-VL-3B from the hub, a local fine-tune.
+Options a researcher reaches for: dtype, device, attention implementation, LoRA (vision tower left
+out by default), a frozen vision tower, gradient checkpointing. Remote code runs only when asked.
+The vision tower is found by parameter name, with no per-architecture code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from vlmrl.config import Config, LoraConfig
+from vlmrl.errors import VlmrlError
+from vlmrl.models.fused_kernels import use_fused_kernels
+from vlmrl.models.model_source import check_model_source, first_line
+from vlmrl.models.processing import image_text_processor_class
+from vlmrl.models.support import hf_model
+from vlmrl.models.vision_attention import use_batched_vision_attention
+
+# Module names under which the families keep their vision encoder (Qwen: `visual`; Idefics3,
+# LLaVA, Gemma 3: `vision_model` / `vision_tower`).
+VISION_MODULE_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder", "image_encoder")
+_VISION_RE = re.compile(r"(^|\.)(" + "|".join(VISION_MODULE_NAMES) + r")(\.|$)")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def is_vision_parameter(name: str) -> bool:
+    """True for a parameter of the vision tower (by module name, any family)."""
+    return bool(_VISION_RE.search(name))
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" is CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """"auto" is bfloat16 on a GPU and float32 on a CPU (bf16 is several times slower there)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise VlmrlError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_processor(name_or_path: str, trust_remote_code: bool = False):
+    """The model's processor (image processor + tokenizer + chat template).
+
+    `AutoProcessor` first; where it cannot load (the Qwen2-VL family needs torchvision for its video
+    processor), the family's own processor class without the video slot.
+    """
+    from transformers import AutoProcessor, ProcessorMixin
+    from transformers.models.auto.processing_auto import processor_class_from_name
+
+    check_model_source(name_or_path)
+    try:
+        processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except (OSError, ImportError, ValueError) as auto_error:
+        class_name = _saved_processor_class(name_or_path)
+        base = processor_class_from_name(class_name) if class_name else None
+        if base is None:
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(auto_error)}")
+        try:
+            processor = image_text_processor_class(base).from_pretrained(name_or_path)
+        except (OSError, ImportError, ValueError) as error:
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(error)}")
+    if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
+        raise VlmrlError(
+            f"{name_or_path!r} has no image processor (no processor_config.json or "
+            "preprocessor_config.json): it is not an image-text-to-text model folder")
+    processor.tokenizer.padding_side = "left"  # generation appends on the right
+    return processor
+
+
+def _saved_processor_class(name_or_path: str) -> str | None:
+    """The processor class named in a local folder's processor or preprocessor config."""
+    for file in ("processor_config.json", "preprocessor_config.json"):
+        path = Path(name_or_path).expanduser() / file
+        if path.exists():
+            name = json.loads(path.read_text()).get("processor_class")
+            if name:
+                return name
+    return None
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    attn_implementation: str | None = None,
+    lora: LoraConfig | None = None,
+    freeze_vision: bool = False,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+):
+    """Load an image-text-to-text model and its processor, ready to train.
+
+    Returns (model, processor). With `lora`, the model is a peft model with only the adapter
+    trainable; with `freeze_vision`, the vision tower's parameters do not train.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
+    target = resolve_device(device)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            name_or_path,
+            dtype=resolve_dtype(dtype, target),
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=True,
+        )
+    except (OSError, ValueError, ImportError) as error:
+        raise VlmrlError(f"cannot load model {name_or_path!r}: {first_line(error)}")
+    model.to(target)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    if freeze_vision:
+        set_vision_trainable(model, False)
+    if lora is not None and lora.enabled:
+        model = apply_lora(model, lora)
+    if gradient_checkpointing:
+        checkpoint_activations(model)
+    return model, processor
+
+
+def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None):
+    """The policy and processor; from `checkpoint` when resuming (full weights or LoRA adapter)."""
+    settings = config.model
+    source = str(checkpoint) if checkpoint is not None and not settings.lora.enabled else settings.name_or_path
+    policy, processor = load_policy(
+        source, dtype=settings.dtype, device=str(device), attn_implementation=settings.attn_implementation,
+        lora=settings.lora, freeze_vision=settings.freeze_vision,
+        gradient_checkpointing=settings.gradient_checkpointing is True, trust_remote_code=settings.trust_remote_code)
+    if checkpoint is not None and settings.lora.enabled:
+        load_adapter_weights(policy, checkpoint)
+    use_fused_kernels(policy, config.train.fused_kernels)  # falls back where liger cannot serve (speed line)
+    use_batched_vision_attention(policy, config.train.batched_vision_attention)
+    return policy, processor
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (non-reentrant); the method was renamed in transformers 5.x."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether gradient checkpointing is on (the property was renamed in transformers 5.x)."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Turn gradient checkpointing on in a loaded policy (a LoRA one too: its inputs then need grad)."""
+    if is_checkpointing(model):
+        return
+    enable_checkpointing(model)
+    if hasattr(model, "peft_config"):
+        model.enable_input_require_grads()
+
+
+def set_vision_trainable(model: torch.nn.Module, trainable: bool) -> int:
+    """Turn training of the vision tower on or off; returns how many parameters it touched."""
+    count = 0
+    for name, param in model.named_parameters():
+        if is_vision_parameter(name):
+            param.requires_grad_(trainable)
+            count += param.numel()
+    if count == 0:
+        raise VlmrlError("no vision-tower parameters found in this model "
+                         f"(looked for modules named {', '.join(VISION_MODULE_NAMES)})")
+    return count
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraConfig):
+    """Wrap `model` with a LoRA adapter; only adapter weights train afterwards."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    exclude = None if settings.include_vision else r".*(" + "|".join(VISION_MODULE_NAMES) + r").*"
+    config = PeftLoraConfig(
+        r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules), exclude_modules=exclude, bias="none",
+    )
+    try:
+        with warnings.catch_warnings():  # peft's own use of a name transformers 5.24 deprecates: not the user's
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(model, config)
+    except ValueError as error:
+        raise VlmrlError(f"LoRA: {first_line(error)} (target_modules={settings.target_modules})")
+
+
+def load_adapter_weights(model: torch.nn.Module, folder: Path) -> None:
+    """Put a saved LoRA adapter's weights into a peft model."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = folder / "adapter_model.safetensors"
+    if not path.exists():
+        raise VlmrlError(f"checkpoint {folder} has no adapter_model.safetensors")
+    result = set_peft_model_state_dict(model, load_file(path))
+    if getattr(result, "unexpected_keys", None):
+        raise VlmrlError(f"adapter in {folder} does not fit the model: {result.unexpected_keys[:3]}")
+
+
+def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
+
+
+@contextlib.contextmanager
+def counting_vision_rows(model: torch.nn.Module):
+    """Within: the yielded list holds, per call of the vision tower, the rows it was given (patches
+    for Qwen-VL, images for Idefics3). For tests and benchmarks."""
+    tower = next(m for name, m in hf_model(model).named_modules() if name.split(".")[-1] in VISION_MODULE_NAMES)
+    calls: list[int] = []
+
+    def hook(module, args, kwargs):
+        first = args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v))
+        calls.append(int(first.shape[0]))
+
+    handle = tower.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()

@@ -1,0 +1,52 @@
+"""How task examples become model inputs: the chat turn, the processor call, the image token.
+
+Everything goes through the model's own chat template and processor, so any image-text-to-text
+family works without per-architecture code. Generation (generation.py), log-probs (logprobs.py),
+preflight and the attention maps all build their prompts here, so they see the same tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlmrl.errors import VlmrlError
+from vlmrl.tasks import Example
+
+
+def chat_messages(example: Example) -> list[dict]:
+    """The user turn: the example's images in order, then the task's question."""
+    images = [{"type": "image"} for _ in example.images]
+    return [{"role": "user", "content": [*images, {"type": "text", "text": example.prompt}]}]
+
+
+def encode_prompts(processor, examples: list[Example], device: torch.device) -> dict[str, torch.Tensor]:
+    """Processor inputs (input_ids, attention_mask, pixel values, grids...) for a batch of examples,
+    left-padded, each ending with the generation prompt."""
+    texts = [processor.apply_chat_template(chat_messages(ex), add_generation_prompt=True, tokenize=False)
+             for ex in examples]
+    images = [list(ex.images) for ex in examples]
+    batch = processor(images=images, text=texts, return_tensors="pt", padding=True)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def image_token_id(processor, model_config=None) -> int:
+    """Id of the image placeholder token: from the model config when given, else the processor.
+
+    VlmrlError when neither names one (the model is not an image-text-to-text model).
+    """
+    candidates = []
+    if model_config is not None:
+        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else None
+        candidates += [getattr(model_config, "image_token_id", None), getattr(model_config, "image_token_index", None),
+                       getattr(text_config, "image_token_id", None)]
+    candidates.append(getattr(processor, "image_token_id", None))
+    for value in candidates:
+        if isinstance(value, int):
+            return value
+    token = getattr(processor, "image_token", None)
+    if isinstance(token, str):
+        found = processor.tokenizer.convert_tokens_to_ids(token)
+        if isinstance(found, int) and found != processor.tokenizer.unk_token_id:
+            return found
+    raise VlmrlError("the model has no image token (no image_token_id in its config or processor): "
+                     "it is not an image-text-to-text model")

@@ -1,0 +1,230 @@
+"""Multi-turn rollouts: the model calls visual tools (zoom, crop, your own) and sees their results.
+
+Each of the G samples of a prompt is a trajectory. A turn is sampled until the end-of-turn token or
+the end of a tool call (`</tool_call>`, a stop string, so any tokenizer works); a turn that ends in
+a call gets the tool's result (tools.py: never a crash; errors come back as text) appended as the
+next user turn, images included, and the trajectory goes on, for at most `rollout.max_turns` model
+turns and `rollout.max_new_tokens` tokens in all (the model's and the tools'). A trajectory that
+runs out of turns or tokens is `cut`.
+
+The first turn starts from one prefill per prompt, shared by its G samples (prefill.py); later
+turns re-encode each trajectory from its prompt (trajectories.py), one forward per trajectory and
+turn, so a turn costs a prefill of everything so far: simple and exact, not the fastest.
+
+The result is a `ToolRollout`: a `Rollout` whose completion ids are everything after the prompt
+(the model's tokens and the tools'), whose mask marks the model's tokens only (the loss, the KL and
+the length statistics see nothing else), and which keeps each trajectory's segments and turns for
+the log-prob pass, the rewards and the logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from vlmrl.config import RolloutConfig
+from vlmrl.rollout.generation import Rollout, generation_inputs, sample, stop_token_ids, suppressed_token_ids
+from vlmrl.rollout.trajectories import Segment, encode_trajectories, tool_turn
+from vlmrl.tasks import Example
+from vlmrl.tasks.tools import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ToolContext,
+    ToolLimits,
+    Trajectory,
+    Turn,
+    ends_with_call,
+    parse_tool_call,
+    resolve_tools,
+    run_tool,
+    tool_result_text,
+)
+
+
+@dataclass
+class ToolRollout(Rollout):
+    """A Rollout of multi-turn trajectories (see the module doc): completion_mask marks the model's
+    tokens; `segments[i]` and `trajectories[i]` are row i's turns as tokens and as text."""
+
+    segments: list[list[Segment]] | None = None  # set by generate_trajectories / reference_rollout
+    trajectories: list[Trajectory] | None = None
+
+    def select(self, index: list[int]) -> ToolRollout:
+        return replace(Rollout.select(self, index), segments=[self.segments[i] for i in index],
+                       trajectories=[self.trajectories[i] for i in index])
+
+    @staticmethod
+    def concat(parts: list[ToolRollout], pad_id: int) -> ToolRollout:
+        whole = Rollout.concat(parts, pad_id)
+        return ToolRollout(**whole.base_fields(), segments=[s for p in parts for s in p.segments],
+                           trajectories=[t for p in parts for t in p.trajectories])
+
+
+@dataclass
+class ToolBox:
+    """How multi-turn rollouts run: the rollout settings (sampling, turns, token budget, image
+    side), the tools they may call, and the tools' limits."""
+
+    settings: RolloutConfig
+    tools: dict
+    limits: ToolLimits
+
+    @classmethod
+    def from_config(cls, settings: RolloutConfig) -> ToolBox:
+        """The tools of `settings.tools` resolved (VlmrlError for an unknown one)."""
+        return cls(settings, resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s))
+
+
+def tool_tag_ids(tokenizer) -> set[int]:
+    """Ids of `<tool_call>` / `</tool_call>` when the tokenizer has them as single (added) tokens,
+    as Qwen's does: they must be neither banned from sampling nor dropped from a turn's text."""
+    return {i for i, token in tokenizer.added_tokens_decoder.items() if token.content in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)}
+
+
+def turn_text(tokenizer, ids: list[int]) -> str:
+    """A turn's text: special tokens dropped, except the tool-call tags."""
+    tags = tool_tag_ids(tokenizer)
+    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special} - tags
+    return tokenizer.decode([i for i in ids if i not in special], skip_special_tokens=False).strip()
+
+
+def turn_end(ids: list[int], stop_ids: list[int], tokenizer) -> int:
+    """How many of a turn's sampled `ids` belong to it: up to the first stop token (kept), or to the
+    token that completes `</tool_call>` if that comes first, or all of them."""
+    stop = next((k + 1 for k, token in enumerate(ids) if token in stop_ids), len(ids))
+    if TOOL_CALL_CLOSE not in tokenizer.decode(ids[:stop], skip_special_tokens=False):
+        return stop
+    window = 4 * len(TOOL_CALL_CLOSE)  # tokens: the closing tag spans fewer than that
+    for k in range(stop):  # the first token after which the text so far ends with the tag
+        if TOOL_CALL_CLOSE in tokenizer.decode(ids[max(0, k + 1 - window):k + 1], skip_special_tokens=False):
+            return k + 1
+    return stop
+
+
+@torch.no_grad()
+def sample_turn(model, processor, rows: list[Example], segments: list[list[Segment]],
+                settings: RolloutConfig) -> list[Segment]:
+    """One turn of each trajectory: the model segment of each row (its sampled ids and their
+    sampler log-probs), cut at the turn's end (`turn_end`)."""
+    first = not any(segments)
+    if not first and settings.decode == "auto":  # a later turn's rows and length change every turn: a
+        settings = replace(settings, decode="dynamic")  # compiled step would compile again for each shape
+    inputs = (generation_inputs(model, processor, rows[::settings.group_size], settings) if first else
+              encode_trajectories(processor, rows, segments, next(model.parameters()).device))
+    stop_ids = stop_token_ids(processor, model)
+    banned = sorted(set(suppressed_token_ids(processor, stop_ids)) - tool_tag_ids(processor.tokenizer))
+    stops = {"stop_strings": [TOOL_CALL_CLOSE], "tokenizer": processor.tokenizer}  # a call ends the turn
+    new, logprobs = sample(model, processor, inputs | stops, settings, banned)  # (n, t) each; logprobs None: greedy
+    picked = None if logprobs is None else logprobs.tolist()  # one copy to the host, not one per row
+    turns = []
+    for i, row in enumerate(new.tolist()):
+        end = turn_end(row, stop_ids, processor.tokenizer)
+        turns.append(Segment(row[:end], model=True, logprobs=[] if picked is None else picked[i][:end]))
+    return turns
+
+
+@dataclass
+class Ongoing:
+    """One trajectory being sampled: its prompt, its segments (tokens) and its turns (text)."""
+
+    example: Example
+    segments: list[Segment]
+    trajectory: Trajectory
+
+    @property
+    def used(self) -> int:
+        """Tokens after the prompt so far, the model's and the tools'."""
+        return sum(len(s.ids) for s in self.segments)
+
+    def add_turn(self, turn: Segment, processor, toolbox: ToolBox) -> bool:
+        """Append the model's `turn`; when it ends in a call, run the tool and append its result.
+        Returns whether the trajectory goes on (a result was appended and turns and tokens are left)."""
+        settings = toolbox.settings
+        left = max(settings.max_trajectory_tokens - self.used, 0)
+        ids = turn.ids[:left]
+        text = turn_text(processor.tokenizer, ids)
+        self.segments.append(Segment(ids, model=True, logprobs=turn.logprobs[:left]))
+        if not ends_with_call(text):
+            self.trajectory.turns.append(Turn("assistant", text))
+            return False
+        parsed = parse_tool_call(text)
+        call = parsed if not hasattr(parsed, "error") else None
+        self.trajectory.turns.append(Turn("assistant", text, call=call))
+        if len([t for t in self.trajectory.turns if t.role == "assistant"]) >= settings.max_turns:
+            self.trajectory.cut = True  # a call with no turn left to read its result
+            return False
+        context = ToolContext(self.example.originals, max_side=settings.tool_image_side)
+        result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
+        segment = tool_turn(processor, self.example, tool_result_text(result), result.images)
+        if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
+            self.trajectory.cut = True  # the result does not fit in the token budget
+            return False
+        self.segments.append(segment)
+        self.trajectory.turns.append(Turn("tool", segment.text, list(result.images), error=result.error))
+        return True
+
+
+@torch.no_grad()
+def generate_trajectories(model, processor, examples: list[Example], toolbox: ToolBox,
+                          seed: int | None = None) -> ToolRollout:
+    """`toolbox.settings.group_size` trajectories for each example (rows i*G .. i*G+G-1 answer
+    example i), with tool calls run between turns; reproducible with `seed`."""
+    settings = toolbox.settings
+    if seed is not None:
+        torch.manual_seed(seed)
+    ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples for _ in range(settings.group_size)]
+    active = list(range(len(ongoing)))
+    while active:
+        turns = sample_turn(model, processor, [ongoing[i].example for i in active],
+                            [ongoing[i].segments for i in active], settings)
+        active = [i for i, turn in zip(active, turns) if ongoing[i].add_turn(turn, processor, toolbox)]
+    return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
+
+
+def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> ToolRollout:
+    """The trajectories as a ToolRollout: every token after the prompt, the model's marked, and
+    the sampler's log-probs of the model's tokens when every model turn recorded them."""
+    rows = [[i for s in o.segments for i in s.ids] for o in ongoing]
+    marks = [[int(s.model) for s in o.segments for _ in s.ids] for o in ongoing]
+    length = max(max((len(r) for r in rows), default=0), 1)  # T
+    ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])  # (N, T)
+    mask = torch.tensor([m + [0] * (length - len(m)) for m in marks])  # (N, T)
+    model_turns = [s for o in ongoing for s in o.segments if s.model]
+    recorded = bool(model_turns) and all(len(s.logprobs) == len(s.ids) for s in model_turns)
+    logps = [[p for s in o.segments for p in (s.logprobs if s.model else [0.0] * len(s.ids))] for o in ongoing]
+    sampler_logp = torch.tensor([p + [0.0] * (length - len(p)) for p in logps]) if recorded else None  # (N, T)
+    for o in ongoing:  # a last turn that neither stopped nor called ran out of tokens
+        last = o.segments[-1].ids if o.segments else []
+        o.trajectory.cut |= not (last and last[-1] in stop_ids) and not o.trajectory.turns[-1].call
+    return ToolRollout(rows=[o.example for o in ongoing], completion_ids=ids, completion_mask=mask,
+                       texts=[o.trajectory.final_text for o in ongoing],
+                       truncated=torch.tensor([o.trajectory.cut for o in ongoing]), sampler_logp=sampler_logp,
+                       segments=[o.segments for o in ongoing], trajectories=[o.trajectory for o in ongoing])
+
+
+def trajectory_statistics(rollout: ToolRollout) -> dict[str, torch.Tensor]:
+    """Per trajectory (N,): tool calls, invalid calls (errors), model turns, and whether it was cut
+    by the turn or token limit."""
+    trajectories = rollout.trajectories
+    return {
+        "calls": torch.tensor([float(sum(t.role == "assistant" and ends_with_call(t.text) for t in tr.turns))
+                               for tr in trajectories]),
+        "invalid_calls": torch.tensor([float(len(tr.errors)) for tr in trajectories]),
+        "turns": torch.tensor([float(sum(t.role == "assistant" for t in tr.turns)) for tr in trajectories]),
+        "cut": torch.tensor([float(tr.cut) for tr in trajectories]),
+    }
+
+
+def reference_rollout(processor, examples: list[Example], toolbox: ToolBox, stop_ids: list[int]) -> ToolRollout:
+    """The reference trajectories of `examples` for SFT: each example's `meta["reference_turns"]`
+    (the model's turns as text, the first ones ending in calls) with the calls run between them,
+    exactly as a rollout would build them; the last turn ends with the stop token."""
+    ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples]
+    for trajectory in ongoing:
+        for text in trajectory.example.meta["reference_turns"]:
+            ids = processor.tokenizer(text, add_special_tokens=False).input_ids
+            turn = Segment(ids + ([] if ends_with_call(text) else stop_ids[:1]), model=True)
+            if not trajectory.add_turn(turn, processor, toolbox):
+                break
+    return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_ids)

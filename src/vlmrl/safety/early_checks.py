@@ -1,0 +1,70 @@
+"""The checks a run makes before it loads anything: the config against the world it will run in.
+
+Each config field checks its own range and the sections their rules between each other when the
+config is built (config.py). What needs more than the config is checked here, before the model
+loads, so that a mistake costs a second and one `error:` line rather than a model load (or a step):
+- the batch layout over the processes `accelerate launch` starts (WORLD_SIZE);
+- the task: its name and parameters (a dataset that is missing or malformed), and the splits that
+  evaluation asks for;
+- `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
+  not installed);
+- the model: a local folder that does not exist, a hub id while offline (model_source.py), and a
+  FlashAttention kernel without its package or a GPU.
+No torch here. The checks that need the model (prompt lengths in its tokens, memory, disk space)
+follow once it is loaded (preflight.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from vlmrl.config import Config
+from vlmrl.errors import VlmrlError
+from vlmrl.models.model_source import check_model_source
+from vlmrl.report.tracking import check_trackers
+from vlmrl.tasks import Task, get_task
+from vlmrl.tasks.tools import resolve_tools
+
+
+def launched_world() -> int:
+    """Processes of this run as the launcher set them (accelerate / torchrun: WORLD_SIZE), 1 alone."""
+    try:
+        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
+
+
+FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+"""The package each FlashAttention kernel of transformers needs."""
+
+
+def check_attention_kernel(kernel: str | None, device: str) -> None:
+    """A FlashAttention kernel needs its package and a GPU."""
+    package = FLASH_PACKAGES.get(kernel or "")
+    if package is None:
+        return
+    if device == "cpu":
+        raise VlmrlError(f"model.attn_implementation={kernel} needs a GPU; model.device is cpu (use sdpa)")
+    if importlib.util.find_spec(package) is None:
+        raise VlmrlError(f"model.attn_implementation={kernel} needs the {package} package, which is not installed "
+                         "(install it, or use sdpa)")
+
+
+def check_before_loading(config: Config, mode: str) -> Task:
+    """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
+    the run's task."""
+    check_model_source(config.model.name_or_path)  # the first thing a new user builds: said first
+    world = launched_world()
+    (config.rollout if mode == "train" else config.sft).check_layout(world)
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    if config.eval.every > 0:
+        for split in config.eval.splits:
+            if split not in task.splits:
+                raise VlmrlError(f"eval.splits names {split!r}, which task {task.name!r} does not have; "
+                                 f"valid: {', '.join(task.splits)}")
+    if config.rollout.tools:
+        resolve_tools(config.rollout.tools)
+    check_trackers(config.train.trackers)
+    check_attention_kernel(config.model.attn_implementation, config.model.device)
+    return task

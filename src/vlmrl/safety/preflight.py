@@ -1,0 +1,531 @@
+"""Preflight: the checks that make a run fail in seconds, before step 1, rather than at hour three.
+
+`vlmrl train` and `vlmrl sft` run them once the model is loaded, after the checks that need no
+model (early_checks.py: layout, task, tools, trackers, model path); `vlmrl check CONFIG` runs both
+alone and prints the report. They:
+- make the first batch of every split the run uses (train, and eval.splits when eval.every > 0)
+  and encode each prompt with the model's own processor, so a task error, a bad image or a
+  processor error shows now, naming the split and the example (the geometry task checks
+  every row of its dataset when it loads: see its on_bad_row);
+- check each prompt: no special token (an image placeholder) written into the question, which
+  breaks the match between image tokens and image features, and prompt plus image tokens within
+  rollout.max_prompt_length. Image tokens are never truncated: a longer prompt is an error that
+  says how many of its tokens are image tokens;
+- estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
+  moments, the reference copy, the generation KV cache, training activations) and warn
+  when it exceeds what the device has free. The activations are what the model keeps for
+  backward per token and per image token, measured on the loaded model (activation_memory.py),
+  times the tokens and images a micro-batch computes (each prompt and image once per group when
+  groups are packed). Allocator overhead and framework buffers are not counted: a warning to
+  heed, not a guarantee either way;
+- settle `model.gradient_checkpointing` and `train.micro_batch_size` when they are "auto": the
+  largest micro-batch whose estimate fits, without checkpointing if any fits so, else with it
+  (`settle`); the run then trains with what was settled, the same on every process;
+- estimate what the run writes at most at one time (step checkpoints kept plus the one being
+  written, the final model, logs) and warn when the output filesystem has less free (disk.py);
+- say which speedups the run takes with this model (`speed_line`): a switch that is on but falls
+  back for this model family, attention kernel or device shows here, with the reason, before step 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vlmrl.config import Config
+from vlmrl.disk import DiskEstimate, free_space, gib
+from vlmrl.errors import VlmrlError, warn
+from vlmrl.models.fused_kernels import computes_fused, fused_kernels_unsupported
+from vlmrl.models.loading import checkpoint_activations, is_vision_parameter, load_trainable_policy, resolve_device
+from vlmrl.models.support import (
+    block_attention_unsupported,
+    output_layer_unchunkable,
+    packed_passes_unsupported,
+    shared_prefill_unsupported,
+)
+from vlmrl.models.vision_attention import batched_vision_unsupported
+from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
+from vlmrl.rollout.prompts import encode_prompts, image_token_id
+from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
+from vlmrl.safety.early_checks import check_before_loading
+from vlmrl.tasks import Example, Task
+
+HEADROOM = 0.1
+"""Share of the free memory a run is not planned into: what the estimate does not count (blocks the
+allocator caches but cannot reuse, kernel workspaces, communication buffers). The estimate counts
+live tensors closely (benchmarks/bench_memory.py), so "fits" leaves this much spare."""
+
+LOGIT_BYTES = 12
+"""Bytes per logit that backward through the output layer allocates at its start: logits, their
+float32 log-softmax and its gradients for one chunk of positions (recomputed in backward). Measured
+on the CPU for 1024 positions x 152k vocabulary: 12.0 in bfloat16 and in float32, the output
+layer's weight trained or frozen."""
+
+
+@dataclass
+class SplitCheck:
+    """The first batch of one split, encoded."""
+
+    split: str
+    prompts: int
+    longest: int
+    """Tokens of the longest prompt, image tokens included."""
+    image_tokens: int
+    """Image tokens in that prompt."""
+    example: int
+    """Index of that example in the split."""
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak memory of one process, in bytes, and what its device has free."""
+
+    device: str
+    weights: int
+    gradients: int
+    optimizer: int
+    reference: int
+    generation: int
+    """KV cache and one step's logits of the largest generate call (rollouts, or evaluation)."""
+    activations: int
+    """The peak of one training micro-batch's forward and backward on top of the rest: what it
+    keeps for backward, the output layer's chunk, embedding gradients in flight."""
+    loaded: int
+    """Of the above, already in memory when the device's free memory was read."""
+    free: int | None
+    """Free memory of the device (RAM on a CPU), None when unknown."""
+    sharers: int = 1
+    """Processes sharing that memory (several CPU processes share the RAM)."""
+    kept_cache: int = 0
+    """The static KV cache the compiled decode path keeps from one step's generation to the next
+    (decoding.py): alive through the training phase too."""
+
+    @property
+    def peak(self) -> int:
+        # Generation runs before the update, under no_grad: the two are never alive together.
+        return (self.weights + self.gradients + self.optimizer + self.reference
+                + max(self.generation, self.activations + self.kept_cache))
+
+    @property
+    def needed(self) -> int:
+        """Memory still to be taken, over all processes sharing the device."""
+        return max(0, self.peak - self.loaded) * self.sharers
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.free is None else self.needed <= self.free * (1 - HEADROOM)
+
+
+@dataclass
+class PreflightReport:
+    mode: str
+    splits: list[SplitCheck]
+    memory: MemoryEstimate
+    parameters: int
+    trainable: int
+    dtype: str
+    max_prompt_length: int
+    disk: DiskEstimate
+    settled: Settled
+    """What the "auto" memory settings became (and the fixed ones)."""
+    bad_rows: list = field(default_factory=list)
+    """What the task left out when it loaded (on_bad_row=skip): (split, row, problem)."""
+    speed: str = ""
+    """Which speedups the run takes (see `speed_line`)."""
+    costs: ActivationCosts | None = None
+    """What the model keeps for backward per token, as the preflight measured it."""
+
+    def advice(self) -> list[str]:
+        """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
+        return (([memory_advice(self.memory)] if self.memory.fits is False else [])
+                + ([self.disk.advice()] if self.disk.fits is False else []))
+
+    def lines(self) -> list[str]:
+        m = self.memory
+        out = [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
+               f"{self.dtype}"]
+        for s in self.splits:
+            label = s.split if s.split == "train" else f"eval/{s.split}"
+            out.append(f"{label:<10} {s.prompts} prompts; longest {s.longest} tokens ({s.image_tokens} image tokens, "
+                       f"example {s.example}) of rollout.max_prompt_length={self.max_prompt_length}")
+        parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"AdamW {gib(m.optimizer)}"]
+        if m.reference:
+            parts.append(f"reference {gib(m.reference)}")
+        kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
+        parts.append(f"then the larger of generation {gib(m.generation)} and training activations "
+                     f"{gib(m.activations)}{kept}")
+        if m.free is None:
+            verdict = "free memory unknown"
+        else:
+            shared = f" for {m.sharers} processes" if m.sharers > 1 else ""
+            verdict = (f"{gib(m.needed)} more needed{shared}, {gib(m.free)} free on {m.device} "
+                       f"({HEADROOM:.0%} kept spare): " + ("fits" if m.fits else "DOES NOT FIT"))
+        out.append(f"memory     about {gib(m.peak)} per process at peak; {verdict}")
+        out.append(f"           ({', '.join(parts)})")
+        if self.costs is not None:
+            out.append(f"           activations measured: {gib(round(self.costs.per_token))} per token, "
+                       f"{gib(round(self.costs.per_image_token))} per image token")
+        if self.settled.automatic:
+            out.append(self.settled.line())
+        out.append(self.disk.line())
+        if self.speed:
+            out.append(f"speed      {self.speed}")
+        if self.bad_rows:
+            split, row, problem = self.bad_rows[0]
+            out.append(f"data       {len(self.bad_rows)} bad rows skipped (first: {problem})")
+        return out
+
+
+def preflight(config: Config, policy, processor, task: Task, mode: str, world: int = 1, start: int = 0,
+              loaded: int | None = None) -> PreflightReport:
+    """Check the first batches and estimate memory; VlmrlError on a problem that would crash the run.
+
+    mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
+    (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
+    """
+    limit = config.rollout.max_prompt_length
+    checks = []
+    completion = config.rollout.max_new_tokens
+    for split, indices in first_batches(config, task, mode, world, start).items():
+        examples = [make_example(task, i, split) for i in indices]
+        checks.append(check_prompts(processor, examples, indices, split, limit))
+        if mode == "sft" and split == "train":
+            completion = max(len(processor.tokenizer(ex.reference_completion, add_special_tokens=False).input_ids)
+                             for ex in examples) + 2  # end-of-turn tokens
+    longest = max(check.longest for check in checks)
+    image_tokens = max(check.image_tokens for check in checks)
+    costs = measure_activation_costs(policy, processor)
+    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded)
+    params = list(policy.parameters())
+    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
+    trainable = sum(p.numel() for name, p in policy.named_parameters()
+                    if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+    return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
+                           trainable=trainable, dtype=dtype_note(config, params),
+                           max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
+                           bad_rows=list(getattr(task, "bad_rows", ())),
+                           speed=speed_line(config, policy, mode), costs=costs)
+
+
+def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:
+    """The weights' dtype, and how bf16 weights take their updates (stochastic_rounding.py)."""
+    dtype = str(params[0].dtype).replace("torch.", "")
+    if any(p.requires_grad and p.dtype == torch.bfloat16 for p in params):
+        dtype += (" (updates stochastically rounded)" if config.train.stochastic_rounding else
+                  " (updates rounded to nearest: those under |w| / 512 are lost)")
+    return dtype
+
+
+def speed_line(config: Config, policy, mode: str = "train") -> str:
+    """The speedups a run takes with this model, each switch's fallback and its reason; SFT
+    (mode "sft") generates nothing and packs no groups, so its line names the output layer, the
+    vision windows and the fused kernels only."""
+    def switch(name: str, on: bool, reason: str | None) -> str:
+        return name if on and reason is None else f"no {name} ({'off' if not on else reason})"
+
+    parts = []
+    if mode == "train":
+        packing = packed_passes_unsupported(policy)
+        parts += [switch("shared prompt cache", config.rollout.share_prompt_cache, shared_prefill_unsupported(policy)),
+                  switch("packed log-prob passes", config.train.pack_groups, packing)]
+        if config.train.pack_groups and packing is None:
+            parts.append(switch("block attention", config.train.block_attention, block_attention_unsupported(policy)))
+    chunk = config.train.logprob_chunk
+    parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
+                        output_layer_unchunkable(policy)))
+    parts.append(switch("vision windows batched", config.train.batched_vision_attention,
+                        batched_vision_unsupported(policy)))
+    if config.train.fused_kernels:  # opt-in: named only when asked for
+        reason = None if computes_fused(policy) else fused_kernels_unsupported(policy)  # patched: checked already
+        parts.append(switch("fused kernels", True, reason))
+    if mode == "train":
+        parts.append(f"decode {decode_mode(policy, config.rollout.decode)}")
+    return "; ".join(parts)
+
+
+@dataclass
+class Settled:
+    """The memory settings a run trains with: `model.gradient_checkpointing` and
+    `train.micro_batch_size`, chosen by the estimate where they were "auto"."""
+
+    micro_batch_size: int
+    gradient_checkpointing: bool
+    automatic: tuple[str, ...] = ()
+    """The keys that were "auto"."""
+
+    def line(self) -> str:
+        return (f"auto       {', '.join(self.automatic)}: micro-batch {self.micro_batch_size}, gradient "
+                f"checkpointing {'on' if self.gradient_checkpointing else 'off'}")
+
+    def apply(self, config: Config, policy) -> None:
+        """Train with these: written into `config`, checkpointing turned on in `policy` if settled so."""
+        config.train.micro_batch_size = self.micro_batch_size
+        config.model.gradient_checkpointing = self.gradient_checkpointing
+        if self.gradient_checkpointing:
+            checkpoint_activations(policy)
+
+
+def micro_batch_candidates(config: Config, mode: str, world: int) -> list[int]:
+    """Micro-batch sizes "auto" chooses from, largest first: RL, multiples of the group size up to a
+    process's rows per step; SFT, a process's examples per step and the powers of two below."""
+    if mode == "train":
+        group = config.rollout.group_size
+        rows = config.rollout.per_process(world) * group
+        return [k * group for k in range(max(rows // group, 1), 0, -1)]
+    rows = max(config.sft.batch_size // world, 1)
+    return [rows] + [2 ** i for i in range(rows.bit_length() - 1, -1, -1) if 2 ** i < rows]
+
+
+def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, int, int],
+           costs: ActivationCosts, loaded: int | None) -> tuple[Settled, MemoryEstimate]:
+    """The memory settings to train with, and their estimate. `lengths`: the longest prompt, the
+    completion and the image tokens. Without a free-memory figure, auto means no checkpointing and
+    a micro-batch of about 16 rows."""
+    model, train = config.model, config.train
+    automatic = tuple(key for key, value in (("model.gradient_checkpointing", model.gradient_checkpointing),
+                                              ("train.micro_batch_size", train.micro_batch_size)) if value == "auto")
+    micros = micro_batch_candidates(config, mode, world) if train.micro_batch_size == "auto" else [train.micro_batch_size]
+    checkpointing = [False, True] if model.gradient_checkpointing == "auto" else [model.gradient_checkpointing]
+
+    @functools.cache
+    def estimate(micro: int, recompute: bool) -> MemoryEstimate:  # each option estimated once
+        trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
+                                    train=dataclasses.replace(train, micro_batch_size=micro))
+        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded)
+
+    options = [(micro, recompute) for recompute in checkpointing for micro in micros]
+    if estimate(*options[0]).fits is None:  # free memory unknown: no checkpointing, about 16 rows
+        options = [(next((m for m in micros if m <= 16), micros[-1]), checkpointing[0])]
+    chosen = next((option for option in options if estimate(*option).fits), options[-1])  # else the smallest
+    return Settled(*chosen, automatic), estimate(*chosen)
+
+
+def packed_prompts(config: Config, policy, mode: str, world: int) -> int:
+    """Distinct prompts in the widest training micro-batch when its groups are packed (packing.py:
+    each prompt computed once, its completions after it), 0 when its rows are computed one by one
+    (SFT, G = 1, packing off or not supported by the model)."""
+    group, micro = config.rollout.group_size, config.train.micro_batch_size
+    if mode != "train" or group == 1 or not config.train.pack_groups or packed_passes_unsupported(policy) is not None:
+        return 0
+    rows = config.rollout.per_process(world) * group
+    return max((min(start + micro, rows) - 1) // group - start // group + 1 for start in range(0, rows, micro))
+
+
+def copies_reference(config: Config, mode: str) -> bool:
+    """Whether the run keeps a frozen copy of the policy as its reference (reference.py): RL with a
+    KL term, unless the reference is the LoRA policy with its adapter switched off (no refresh)."""
+    algo = config.algorithm
+    adapter_off = config.model.lora.enabled and algo.ref_refresh_steps == 0
+    return mode == "train" and algo.beta > 0 and not adapter_off
+
+
+def estimate_disk(config: Config, policy, mode: str) -> DiskEstimate:
+    """What the run writes at most at one time under config.output_dir (checkpoint.py's layout):
+    each step checkpoint holds the weights (the adapter under LoRA), AdamW's two moments of every
+    trainable parameter and the reference copy when there is one (`copies_reference`); a checkpoint is
+    written beside the kept ones before the oldest is removed; then the final model; rollout logs
+    (texts, each prompt's image) and metrics are guessed at a few KB per completion and image."""
+    train = config.train
+    element = next(policy.parameters()).element_size()
+    total = sum(p.numel() for p in policy.parameters()) * element
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad) * element
+    lora = config.model.lora.enabled
+    reference = total if copies_reference(config, mode) else 0
+    saves = train.steps // train.save_every if train.save_every > 0 else 0
+    at_once = min(saves, train.keep_checkpoints + 1) if train.keep_checkpoints > 0 else saves
+    rows = config.rollout.prompts_per_step * (config.rollout.group_size if mode == "train" else 1)
+    logged = train.steps // train.log_rollouts_every if mode == "train" and train.log_rollouts_every > 0 else 0
+    logs = logged * (rows * (8 * config.rollout.max_new_tokens + 500) + config.rollout.prompts_per_step * 50_000)
+    free, where = free_space(Path(config.output_dir))
+    return DiskEstimate(checkpoint=(trainable if lora else total) + 2 * trainable + reference, checkpoints=at_once,
+                        final=trainable if lora else total, logs=logs + train.steps * 2_000, free=free, where=where)
+
+
+def first_batches(config: Config, task: Task, mode: str, world: int, start: int) -> dict[str, list[int]]:
+    """Example indices of the first batch of each split the run uses: one process's share of a
+    step from `start` for train, the first eval batch of each eval split."""
+    per_process = (config.rollout.prompts_per_step if mode == "train" else config.sft.batch_size) // max(world, 1)
+    batches = {"train": list(range(start, start + max(per_process, 1)))}
+    if config.eval.every > 0:
+        for split in config.eval.splits:  # each one the task has (early_checks.py)
+            batches[split] = list(range(min(config.eval.n, config.eval.batch_size)))
+    return batches
+
+
+def make_example(task: Task, idx: int, split: str) -> Example:
+    """task.example(idx, split); a failure other than a VlmrlError is told with the split and index."""
+    try:
+        return task.example(idx, split)
+    except VlmrlError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a task of the user's own: say where it failed
+        raise VlmrlError(f"task {task.name!r} cannot make {split} example {idx}: "
+                         f"{type(error).__name__}: {error}") from error
+
+
+def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int) -> SplitCheck:
+    """Encode each example's prompt alone: no special token in the question, and within `limit`."""
+    specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
+    try:
+        image_id = image_token_id(processor)  # the processor's: no model config here
+    except VlmrlError:
+        image_id = None  # counted as 0 image tokens
+    best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
+    for idx, example in zip(indices, examples):
+        written = [token for token in specials if token in example.prompt]
+        if written:
+            raise VlmrlError(f"the question of {split} example {idx} contains the special token {written[0]!r}: "
+                             "image tokens would no longer match image features; remove it from the data")
+        try:
+            ids = encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]  # (P,)
+        except Exception as error:  # noqa: BLE001 - the processor's own message, with where it happened
+            image = example.image
+            raise VlmrlError(f"the processor cannot encode {split} example {idx} (image {image.width}x"
+                             f"{image.height} {image.mode}): {type(error).__name__}: {error}") from error
+        n_image = int((ids == image_id).sum()) if image_id is not None else 0
+        if len(ids) > limit:
+            raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({n_image} of them image "
+                             f"tokens) > rollout.max_prompt_length={limit}; image tokens are never truncated: "
+                             "use smaller images (the task's max_pixels or max_image_side, or the processor's "
+                             "max_pixels) or raise rollout.max_prompt_length")
+        if len(ids) > best.longest:
+            best = SplitCheck(split, len(examples), len(ids), n_image, idx)
+    return best
+
+
+def generation_memory(config: Config, policy, mode: str, world: int, lengths: tuple[int, int]) -> tuple[int, int]:
+    """Bytes of the largest generate call (its KV cache and one step's logits: rollouts, or
+    evaluation) and of the KV cache the decode path keeps into the training phase, for prompts and
+    completions of `lengths` tokens."""
+    prompt, completion = lengths
+    text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+    size = next(policy.parameters()).element_size()
+    static = decode_mode(policy, config.rollout.decode) != "dynamic"  # its cache length is rounded up
+
+    def generate_bytes(rows: int, new_tokens: int) -> int:
+        length = cache_length(prompt + new_tokens) if static else prompt + new_tokens
+        logits = rows * text.vocab_size * (size + 8)  # one step's logits, a float copy and the sampling probabilities
+        return kv_cache_bytes(policy, rows, length) + logits
+
+    generation = kept_cache = 0
+    if mode == "train":
+        rows = config.rollout.per_call(world) * config.rollout.group_size
+        generation = generate_bytes(rows, completion)
+        kept_cache = kept_cache_bytes(policy, config.rollout.decode, rows, prompt + completion)
+    if config.eval.every > 0:
+        generation = max(generation, generate_bytes(config.eval.batch_size,
+                                                    config.eval.max_new_tokens or config.rollout.max_new_tokens))
+    return generation, kept_cache
+
+
+def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
+                    image_tokens: int, costs: ActivationCosts, loaded: int | None = None) -> MemoryEstimate:
+    """A per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate): the
+    activations from `costs` (measured on the model) for the tokens and images a micro-batch's
+    forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it)."""
+    params = list(policy.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
+    gradients = sum(p.numel() * p.element_size() for name, p in policy.named_parameters()
+                    if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+    copy_reference = copies_reference(config, mode)
+    text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+    layers, vocab, heads = text.num_hidden_layers, text.vocab_size, text.num_attention_heads
+    size = params[0].element_size()  # bytes per activation value (the compute dtype)
+
+    generation, kept_cache = generation_memory(config, policy, mode, world, (prompt, completion))
+
+    micro = config.train.micro_batch_size
+    packs = packed_prompts(config, policy, mode, world)
+    images = packs or micro  # packed (packing.py): each prompt and its image once, its completions after it
+    tokens = images * prompt + micro * completion
+    if frozen_vision or config.model.freeze_vision:
+        images = 0  # the tower keeps nothing for backward
+    positions = micro * completion
+    if config.train.logprob_chunk > 0 and output_layer_unchunkable(policy) is None:
+        positions = min(positions, config.train.logprob_chunk)  # one chunk of the output layer at a time
+    held, last = embedding_gradients(policy)
+    activations = max(last, costs.peak(tokens, images * image_tokens, config.model.gradient_checkpointing is True,
+                                       readout=positions * vocab * LOGIT_BYTES, held=held))
+    if packs and config.train.block_attention and block_attention_unsupported(policy) is None:
+        # block_attention.py: each segment's call reads its own copy of its prompt's keys and values,
+        # kept in every layer (under checkpointing, in the one recomputed)
+        copies = 1 if config.model.gradient_checkpointing is True else layers
+        activations += kv_cache_bytes(policy, micro, prompt) // layers * copies
+    attention = getattr(policy.config, "_attn_implementation", None) or config.model.attn_implementation
+    if attention == "eager":  # the (L, L) attention weights of every head are kept too
+        length = tokens // (packs or micro)
+        activations += layers * (packs or micro) * heads * length * length * size * 2
+
+    device = next(iter(params)).device
+    return MemoryEstimate(
+        device=str(device), weights=weights, gradients=gradients, optimizer=2 * gradients,
+        reference=weights if copy_reference else 0, generation=generation, activations=activations,
+        loaded=weights if loaded is None else loaded, free=free_memory(device),
+        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on `device`: torch.cuda.mem_get_info on a GPU, available RAM on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def run_preflight(session, task: Task, mode: str) -> PreflightReport:
+    """The preflight of a training session: prints the report (main process), warns when the run
+    will not fit in memory, raises VlmrlError on a batch that would crash it."""
+    config = session.config
+    if mode == "train":
+        per_process = config.rollout.prompts_per_step // session.world
+        start = session.cursor + session.rank * per_process
+    else:
+        per_process = config.sft.batch_size // session.world
+        start = session.start_step * config.sft.batch_size + session.rank * per_process
+    reference = getattr(session.reference, "copy", None)
+    loaded = sum(p.numel() * p.element_size() for p in session.policy.parameters())
+    if reference is not None:
+        loaded += sum(p.numel() * p.element_size() for p in reference.parameters())
+    report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
+    if session.world > 1:  # every process trains with the main process's choice
+        from accelerate.utils import broadcast_object_list
+
+        report.settled = broadcast_object_list([report.settled])[0]
+    report.settled.apply(config, session.policy)
+    if session.main:
+        for line in report.lines():
+            print(f"preflight: {line}", flush=True)
+        for advice in report.advice():
+            warn(advice)
+    return report
+
+
+def memory_advice(memory: MemoryEstimate) -> str:
+    kept = (f", decode with rollout.decode=static (the compiled path keeps its {gib(memory.kept_cache)} KV cache "
+            "through the training phase)") if memory.kept_cache else ""
+    return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "
+            f"{gib(memory.free or 0)} free ({HEADROOM:.0%} of it kept spare). Lower train.micro_batch_size or "
+            "rollout.generation_batch_size, turn on model.gradient_checkpointing, train a LoRA adapter "
+            f"(model.lora.enabled=true){kept}")
+
+
+def check(config: Config, mode: str = "train") -> PreflightReport:
+    """`vlmrl check`: load the model and task as a run would (one process, no checkpoint) and run
+    the preflight alone."""
+    task = check_before_loading(config, mode)
+    policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
+    return preflight(config, policy, processor, task, mode)

@@ -1,0 +1,146 @@
+"""One step's experience: grouped completions, every reward component, and the advantages.
+
+Prompts are drawn in order from the task's train split, from the data cursor (the index of the
+next train prompt); each process takes its own contiguous share of every global batch, so a group
+never straddles processes. Each generate call is seeded from (seed, step, first prompt index), so
+the samples do not depend on how many processes there are, nor on whether the run was resumed.
+Under DAPO dynamic sampling, groups whose rewards are all equal are set aside and further batches
+drawn, for at most `max_sampling_rounds` rounds (all processes draw the same number of rounds); a
+batch still short is filled with set-aside groups, which carry no policy gradient. Advantages are
+computed over the whole batch of all processes (grpo.group_advantages), then each keeps its rows.
+With `rollout.tools`, each completion is a multi-turn trajectory in which the model calls visual
+tools (tool_rollout.py); the rest of the step is the same.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from vlmrl import grpo
+from vlmrl.config import Config
+from vlmrl.rollout.generation import Rollout, generate_groups
+from vlmrl.rollout.scoring import score_completions
+from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
+from vlmrl.seeds import derive_seed
+from vlmrl.tasks import Example, Task
+
+
+@dataclass
+class Experience:
+    """N = groups x G scored completions of one process, ready for the loss."""
+
+    rollout: Rollout
+    rewards: dict[str, torch.Tensor]  # component name -> (N,), as the task scored it
+    reward: torch.Tensor  # (N,) what the advantages come from: total (+ overlong penalty)
+    advantages: torch.Tensor  # (N,)
+    groups_drawn: int  # groups generated this step, on this process
+    groups_with_signal: int  # of those, groups whose rewards were not all equal
+    seconds: dict[str, float] = field(default_factory=dict)  # "generate", "score": wall time, this process
+
+
+@dataclass
+class ScoredGroup:
+    """One prompt's G completions, every reward component, and the reward the advantages use."""
+
+    rollout: Rollout
+    scores: dict[str, torch.Tensor]  # component name -> (G,)
+    reward: torch.Tensor  # (G,) total (+ overlong penalty)
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether the rewards differ within the group (else every advantage is 0)."""
+        return bool(grpo.dynamic_sampling_mask(self.reward, len(self.reward))[0])
+
+
+def shaped_reward(total: torch.Tensor, rollout: Rollout, config: Config) -> torch.Tensor:
+    """(N,) the task's total, plus DAPO's soft overlong penalty when enabled."""
+    algo = config.algorithm
+    if algo.overlong_buffer <= 0:
+        return total
+    penalty = grpo.overlong_penalty(rollout.lengths.cpu(), config.rollout.max_new_tokens,
+                                    algo.overlong_buffer, algo.overlong_penalty)  # (N,)
+    return total + penalty
+
+
+@dataclass
+class GroupSampler:
+    """Draws this process's prompts, samples G completions each (single-turn, or trajectories with
+    tools) and scores them; keeps the wall time it spent."""
+
+    session: object  # a TrainingSession
+    task: Task
+    toolbox: ToolBox | None = None  # rollout.tools resolved (tool_rollout.py); None: single-turn
+    seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "score": 0.0})
+
+    @classmethod
+    def for_run(cls, session, task: Task) -> GroupSampler:
+        """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
+        settings = session.config.rollout
+        return cls(session, task, ToolBox.from_config(settings) if settings.tools else None)
+
+    def generate(self, examples: list[Example], seed: int) -> Rollout:
+        """G completions (or trajectories) of each example, rows grouped by example."""
+        policy, processor, settings = self.session.policy, self.session.processor, self.session.config.rollout
+        if self.toolbox is None:
+            return generate_groups(policy, processor, examples, settings, seed=seed)
+        return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
+
+    def round(self, step: int, first: int) -> list[ScoredGroup]:
+        """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""
+        config = self.session.config
+        per_call, group = config.rollout.per_call(self.session.world), config.rollout.group_size
+        groups = []
+        for start in range(first, first + config.rollout.per_process(self.session.world), per_call):
+            examples = [self.task.example(i, split="train") for i in range(start, start + per_call)]
+            started = time.perf_counter()
+            rollout = self.generate(examples, derive_seed(config.seed, step, start))
+            scored = time.perf_counter()
+            scores = score_completions(self.task, rollout)  # name -> (B*G,)
+            self.seconds["generate"] += scored - started
+            self.seconds["score"] += time.perf_counter() - scored
+            reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
+            for g in range(len(examples)):
+                rows = list(range(g * group, (g + 1) * group))
+                groups.append(ScoredGroup(rollout.select(rows), {k: v[rows] for k, v in scores.items()}, reward[rows]))
+        return groups
+
+
+def batch_advantages(session, reward: torch.Tensor) -> torch.Tensor:
+    """(N,) this process's advantages, computed over the rewards of every process's batch."""
+    algo, group = session.config.algorithm, session.config.rollout.group_size
+    everyone = session.accelerator.gather(reward.to(session.accelerator.device)).cpu()  # (N * processes,)
+    advantages = grpo.group_advantages(everyone, group, scale=algo.advantage_scale)  # (N * processes,)
+    advantages = grpo.shape_advantages(advantages, group, algo.advantage_shaping)
+    return advantages[session.rank * len(reward):(session.rank + 1) * len(reward)]  # (N,)
+
+
+def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[Experience, int]:
+    """Generate, score and weigh this process's share of step `step`, drawing train prompts from
+    `cursor` on; returns the experience and the cursor after it."""
+    session = sampler.session
+    settings, algo = session.config.rollout, session.config.algorithm
+    per_process = settings.per_process(session.world)
+    with_signal: list[ScoredGroup] = []
+    without_signal: list[ScoredGroup] = []
+    sampler.seconds = {"generate": 0.0, "score": 0.0}
+    rounds = 0
+    while True:
+        first = cursor + rounds * settings.prompts_per_step + session.rank * per_process
+        for group in sampler.round(step, first):
+            (with_signal if group.has_signal or not algo.dynamic_sampling else without_signal).append(group)
+        rounds += 1
+        short = algo.dynamic_sampling and len(with_signal) < per_process
+        if not session.any_process(short and rounds < algo.max_sampling_rounds):
+            break
+    kept = (with_signal + without_signal)[:per_process]
+    rollout = type(kept[0].rollout).concat([g.rollout for g in kept], session.processor.tokenizer.pad_token_id)
+    reward = torch.cat([g.reward for g in kept])  # (N,)
+    experience = Experience(
+        rollout, rewards={name: torch.cat([g.scores[name] for g in kept]) for name in kept[0].scores},
+        reward=reward, advantages=batch_advantages(session, reward),
+        groups_drawn=rounds * per_process,
+        groups_with_signal=sum(g.has_signal for g in with_signal + without_signal), seconds=dict(sampler.seconds))
+    return experience, cursor + rounds * settings.prompts_per_step

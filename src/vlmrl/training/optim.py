@@ -1,0 +1,68 @@
+"""AdamW with its own learning rate for the vision tower, and the warmup + decay schedule.
+
+bfloat16 weights train with RoundingAdamW (stochastic_rounding.py: the update computed in float32
+and stored back unbiased; `train.stochastic_rounding`), since rounded to nearest most small
+updates vanish. Otherwise AdamW runs fused (one kernel pass over each parameter, gradient and
+moment) where every trainable parameter lives on CUDA or the CPU: the same update as the default
+multi-tensor ("foreach") one up to float rounding, faster, and without foreach's temporaries,
+which at the step hold one more copy of every trainable parameter. It is also what transformers'
+Trainer, and so TRL, uses by default (`adamw_torch_fused`). Elsewhere (MPS, ...) torch picks its
+default.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vlmrl.config import TrainConfig
+from vlmrl.models.loading import is_vision_parameter
+from vlmrl.training.stochastic_rounding import RoundingAdamW
+
+FUSED_DEVICES = ("cuda", "cpu")
+"""Where torch's fused AdamW runs (see the module docstring)."""
+
+
+def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0, seed: int = 0):
+    """AdamW over the trainable parameters; the vision tower's at lr * vision_lr_scale.
+
+    A scale of 0 freezes the vision tower instead of giving AdamW a zero learning rate. With a
+    bfloat16 trainable parameter and train.stochastic_rounding, RoundingAdamW with noise from `seed`.
+    """
+    language, vision = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if is_vision_parameter(name):
+            if vision_lr_scale == 0:
+                param.requires_grad_(False)
+            else:
+                vision.append(param)
+        else:
+            language.append(param)
+    groups = [{"params": language, "lr": train.lr, "name": "language"}]
+    if vision:
+        groups.append({"params": vision, "lr": train.lr * vision_lr_scale, "name": "vision"})
+    settings = {"lr": train.lr, "betas": tuple(train.adam_betas), "weight_decay": train.weight_decay}
+    params = [p for group in groups for p in group["params"]]
+    if train.stochastic_rounding and any(p.dtype == torch.bfloat16 for p in params):
+        return RoundingAdamW(groups, seed=seed, **settings)
+    fused = all(p.device.type in FUSED_DEVICES for p in params) or None
+    return torch.optim.AdamW(groups, fused=fused, **settings)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, floor: float = 0.1) -> float:
+    """Multiplier of the peak learning rate at optimizer step `step` (0-based)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_scheduler(optimizer, train: TrainConfig, total_updates: int):
+    """Linear warmup to the peak, then constant or cosine down to 10% of it."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_updates, train.warmup_steps, train.schedule))

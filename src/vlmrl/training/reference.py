@@ -1,0 +1,70 @@
+"""The reference policy of the KL penalty.
+
+Three forms, chosen from the run's settings:
+- none at all when beta = 0 (DAPO);
+- with LoRA and no refresh, the base model itself with the adapter switched off: no second copy;
+- otherwise a frozen copy of the policy, refreshed every `ref_refresh_steps` steps, optionally
+  mixed: reference = mix * policy + (1 - mix) * reference (TR-DPO style).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from vlmrl.config import AlgorithmConfig
+from vlmrl.rollout.completions import Completions
+from vlmrl.training.logprobs import LogprobScorer
+
+REFERENCE_FILE = "reference.safetensors"
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class ReferencePolicy:
+    """Log-probs under the reference, and its refresh from the policy."""
+
+    def __init__(self, policy: torch.nn.Module, settings: AlgorithmConfig):
+        self.settings = settings
+        self.copy = None
+        if not (is_peft_model(policy) and settings.ref_refresh_steps == 0):
+            self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(self, policy, scorer: LogprobScorer, completions: Completions) -> torch.Tensor:
+        """Reference log-probs (N, T) of `completions`, scored as `scorer` scores the policy's."""
+        model = self.copy if self.copy is not None else policy
+        switch_off = policy.disable_adapter() if self.copy is None else contextlib.nullcontext()
+        with switch_off:
+            logp, _ = scorer(model, completions)
+        return logp
+
+    @torch.no_grad()
+    def maybe_refresh(self, policy: torch.nn.Module, steps_done: int) -> bool:
+        """Move the reference towards the policy when `steps_done` is a multiple of the period."""
+        period = self.settings.ref_refresh_steps
+        if self.copy is None or period <= 0 or steps_done % period:
+            return False
+        mix = self.settings.ref_mix
+        for ref, new in zip(self.copy.parameters(), policy.parameters()):
+            ref.lerp_(new.detach(), mix)
+        return True
+
+    def save(self, folder: Path) -> None:
+        if self.copy is not None:
+            save_model(self.copy, str(folder / REFERENCE_FILE))
+
+    def load(self, folder: Path) -> None:
+        if self.copy is not None:
+            load_model(self.copy, str(folder / REFERENCE_FILE))
+
+
+def build_reference(policy: torch.nn.Module, settings: AlgorithmConfig) -> ReferencePolicy | None:
+    """The run's reference policy, or None when the KL weight is 0."""
+    return ReferencePolicy(policy, settings) if settings.beta > 0 else None

@@ -1,0 +1,185 @@
+"""What every training command shares: processes, the policy and its optimizer, resume, the
+metrics log, checkpoints and the final model.
+
+`vlmrl train` (trainer.py) and `vlmrl sft` (sft.py) differ only in what one step does; both open a
+`TrainingSession`, run their steps, and close it. Processes come from accelerate (`accelerate
+launch`); on one process everything works the same.
+
+Faults (faults.py): optimizer updates go through `session.guard`, which skips a NaN/inf update;
+after each step `check_stop` ends the run with a checkpoint when a stop signal came (SIGINT,
+SIGTERM) or too many updates in a row were skipped. Resume starts from the newest whole
+checkpoint, passing over damaged ones with a warning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from vlmrl.config import Config, save_config
+from vlmrl.disk import writing
+from vlmrl.errors import Interrupted, VlmrlError
+from vlmrl.evaluation.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
+from vlmrl.models.loading import load_trainable_policy
+from vlmrl.report.tracking import build_trackers
+from vlmrl.safety.checkpoint import find_resumable, restore_trainer_state, save_checkpoint, save_model
+from vlmrl.safety.faults import NumericGuard, StopSignals
+from vlmrl.tasks import Task
+from vlmrl.training.optim import build_optimizer, build_scheduler
+from vlmrl.training.reference import ReferencePolicy, build_reference
+
+
+class TrainingSession:
+    """The policy, optimizer and scheduler of a run, restored from the newest checkpoint on resume.
+
+    Attributes used by the step code: accelerator, rank, world, main, policy (the bare model),
+    model (the one to call forward/backward on: wrapped for several processes), processor,
+    optimizer, scheduler, reference (None unless with_reference and beta > 0), start_step,
+    cursor (the data cursor: index of the next train example, i.e. examples consumed before
+    start_step), run_dir, guard (NumericGuard: make every optimizer update through `guard.step`).
+    """
+
+    def __init__(self, config: Config, total_updates: int, with_reference: bool = False):
+        self.config = config
+        self.accelerator = Accelerator(cpu=config.model.device == "cpu" or not torch.cuda.is_available())
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+        self.main = self.accelerator.is_main_process
+        self.run_dir = Path(config.output_dir)
+        found = find_resumable(self.run_dir) if config.resume else None
+        if config.resume and found is None:
+            raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
+        checkpoint, state = found if found is not None else (None, None)
+        set_seed(config.seed)
+
+        self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint)
+        self.reference: ReferencePolicy | None = (
+            build_reference(self.policy, config.algorithm) if with_reference else None)
+        self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
+        self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
+        self.start_step = self.cursor = 0
+        self.guard = NumericGuard(config.train.max_bad_steps, config.train.max_grad_norm)
+        if checkpoint is not None:
+            restored = restore_trainer_state(state, self.optimizer, self.scheduler)
+            self.start_step, self.cursor = restored["step"], restored["data_position"]
+            self.guard.load_state_dict(restored["extra"].get("faults", {}))
+            if self.reference is not None:
+                self.reference.load(checkpoint)
+        self.model, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+
+        self.log = None
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(config, self.run_dir / "config.yaml")
+            self.log = build_trackers(config, self.run_dir, resume_step=self.start_step if checkpoint else None)
+        self.saved_step = self.start_step if checkpoint is not None else None
+        self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
+        self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
+
+    def any_process(self, flag: bool) -> bool:
+        """True when `flag` is True on any process."""
+        total = self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), "sum")
+        return bool(total > 0)
+
+    def record(self, metrics: dict) -> None:
+        """Send one step's metrics to metrics.jsonl and the configured trackers (main process)."""
+        if self.main:
+            self.log.log(metrics)
+
+    def maybe_save(self, steps_done: int, cursor: int) -> None:
+        """A checkpoint every train.save_every steps: model, optimizer, scheduler, RNG, data cursor."""
+        every = self.config.train.save_every
+        if not every or steps_done % every:
+            return
+        self.save(steps_done, cursor)
+
+    def save(self, steps_done: int, cursor: int) -> Path:
+        """A checkpoint now (all processes call this); returns its folder."""
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
+                                     self.scheduler, cursor, self.reference,
+                                     keep=self.config.train.keep_checkpoints,
+                                     extra={"faults": self.guard.state_dict()})
+        self.saved_step = steps_done
+        return folder
+
+    def check_stop(self, steps_done: int, cursor: int) -> None:
+        """After a step: when a stop signal came (on any process) or train.max_bad_steps updates in
+        a row were skipped, save a checkpoint (unless this step has one), close the logs and raise
+        Interrupted or VlmrlError."""
+        signum = self.signals.received or 0
+        if self.world > 1:
+            signum = int(self.accelerator.gather(torch.tensor([signum], device=self.accelerator.device)).max())
+        if not signum and not self.guard.exhausted:
+            return
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        if self.saved_step != steps_done:
+            folder = self.save(steps_done, cursor)
+        self.close()
+        if signum:
+            raise Interrupted(signum, steps_done, folder)
+        raise VlmrlError(
+            f"the loss or gradient was NaN/inf in {self.guard.in_a_row} updates in a row (train.max_bad_steps="
+            f"{self.config.train.max_bad_steps}); stopped after step {steps_done} with a checkpoint in {folder} "
+            "holding the last good weights. Look for a reward or advantage that is not finite, too high a "
+            "train.lr, or fp16 overflow (try model.dtype=bfloat16); resume=true continues from it")
+
+    def close(self) -> None:
+        """Close the logs and give the signal handlers back (the model is not saved)."""
+        self.signals.restore()
+        if self.main:
+            self.log.close()
+        release_process_group(self.model)
+        self.accelerator.end_training()
+
+    def maybe_evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
+        """Every eval.every steps and after the last: greedy accuracy and mean rewards on the fixed
+        held-out set of each eval split, as {"eval/<split>/<metric>": value}; the full results go
+        to run_dir/evals/step_XXXXXX_<split>.json. Runs on the main process only."""
+        settings = self.config.eval
+        last = steps_done == self.config.train.steps
+        if not settings.every or (steps_done % settings.every and not last):
+            return {}
+        metrics: dict[str, float] = {}
+        if self.main:
+            max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
+            rollout = self.config.rollout
+            eval_settings = EvalSettings(batch_size=settings.batch_size, max_new_tokens=max_new_tokens,
+                                         seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
+                                         max_trajectory_tokens=rollout.max_trajectory_tokens,
+                                         tool_image_side=rollout.tool_image_side, decode=rollout.decode)
+            for split in settings.splits:
+                if split not in self.held_out:  # the same fixed set at every evaluation: make it once
+                    self.held_out[split] = held_out_examples(task, split, settings.n)
+                examples = self.held_out[split]
+                evaluation = evaluate(self.policy, self.processor, task, examples, eval_settings,
+                                      show_progress=False)
+                save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
+                metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/")
+        self.accelerator.wait_for_everyone()
+        return metrics
+
+    def finish(self) -> Path:
+        """Save the final model into run_dir/final and close the processes; returns run_dir."""
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            with writing("the final model", self.run_dir / "final"):
+                save_model(self.run_dir / "final", self.policy, self.processor)
+        self.close()
+        return self.run_dir
+
+
+def release_process_group(model: torch.nn.Module) -> None:
+    """Let a DistributedDataParallel `model` go without a deadlock at exit, by dropping its C++
+    owners of the process group (its reducer, and the logger that holds the reducer) now.
+
+    Otherwise the reducer may be the group's last owner, and torch frees a reducer holding the GIL:
+    gloo's destructor then waits for its worker thread, which may itself wait for the GIL to free a
+    tensor of the last collective (seen: a two-process CPU run hung after its last step). The
+    group's last owner is now a Python ProcessGroup, whose destructor lets the GIL go first."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.logger = model.reducer = None  # the model cannot train after this; close() ends the run

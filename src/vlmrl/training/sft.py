@@ -1,0 +1,142 @@
+"""Supervised warm start: learn the output format (and a first skill) from reference completions.
+
+The lesson of the scaling study: SFT to learn the structure, then RL to generalise. `sft(config)`
+trains on each task example's `reference_completion` with the loss on completion tokens only (the
+image and question are context, never targets), then saves a model that `vlmrl train` starts from
+(`model.name_or_path=RUN/final`). It shares the config, processes, checkpoints, resume and
+metrics.jsonl of the RL trainer (session.py); `train.*` sets steps, learning rate and schedule,
+`sft.batch_size` the examples per step.
+
+A completion's tokens are what the chat template puts after the generation prompt, up to and
+including the first end-of-turn token: exactly what `generate` must produce, stop included.
+
+With `rollout.tools`, an example whose `meta["reference_turns"]` holds a tool-using trajectory (the
+model's turns as text) is learnt as that trajectory: its calls are run as in a rollout, the tools'
+results are context, and the loss covers the model's turns only (tool_rollout.reference_rollout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from vlmrl.config import Config
+from vlmrl.errors import VlmrlError
+from vlmrl.rollout.completions import Completions
+from vlmrl.rollout.generation import stop_token_ids
+from vlmrl.rollout.prompts import chat_messages
+from vlmrl.rollout.tool_rollout import ToolBox, reference_rollout
+from vlmrl.safety.early_checks import check_before_loading
+from vlmrl.safety.preflight import run_preflight
+from vlmrl.seeds import derive_seed
+from vlmrl.tasks import Example
+from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training.session import TrainingSession
+
+
+def completion_text(processor, example: Example) -> str:
+    """The reference completion as the chat template writes the assistant turn (end token included)."""
+    messages = chat_messages(example)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    answer = {"role": "assistant", "content": [{"type": "text", "text": example.reference_completion}]}
+    full = processor.apply_chat_template(messages + [answer], tokenize=False)
+    return full[len(prompt):] if full.startswith(prompt) else example.reference_completion
+
+
+def completion_tokens(processor, examples: list[Example], stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (N, T) of each reference completion, right-padded, and their mask (N, T).
+
+    Each completion ends at its first stop token (appended when the template wrote none).
+    """
+    rows = []
+    for example in examples:
+        if not example.reference_completion:
+            raise VlmrlError(f"example {example.meta.get('idx')} has no reference_completion to learn from")
+        ids = processor.tokenizer(completion_text(processor, example), add_special_tokens=False).input_ids
+        stops = [i for i, token in enumerate(ids) if token in stop_ids]
+        rows.append(ids[:stops[0] + 1] if stops else ids + [stop_ids[0]])
+    length = max(len(r) for r in rows)
+    pad = processor.tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (length - len(r)) for r in rows])  # (N, T)
+    mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])  # (N, T)
+    return ids, mask
+
+
+def sft(config: Config) -> Path:
+    """Fine-tune on reference completions as configured; returns the run directory (model in final/)."""
+    task = check_before_loading(config, "sft")  # layout, task, tools, trackers, model path: before loading
+    session = TrainingSession(config, config.train.steps)
+    batch = config.sft.batch_size
+    config.sft.check_layout(session.world)  # the processes accelerate really started
+    per_process = batch // session.world
+    stop_ids = stop_token_ids(session.processor, session.policy)
+    device = session.accelerator.device
+    run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
+    scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
+                           config.train.block_attention)
+    toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
+
+    progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                    total=config.train.steps, desc="sft", unit="step", disable=not session.main,
+                    dynamic_ncols=True)
+    for step in progress:
+        started = time.perf_counter()
+        first = step * batch + session.rank * per_process
+        examples = [task.example(i, split="train") for i in range(first, first + per_process)]
+        references = reference_batch(session, examples, toolbox, stop_ids)
+        session.policy.train()
+        torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
+        metrics = sft_update(session, scorer, references.to(device))
+        metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
+                    "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
+                    "seconds": time.perf_counter() - started}
+        metrics |= session.maybe_evaluate(step + 1, task)
+        session.record(metrics)
+        progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
+        session.maybe_save(step + 1, (step + 1) * batch)
+        session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
+    return session.finish()
+
+
+def reference_batch(session: TrainingSession, examples: list[Example], toolbox: ToolBox | None,
+                    stop_ids: list[int]) -> Completions:
+    """What SFT learns from `examples`: their reference trajectories when the run has tools and they
+    have some, else their reference completions."""
+    if toolbox is not None and all("reference_turns" in ex.meta for ex in examples):
+        return reference_rollout(session.processor, examples, toolbox, stop_ids)
+    ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
+    return Completions(examples, ids, mask)
+
+
+def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completions) -> dict[str, float]:
+    """One optimizer step of token-mean negative log-likelihood over the global batch.
+
+    Logs loss (nats per token), confident_tokens (share of target tokens given p > 1/2, so surely
+    what greedy decoding picks) and grad_norm. An update whose loss or gradient is NaN/inf is
+    skipped (session.guard).
+
+    batch: this process's reference completions. Micro-batches accumulate; every token of the
+    global batch weighs the same, whatever process or micro-batch it is in.
+    """
+    accelerator, micro = session.accelerator, session.config.train.micro_batch_size
+    tokens_here = batch.completion_mask.sum().float()
+    total_tokens = accelerator.reduce(tokens_here.clone(), "sum").clamp(min=1.0)
+    sums = torch.zeros(2, device=accelerator.device)  # nll, confident tokens: stays on the device
+    starts = list(range(0, len(batch.rows), micro))
+    for i, start in enumerate(starts):
+        part = batch.select(list(range(start, min(start + micro, len(batch.rows)))))
+        sync = contextlib.nullcontext() if i == len(starts) - 1 else accelerator.no_sync(session.model)
+        with sync:
+            logp, _ = scorer(session.model, part)  # (m, T), 0 on padding
+            loss = -logp.sum() / total_tokens * accelerator.num_processes
+            accelerator.backward(loss)
+        confident = ((logp.detach() > -0.6931) * part.completion_mask).sum()  # p > 1/2: surely the argmax
+        sums += torch.stack([-logp.detach().sum(), confident]).float()
+    nll_here = float(sums[0])  # the one device-to-host copy of the micro-batch loop
+    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler, nll_here)
+    stats = accelerator.reduce(sums, "sum") / total_tokens  # (2,) per token of the global batch
+    return {"loss": float(stats[0]), "confident_tokens": float(stats[1]), "grad_norm": grad_norm}

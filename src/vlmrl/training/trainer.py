@@ -1,0 +1,132 @@
+"""The GRPO training loop, readable top to bottom.
+
+One step: draw prompts, sample G completions each, score them with the task, turn rewards into
+group advantages (experience.py), then take `updates_per_batch` optimizer steps on the clipped
+surrogate, plus the KL to the reference when beta > 0 (policy_update.py). GRPO, DAPO, Dr. GRPO
+and GSPO differ only in settings of `config.algorithm` (see configs/ and docs/algorithms.md).
+
+Simplifications, on purpose:
+- Generation uses Hugging Face `generate` on the policy itself (no inference server).
+- Several processes (`accelerate launch`) each take whole groups; the loss of every micro-batch is
+  weighted by its share of the global batch, so gradients equal a single process's on the same
+  global batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from tqdm import tqdm
+
+from vlmrl.config import Config
+from vlmrl.evaluation.attention import completion_image_attention
+from vlmrl.report.rollout_log import rollout_rows, write_rollouts
+from vlmrl.rollout.tool_rollout import trajectory_statistics
+from vlmrl.safety.alarms import Alarms
+from vlmrl.safety.early_checks import check_before_loading
+from vlmrl.safety.preflight import run_preflight
+from vlmrl.seeds import derive_seed
+from vlmrl.training.experience import Experience, GroupSampler, collect_experience
+from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training.policy_update import update_policy
+from vlmrl.training.session import TrainingSession
+
+
+def train(config: Config) -> Path:
+    """Run GRPO as configured; returns the run directory (final model in `final/`)."""
+    task = check_before_loading(config, "train")  # layout, task, tools, trackers, model path: before loading
+    session = TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
+                              with_reference=True)
+    config.rollout.check_layout(session.world)
+    run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
+    scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
+                           config.train.logprob_chunk, config.train.block_attention)
+    sampler = GroupSampler.for_run(session, task)
+    alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
+    cursor = session.cursor  # index of the next train prompt
+
+    progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                    total=config.train.steps, desc="train", unit="step", disable=not session.main,
+                    dynamic_ncols=True)
+    for step in progress:
+        started = time.perf_counter()
+        session.policy.eval()
+        experience, cursor = collect_experience(sampler, step, cursor)
+        session.policy.train()
+        torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
+        update_started = time.perf_counter()
+        update = update_policy(session, scorer, experience)
+        update["time/train"] = time.perf_counter() - update_started
+        refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
+        metrics = step_metrics(experience, session.accelerator) | update
+        metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
+                    "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
+                    "seconds": time.perf_counter() - started}
+        metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
+        metrics |= observe(session, step + 1, experience)
+        metrics |= session.maybe_evaluate(step + 1, task)
+        session.record(metrics)
+        if session.main:
+            for alarm in alarms.check(metrics):
+                tqdm.write(f"alarm at step {alarm['step']}: {alarm['kind']}: {alarm['message']}")
+        progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
+                             loss=f"{metrics['loss']:.4f}")
+        session.maybe_save(step + 1, cursor)
+        session.check_stop(step + 1, cursor)  # a stop signal, or too many NaN updates: checkpoint, stop
+    return session.finish()
+
+
+def observe(session: TrainingSession, steps_done: int, experience: Experience) -> dict[str, float]:
+    """What the run looks at every so often: the rollouts written to rollouts/
+    (train.log_rollouts_every) and the share of attention on the image (train.attention_every)."""
+    train_settings = session.config.train
+    if train_settings.log_rollouts_every and steps_done % train_settings.log_rollouts_every == 0:
+        log_rollouts(session, steps_done, experience)
+    if train_settings.attention_every and steps_done % train_settings.attention_every == 0:
+        return {"attention_on_image": completion_image_attention(session.policy, session.processor,
+                                                                 experience.rollout)}
+    return {}
+
+
+def log_rollouts(session: TrainingSession, step: int, experience: Experience) -> None:
+    """Every process's completions of this step into rollouts/ (see rollout_log.py)."""
+    group = session.config.rollout.group_size
+    rows = rollout_rows(step, experience, group, first_group=session.rank * len(experience.rollout.rows) // group)
+    rows = gather_object(rows)
+    if session.main:
+        write_rollouts(session.run_dir, step, rows)
+
+
+def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, float]:
+    """Means over all processes of every reward component, lengths and sampling counts."""
+    def mean(x: torch.Tensor) -> float:
+        return float(accelerator.gather(x.float().to(accelerator.device)).mean())
+
+    rollout = experience.rollout
+    metrics = {"reward": mean(experience.reward),
+               "reward_std": float(accelerator.gather(experience.reward.to(accelerator.device)).std())}
+    for name, values in experience.rewards.items():
+        metrics["accuracy" if name == "accuracy" else f"reward/{name}"] = mean(values)
+        if name != "accuracy":
+            metrics[f"reward_std/{name}"] = float(accelerator.gather(values.float().to(accelerator.device)).std())
+    metrics.setdefault("accuracy", float("nan"))
+    metrics["completion_length"] = mean(rollout.lengths)
+    metrics["completion_length_max"] = float(accelerator.gather(rollout.lengths.to(accelerator.device)).max())
+    metrics["truncated"] = mean(rollout.truncated)
+    advantages = accelerator.gather(experience.advantages.to(accelerator.device))  # (N * processes,)
+    metrics |= {"advantage/abs_mean": float(advantages.abs().mean()), "advantage/std": float(advantages.std()),
+                "advantage/min": float(advantages.min()), "advantage/max": float(advantages.max())}
+    counts = accelerator.reduce(torch.tensor([experience.groups_drawn, experience.groups_with_signal],
+                                             device=accelerator.device), "sum")
+    metrics["groups_drawn"], metrics["groups_with_signal"] = int(counts[0]), int(counts[1])
+    metrics["zero_variance_groups"] = 1.0 - metrics["groups_with_signal"] / max(metrics["groups_drawn"], 1)
+    metrics["time/generate"] = experience.seconds["generate"]
+    metrics["time/score"] = experience.seconds["score"]
+    metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))
+    if getattr(rollout, "trajectories", None) is not None:  # multi-turn rollouts with tools
+        metrics |= {f"tools/{name}": mean(values) for name, values in trajectory_statistics(rollout).items()}
+    return metrics
