@@ -4,6 +4,10 @@ One path for every model: the offline tiny model, Qwen2.5-VL-3B from the hub, a 
 Options a researcher reaches for: dtype, device, attention implementation, LoRA (vision tower left
 out by default), a frozen vision tower, gradient checkpointing. Remote code runs only when asked.
 The vision tower is found by parameter name, with no per-architecture code.
+
+`load_trainable_policy` is the policy as a run trains it: the run's model settings, the full weights
+or LoRA adapter of a checkpoint on resume, and the speedups' module swaps (fused kernels, batched
+vision windows) chosen once. The session and `vlmrl check` both load through it.
 """
 
 from __future__ import annotations
