@@ -1,14 +1,31 @@
 """Processors for image+text work on machines without torchvision.
 
-In transformers 5.x the Qwen2-VL family's processors require a video processor, and every video
-processor needs torchvision, which has no CPU build here. vlmrl never feeds video, so it derives,
-from the family's own processor class, one whose constructor takes no video processor. The text
-and image handling is the family's own code, untouched; only the video slot is gone.
+In transformers 5.x many families' processors require a video processor, and every video processor
+needs torchvision, which has no CPU build here. vlmrl never feeds video, so it derives, from the
+family's own processor class, one whose constructor takes no video processor. The text and image
+handling is the family's own code, untouched; only the video slot is gone.
+
+Two things make the derived class round-trip like the family's own:
+- its `__init__` has the family's own parameters, by name and default, minus the video processor:
+  `ProcessorMixin.to_dict` saves only what `inspect.signature(__init__)` names and `from_pretrained`
+  passes only what `__init__.__code__.co_varnames` names, so a `(..., **extra)` constructor would lose
+  settings such as InternVL's `image_seq_length` or LLaVA-OneVision's `num_image_tokens`;
+- everything is passed by name: families order their parameters differently (Gemma 4: feature
+  extractor, image processor, tokenizer, video processor; MiniCPM-V 4.6: image processor, video
+  processor, tokenizer), and hand them on to `ProcessorMixin` positionally in that order or by keyword.
+  `ProcessorMixin` names positional arguments by the constructor's parameters, which the video slot no
+  longer is, so a class between the family's and `ProcessorMixin` names them by the family's order and
+  drops the video slot.
+A family whose own constructor reads the video processor (MiniCPM-V 4.6 reads its `slice_mode`) still
+cannot be built without one.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+
+VIDEO = "video_processor"
 
 
 @functools.cache
@@ -18,16 +35,42 @@ def image_text_processor_class(base: type) -> type:
     The derived class keeps `base`'s name, so a saved `processor_config.json` names the family's
     real processor and loads with `AutoProcessor` wherever torchvision is installed.
     """
-    import inspect
+    from transformers import ProcessorMixin
 
-    params = inspect.signature(base.__init__).parameters
-    if "video_processor" not in params:
+    if VIDEO not in inspect.signature(base.__init__).parameters:
         return base
+    order = base.get_attributes()  # the family's sub-processors, in its own order, video included
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **extra):
-        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **extra)
+    class WithoutVideo(ProcessorMixin):
+        """Names the sub-processors `base` hands on positionally, and drops the video slot."""
 
-    cls = type(base.__name__, (base,), {"__init__": __init__, "__module__": __name__,
-                                        "__doc__": f"{base.__name__} for images and text only."})
+        def __init__(self, *args, **named):  # ProcessorMixin's own signature
+            named.update(zip(order, args))
+            named.pop(VIDEO, None)
+            ProcessorMixin.__init__(self, **named)
+
+    cls = type(base.__name__, (base, WithoutVideo), {
+        "__init__": _init_without_video(base), "__module__": __name__,
+        "__doc__": f"{base.__name__} for images and text only."})
     cls.__qualname__ = f"image_text[{base.__name__}]"
     return cls
+
+
+def _init_without_video(base: type):
+    """An `__init__` with `base.__init__`'s parameters (names, defaults, kinds) minus the video
+    processor, that calls `base.__init__` with all of them by name and `video_processor=None`."""
+    params = [p for p in list(inspect.signature(base.__init__).parameters.values())[1:]
+              if p.name != VIDEO and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    heads, star = [], False
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and not star:
+            heads.append("*")
+            star = True
+        heads.append(f"{p.name}=_defaults[{p.name!r}]" if p.name in defaults else p.name)
+    passed = "".join(f", {p.name}={p.name}" for p in params)
+    source = (f"def __init__(self, {', '.join(heads)}):\n"
+              f"    _base.__init__(self, {VIDEO}=None{passed})\n")
+    namespace = {"_base": base, "_defaults": defaults}
+    exec(source, namespace)  # a real signature: from_pretrained reads __code__.co_varnames
+    return namespace["__init__"]
