@@ -3,6 +3,10 @@
 Everything goes through the model's own chat template and processor, so any image-text-to-text
 family works without per-architecture code. Generation (generation.py), log-probs (logprobs.py),
 preflight and the attention maps all build their prompts here, so they see the same tokens.
+
+Processor outputs that are not model inputs (`NOT_MODEL_INPUTS`: PaliGemma's processor always
+returns `labels`, with which the forward computes a loss against the prompt) are dropped by
+`model_inputs`, which every processor call that feeds the model goes through.
 """
 
 from __future__ import annotations
@@ -19,14 +23,24 @@ def chat_messages(example: Example) -> list[dict]:
     return [{"role": "user", "content": [*images, {"type": "text", "text": example.prompt}]}]
 
 
+NOT_MODEL_INPUTS = frozenset({"labels"})
+"""Processor outputs the model must not be given: with `labels` its forward computes a loss (and fails
+when the inputs are longer than the labels, as prompt + completion are)."""
+
+
+def model_inputs(batch) -> dict[str, torch.Tensor]:
+    """A processor's outputs (a `BatchFeature` or dict) without those that are not model inputs."""
+    return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS}
+
+
 def encode_prompts(processor, examples: list[Example], device: torch.device) -> dict[str, torch.Tensor]:
     """Processor inputs (input_ids, attention_mask, pixel values, grids...) for a batch of examples,
-    left-padded, each ending with the generation prompt."""
+    left-padded, each ending with the generation prompt; no `NOT_MODEL_INPUTS`."""
     texts = [processor.apply_chat_template(chat_messages(ex), add_generation_prompt=True, tokenize=False)
              for ex in examples]
     images = [list(ex.images) for ex in examples]
     batch = processor(images=images, text=texts, return_tensors="pt", padding=True)
-    return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in model_inputs(batch).items()}
 
 
 def image_token_id(processor, model_config=None) -> int:

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from vlmrl.models.token_inputs import per_token_keys
-from vlmrl.rollout.prompts import chat_messages
+from vlmrl.rollout.prompts import chat_messages, model_inputs
 from vlmrl.tasks import Example
 
 SENTINEL = "\u2063vlmrl-turn-end\u2063"
@@ -65,8 +65,8 @@ def tool_turn(processor, example: Example, text: str, images: list[Image.Image])
     full = processor.apply_chat_template(chat_messages(example) + [turn, result], add_generation_prompt=True,
                                          tokenize=False)
     segment = full[full.index(SENTINEL) + len(SENTINEL):]
-    encoded = processor(text=[segment], images=[list(images)] if images else None, add_special_tokens=False,
-                        return_tensors="pt")
+    encoded = model_inputs(processor(text=[segment], images=[list(images)] if images else None,
+                                     add_special_tokens=False, return_tensors="pt"))
     extras = {k: encoded[k][0].tolist() for k in per_token_keys(encoded) if k not in ("input_ids", "attention_mask")}
     return Segment(ids=encoded["input_ids"][0].tolist(), model=False, text=segment, images=list(images), extras=extras)
 
@@ -83,7 +83,7 @@ def encode_trajectories(processor, examples: list[Example], segments: list[list[
     0 on the model's tokens), and the pixel inputs of every image of every row (prompt's, then the
     segments', in order)."""
     pixels = pixel_inputs(processor, examples, segments)
-    prompts = [processor(text=[prompt_text(processor, ex)], images=[list(ex.images)], return_tensors="pt")
+    prompts = [model_inputs(processor(text=[prompt_text(processor, ex)], images=[list(ex.images)], return_tensors="pt"))
                for ex in examples]  # (1, P_i) each
     rows = [prompt["input_ids"][0].tolist() + [i for s in row for i in s.ids] for prompt, row in zip(prompts, segments)]
     length = max(len(r) for r in rows)  # L
@@ -109,8 +109,8 @@ def pixel_inputs(processor, examples: list[Example], segments: list[list[Segment
 
 def pixels_of(processor, examples: list[Example], texts: list[str], images: list[list]) -> dict[str, torch.Tensor]:
     """Pixel inputs of each example's prompt followed by `texts[i]` (context only) with `images[i]`."""
-    encoded = processor(text=[prompt_text(processor, ex) + text for ex, text in zip(examples, texts)],
-                        images=[list(ex.images) + more for ex, more in zip(examples, images)],
-                        return_tensors="pt", padding=True)
+    encoded = model_inputs(processor(text=[prompt_text(processor, ex) + text for ex, text in zip(examples, texts)],
+                                     images=[list(ex.images) + more for ex, more in zip(examples, images)],
+                                     return_tensors="pt", padding=True))
     along = set(per_token_keys(encoded))
     return {k: v for k, v in encoded.items() if k not in along}

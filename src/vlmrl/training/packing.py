@@ -26,6 +26,7 @@ from vlmrl.models.block_attention import NAME, plan_blocks, with_plan
 from vlmrl.models.support import block_attention_unsupported, hf_model
 from vlmrl.models.token_inputs import extend_tokens, following_positions, per_token_keys, prompt_positions
 from vlmrl.rollout.completions import Completions
+from vlmrl.rollout.prompts import model_inputs
 from vlmrl.rollout.trajectories import Segment, pixels_of, prompt_text
 from vlmrl.tasks import Example
 
@@ -157,8 +158,8 @@ def _row_tokens(segments: list[Segment], keys: list[str]) -> tuple[list[int], di
 def _slot_positions(model, processor, example: Example, prompt: dict, row: tuple) -> torch.Tensor:
     """Position ids (..., 1, n) of a trajectory's n tokens, as if it followed its prompt alone."""
     ids, extras, text, images = row
-    alone = processor(text=[prompt_text(processor, example) + text], images=[list(example.images) + images],
-                      return_tensors="pt")
+    alone = model_inputs(processor(text=[prompt_text(processor, example) + text],
+                                   images=[list(example.images) + images], return_tensors="pt"))
     inputs = {k: v for k, v in alone.items() if k not in per_token_keys(alone)}
     inputs["input_ids"] = torch.cat([prompt["input_ids"][0].cpu(), torch.tensor(ids, dtype=torch.long)])[None]
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
@@ -178,8 +179,9 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
     The mask carries its block plan when the model computes blocks (packing.use_block_attention)."""
     device = next(model.parameters()).device
     groups = group_rows(rows)
-    prompts = [processor(text=[prompt_text(processor, rows[g[0]])], images=[list(rows[g[0]].images)],
-                         return_tensors="pt").to(device) for g in groups]  # (1, P_u) each
+    prompts = [{k: v.to(device) for k, v in model_inputs(processor(
+        text=[prompt_text(processor, rows[g[0]])], images=[list(rows[g[0]].images)], return_tensors="pt")).items()}
+        for g in groups]  # (1, P_u) each
     keys = [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]
     tokens = {r: _row_tokens(segments[r], keys) for g in groups for r in g}
     inputs = {k: v.to(device) for k, v in _pack_inputs(processor, rows, groups, prompts, tokens).items()}
