@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmrl.models.support import output_layer_unchunkable, packed_passes_unsupported, warn_once
+from vlmrl.models.support import (output_layer_unchunkable, packed_passes_unsupported, takes_logits_to_keep,
+                                  warn_once)
 from vlmrl.models.token_inputs import join_prompt_and_completion
 from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.prompts import encode_prompts
@@ -89,8 +90,10 @@ class LogprobScorer:
             before = torch.arange(total - length - 1, total - 1, device=ids.device)  # (T,) P-1 .. P+T-2
             index = torch.arange(len(ids), device=ids.device)[:, None] * total + before  # (N, T) flat
             return logprobs_at(model, inputs, index, ids, readout)
-        # The logits at positions P-1 .. P+T-2 predict the T completion tokens.
-        logits = model(**inputs, logits_to_keep=length + 1, use_cache=False).logits[:, :-1]  # (N, T, V)
+        # The logits at positions P-1 .. P+T-2 predict the T completion tokens. A forward without
+        # `logits_to_keep` (VideoLLaMA3's swallows it in **kwargs) returns all P+T; the slice serves both.
+        keep = {"logits_to_keep": length + 1} if takes_logits_to_keep(model) else {}
+        logits = model(**inputs, use_cache=False, **keep).logits[:, -(length + 1):-1]  # (N, T, V)
         return logprobs_of_logits(logits, ids, readout)
 
     def _trajectories(self, model, completions: Completions, readout: Readout):
