@@ -96,6 +96,23 @@ def gemma4_processor():
         chat_template=template, image_seq_length=70)
 
 
+def llava_next_video_processor():
+    """LLaVA-NeXT-Video's processor (video_processor, image_processor, tokenizer: handed on to
+    ProcessorMixin positionally in that order) through vlmrl's wrapper; 56-pixel grid."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextVideoProcessor
+
+    from vlmrl.models.processing import image_text_processor_class
+
+    named = {"image_token": "<image>", "video_token": "<video>"}
+    template = chat_template("<image>")
+    tok = byte_tokenizer(CHATML + tuple(named.values()), template, "<|im_end|>", "<|endoftext|>", named=named)
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56},
+                                        image_grid_pinpoints=[[56, 56]])
+    return image_text_processor_class(LlavaNextVideoProcessor)(
+        image_processor=images, tokenizer=tok, chat_template=template, patch_size=14,
+        vision_feature_select_strategy="full")
+
+
 def square(size: int = 56, color: str = "red") -> Image.Image:
     """A plain-colour RGB image."""
     return Image.new("RGB", (size, size), color)

@@ -70,3 +70,13 @@ def test_a_family_with_another_parameter_order_gets_each_sub_processor_by_name(t
     loaded = load_processor(saved(tmp_path, processor, "Gemma4Config"))
     assert loaded.image_seq_length == 70
     assert torch.equal(fb.encode(loaded, [fb.square(112)])["input_ids"], inputs["input_ids"])
+
+
+def test_a_family_that_hands_its_sub_processors_on_in_another_order_gets_each_in_its_place():
+    # LLaVA-NeXT-Video: ProcessorMixin.__init__(video_processor, image_processor, tokenizer), positionally.
+    processor = fb.llava_next_video_processor()
+    assert type(processor.image_processor).__name__ == "LlavaNextImageProcessorPil"
+    assert processor.tokenizer.convert_tokens_to_ids("<image>") == processor.image_token_id
+    inputs = fb.encode(processor, [fb.square()])
+    expected = processor._get_number_of_features(56, 56, 56, 56)  # the family's own count for one 56x56 image
+    assert int((inputs["input_ids"] == processor.image_token_id).sum()) == expected > 16

@@ -15,6 +15,7 @@ from vlmrl.training.logprobs import LogprobScorer
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # PaliGemma's processor
 def test_labels_from_the_processor_never_reach_the_model():
     # PaliGemma's processor returns `labels` (all -100 without a suffix) with every batch.
     model, processor = fb.paligemma_model_and_processor()
