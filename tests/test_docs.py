@@ -122,3 +122,14 @@ def test_no_documented_command_is_missing_from_the_cli():
     documented = README.read_text() + (DOCS / "commands.md").read_text()
     named = set(re.findall(r"`vlmrl ([a-z][a-z0-9-]*)", documented))
     assert named - commands == set(), f"documented commands that `vlmrl --help` does not list: {named - commands}"
+
+
+def test_the_model_tables_are_what_vlmrl_models_prints():
+    """README.md and docs/models.md show `vlmrl models` verbatim, between the same two markers."""
+    printed = subprocess.run([sys.executable, "-m", "vlmrl", "models"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")}).stdout.strip()
+    for page in (README, DOCS / "models.md"):
+        text = page.read_text()
+        start = text.index("-->", text.index("<!-- `vlmrl models` prints this table")) + len("-->")
+        shown = text[start:text.index("<!-- end of `vlmrl models` -->")].strip()
+        assert shown == printed, f"{page.name}: paste the output of `vlmrl models` between the markers"

@@ -4,7 +4,9 @@ Generation from one prefill per prompt (prefill.py) gives the same greedy comple
 sampling distribution as repeating the prompt G times; the packed log-prob forward (packing.py)
 and the chunked output layer (output_layer.py) give the plain forward's log-probs (within 1e-5,
 fp32) and gradients (cosine >= 0.9999), for Qwen2.5-VL and Qwen2-VL, Idefics3 included, prompts of
-different lengths (left padding) and completions of different lengths.
+different lengths (left padding) and completions of different lengths. Every family whose row of
+`support.FAMILIES` lists a fast path as exact is checked here on its tiny build; a family that has
+it off must fall back to the plain path and say why.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from PIL import Image
 from vlmrl.config import GenerationSettings, load_config
 from vlmrl.models import support
 from vlmrl.models.loading import counting_vision_rows, enable_checkpointing, load_policy
+from vlmrl.models.tiny_model import ARCHES as BUILDABLE
 from vlmrl.report.tracking import read_metrics
 from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.generation import generate_groups
@@ -26,7 +29,8 @@ from vlmrl.tasks import Example
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training.trainer import train
 
-ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
+PREFILL_EXACT = [a for a in BUILDABLE if support.FAMILIES[a].shared_prefill is None]
+PACKING_EXACT = [a for a in BUILDABLE if support.FAMILIES[a].packing is None]
 G = 3
 
 
@@ -88,7 +92,7 @@ def flat_grad(model) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
-@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("arch", PREFILL_EXACT)
 def test_generation_from_one_prefill_per_prompt_matches_the_plain_way(arch, tiny_model_factory, examples):
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     shared, shared_rows = sampled(model, processor, examples, shared=True, temperature=0)  # greedy
@@ -118,7 +122,7 @@ def test_generation_keeps_no_logits(tiny_model_dir, examples):
     assert not asked[0]["return_dict_in_generate"] and rollout.completion_ids.shape == (3 * G, 8)
 
 
-@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("arch", PACKING_EXACT)
 def test_packed_logprobs_and_gradients_equal_the_plain_forward(arch, tiny_model_factory, examples):
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     rollout, _ = sampled(model, processor, examples, shared=True)
@@ -164,7 +168,7 @@ def test_a_family_without_support_falls_back_and_says_so_once(tiny_model_dir, ex
     rollout, _ = sampled(model, processor, examples, shared=True)
     expected, _ = logprobs(model, processor, rollout.rows, rollout.completion_ids,
                            rollout.completion_mask, pack=False, chunk=0)  # full logits
-    monkeypatch.setattr(support, "CHECKED_MODEL_TYPES", ("llava",))
+    monkeypatch.setattr(support, "FAMILIES", {"llava": support.EXACT})
     monkeypatch.setattr(support, "_warned", set())
     with pytest.warns(UserWarning, match="packed log-probs off .*qwen2_5_vl"):
         logp, _ = logprobs(model, processor, rollout.rows, rollout.completion_ids,
@@ -208,7 +212,7 @@ def two_image_examples() -> list[Example]:
             Example(prompt="Compare them.", answer="same", images=[green, green])]
 
 
-@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("arch", [a for a in PREFILL_EXACT if a in PACKING_EXACT])
 def test_several_images_per_prompt_speedups_equal_the_plain_way(arch, tiny_model_factory, two_image_examples):
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     shared, shared_rows = sampled(model, processor, two_image_examples, shared=True, temperature=0)

@@ -76,5 +76,5 @@ def test_small_size_is_in_the_demo_range(tmp_path):
 def test_unknown_size_or_arch_is_a_clear_error(tmp_path):
     with pytest.raises(VlmrlError, match="unknown size 'huge'"):
         build_tiny_model(tmp_path, size="huge")
-    with pytest.raises(VlmrlError, match="unknown arch 'llava'.*qwen2_5_vl"):
-        build_tiny_model(tmp_path, arch="llava")
+    with pytest.raises(VlmrlError, match="unknown arch 'florence2'.*qwen2_5_vl"):
+        build_tiny_model(tmp_path, arch="florence2")

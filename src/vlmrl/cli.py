@@ -23,6 +23,14 @@ def _tiny_model(args: argparse.Namespace) -> None:
     print(model_summary(out))
 
 
+def _models(args: argparse.Namespace) -> None:
+    """`vlmrl models`: the families vlmrl has checked, and which fast paths are exact for each."""
+    from vlmrl.models.support import support_table
+    from vlmrl.models.tiny_model import ARCHES
+
+    print(support_table(ARCHES))
+
+
 def _tasks_list(args: argparse.Namespace) -> None:
     """`vlmrl tasks list`: print the registered tasks and their parameters."""
     from vlmrl.tasks.inspect import format_task_list
@@ -193,6 +201,17 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     tiny.add_argument("--arch", choices=ARCHES, default="qwen2_5_vl", help="architecture family")
     tiny.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     tiny.set_defaults(func=_tiny_model)
+
+
+def _add_models(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl models`."""
+    models = commands.add_parser(
+        "models", help="the model families checked, and which fast paths are exact for each",
+        description="Print, per model family, whether `vlmrl tiny-model` builds it and which fast paths "
+                    "(shared prompt cache, packed groups, static and compiled decoding) equal the plain "
+                    "path on it; a fast path that is off says why. Any other image-text-to-text model "
+                    "trains on the plain path.")
+    models.set_defaults(func=_models)
 
 
 def _add_tasks(commands: argparse._SubParsersAction) -> None:
@@ -427,7 +446,7 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
     attention.set_defaults(func=_attention)
 
 
-COMMANDS = (_add_tiny_model, _add_tasks, _add_data, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
+COMMANDS = (_add_tiny_model, _add_models, _add_tasks, _add_data, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
             _add_compare, _add_report, _add_attention)
 """One function per command, each adding its subparser; in this order in `vlmrl --help`."""
 

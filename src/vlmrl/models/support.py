@@ -2,15 +2,22 @@
 
 Four speedups need more of a model than a plain forward (see prefill.py, packing.py,
 output_layer.py, decoding.py). Each has a check here that returns None when the model supports it, or the
-reason it does not; the caller then takes the plain path and says why once (`warn_once`).
-Families checked to match the plain way (tests/test_speedups.py) are listed in
-`CHECKED_MODEL_TYPES`.
+reason it does not; the caller then takes the plain path and says why once (`warn_once`), and the
+preflight prints the same reason.
+
+What each family supports is data in one place, `FAMILIES`: a fast path is listed as exact only for
+the families whose tiny build the tests check against the plain path (tests/test_speedups.py,
+tests/test_decoding.py, parametrized by this table), and declared off, with its reason, where it
+gives other numbers. A model type outside the table takes the plain path everywhere. What can be
+read from the loaded model (its attention kernel, soft-capped logits) is probed, not declared.
+`vlmrl models` prints the table.
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
+from dataclasses import dataclass
 
 import torch
 import transformers
@@ -18,10 +25,67 @@ from packaging.version import Version
 
 from vlmrl.models.block_attention import NAME as BLOCKS_KERNEL
 
-# Model types checked (tests/test_speedups.py) to take explicit position ids from
-# `_prepare_position_ids_for_generation`, a DynamicCache repeated along the batch, and a 4-D
-# additive attention mask. Others use the plain path.
-CHECKED_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "idefics3", "smolvlm")
+
+
+@dataclass(frozen=True)
+class FamilySupport:
+    """A family's fast paths: None where one equals the plain path (checked on its tiny build), else
+    why it is off for that family (one line, as the preflight prints it)."""
+
+    shared_prefill: str | None = None
+    """Generation from one prefill per prompt (prefill.py): explicit position ids from
+    `_prepare_position_ids_for_generation` and a KV cache whose rows can be repeated."""
+    packing: str | None = None
+    """A group's completions packed after their prompt under a 4-D block mask (packing.py)."""
+    static_cache: str | None = None
+    """Decoding into a static (compilable) KV cache (decoding.py)."""
+
+    def paths(self) -> dict[str, str | None]:
+        return {"shared prompt cache": self.shared_prefill, "packed groups": self.packing,
+                "static and compiled decoding": self.static_cache}
+
+
+EXACT = FamilySupport()
+LINEAR_ATTENTION = FamilySupport(
+    shared_prefill="its linear-attention layers keep a recurrent state, not a KV cache whose rows can be repeated",
+    packing="its linear-attention layers ignore the block mask (the completions would see each other)",
+    static_cache="its linear-attention layers keep a recurrent state, not a static KV cache")
+FAMILIES: dict[str, FamilySupport] = {
+    "qwen2_5_vl": EXACT,
+    "qwen2_vl": EXACT,
+    "idefics3": EXACT,
+    "smolvlm": EXACT,
+    "qwen3_vl": EXACT,
+    "qwen3_vl_moe": EXACT,
+    "glm4v": EXACT,
+    "llava": EXACT,
+    "llava_next": EXACT,
+    "internvl": EXACT,
+    "llava_onevision": EXACT,
+    "qwen3_5": LINEAR_ATTENTION,
+    "gemma3": FamilySupport(
+        packing="attention is bidirectional inside each image block, which the block mask does not keep"),
+    "mllama": FamilySupport(
+        shared_prefill="the image enters by cross-attention, whose mask generate does not carry past a shared prefill",
+        packing="its 4-D cross-attention mask (tokens x images x tiles) has no block form",
+        static_cache="its cross-attention layers cache the image's keys, whose length a static cache of the text's "
+                     "length does not have"),
+}
+"""Every family vlmrl has checked, and what of its fast paths is exact; tests read the same table."""
+
+
+def support_table(buildable: tuple[str, ...]) -> str:
+    """`vlmrl models`: the families and their fast paths as a Markdown table (the docs show it)."""
+    paths = list(EXACT.paths())
+    rows = ["| model type | `vlmrl tiny-model --arch` | " + " | ".join(paths) + " |",
+            "|---|---|" + "---|" * len(paths)]
+    for kind, family in FAMILIES.items():
+        cells = ["exact" if reason is None else f"off: {reason}" for reason in family.paths().values()]
+        rows.append(f"| {kind} | {'yes' if kind in buildable else 'no'} | " + " | ".join(cells) + " |")
+    rows.append("| any other image-text-to-text model | no | " + " | ".join(["off: not checked"] * len(paths)) + " |")
+    return "\n".join(rows)
+
+
 MASKABLE_ATTENTION = ("eager", "sdpa", BLOCKS_KERNEL)
 CACHE_KEY = "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
 """transformers' name for the KV cache, as a forward or `generate` argument and as an output field:
@@ -46,25 +110,30 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
+def family_support(model: torch.nn.Module) -> FamilySupport | str:
+    """The model's row of `FAMILIES`, or why it has none."""
+    kind = hf_model(model).config.model_type
+    if kind not in FAMILIES:
+        return f"model type {kind!r} has not been checked (vlmrl models lists those that have)"
+    return FAMILIES[kind]
+
+
 def shared_prefill_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot share one prefill among a group's samples, or None when it can."""
-    kind = hf_model(model).config.model_type
-    if kind not in CHECKED_MODEL_TYPES:
-        return f"model type {kind!r} is not one of {', '.join(CHECKED_MODEL_TYPES)}"
-    return None
+    support = family_support(model)
+    return support if isinstance(support, str) else support.shared_prefill
 
 
 def static_cache_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot decode into a static (compilable) KV cache, or None when it can."""
-    kind = hf_model(model).config.model_type
-    if kind not in CHECKED_MODEL_TYPES:
-        return f"model type {kind!r} is not one of {', '.join(CHECKED_MODEL_TYPES)}"
-    return None
+    support = family_support(model)
+    return support if isinstance(support, str) else support.static_cache
 
 
 def packing_unsupported(model: torch.nn.Module) -> str | None:
     """Why a group cannot be packed into one sequence under a block mask, or None when it can."""
-    if (reason := shared_prefill_unsupported(model)) is not None:
+    support = family_support(model)
+    if (reason := support if isinstance(support, str) else support.packing) is not None:
         return reason
     attention = hf_model(model).config.get_text_config()._attn_implementation
     if attention not in MASKABLE_ATTENTION:

@@ -1,9 +1,10 @@
 """The offline tiny VLM: a real Hugging Face architecture with random weights, built here.
 
 Nothing may be downloaded on the machines vlmrl is tested on, so tests and the CPU demo use a model
-that vlmrl builds itself from a real architecture's config (Qwen2.5-VL, Qwen2-VL or Idefics3), a
-byte-level BPE tokenizer trained offline on task-shaped text, and an image processor that needs no
-torchvision. The folder is written with `save_pretrained` and loads like any hub model, through
+that vlmrl builds itself from a real architecture's config (Qwen2.5-VL, Qwen2-VL, Idefics3 here;
+the newer families from their recipes in tiny_families.py), a byte-level BPE tokenizer trained
+offline on task-shaped text with the family's special tokens and a chat template of its shape, and
+an image processor that needs no torchvision. The folder is written with `save_pretrained` and loads like any hub model, through
 `vlmrl.models.loading.load_policy` or plain `transformers.AutoModelForImageTextToText.from_pretrained`.
 Everything is deterministic from the seed.
 """
@@ -17,8 +18,9 @@ from importlib import resources
 from pathlib import Path
 
 from vlmrl.errors import VlmrlError
+from vlmrl.models.tiny_families import FAMILIES
 
-ARCHES = ("qwen2_5_vl", "qwen2_vl", "idefics3")
+ARCHES = ("qwen2_5_vl", "qwen2_vl", "idefics3", *FAMILIES)
 SIZES = ("tiny", "small")
 
 # Tags the tasks and tool calls use; each becomes one token so a small model learns the format
@@ -71,15 +73,17 @@ class TinySpec:
     vision_depth: int
     vision_heads: int
     vocab: int
+    image: int
+    """Side in pixels of the fixed-size families' images (the Qwen families resize dynamically)."""
 
 
 SPECS = {
     # ~0.2M parameters: unit tests, builds in about a second.
     "tiny": TinySpec(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-                     vision_hidden=32, vision_depth=2, vision_heads=2, vocab=512),
+                     vision_hidden=32, vision_depth=2, vision_heads=2, vocab=512, image=112),
     # ~4M parameters: learns the built-in tasks on a CPU (the demo).
     "small": TinySpec(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768,
-                      vision_hidden=128, vision_depth=4, vision_heads=4, vocab=1024),
+                      vision_hidden=128, vision_depth=4, vision_heads=4, vocab=1024, image=224),
 }
 
 
@@ -108,10 +112,35 @@ def tokenizer_corpus() -> list[str]:
 
 def build_tokenizer(vocab_size: int, arch: str):
     """Train a byte-level BPE offline and wrap it as a `PreTrainedTokenizerFast` with a chat template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if arch in FAMILIES:
+        family = FAMILIES[arch]
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=train_bpe(vocab_size, family.specials), eos_token=family.eos, pad_token=family.pad,
+            bos_token=family.bos, unk_token=None, chat_template=family.chat.template(),
+            extra_special_tokens=dict(family.named))
+        tok.padding_side = "left"
+        return tok
     specials = QWEN_SPECIAL_TOKENS if arch.startswith("qwen") else IDEFICS3_SPECIAL_TOKENS
+    bpe = train_bpe(vocab_size, specials)
+    eos = "<|im_end|>" if arch.startswith("qwen") else "<end_of_utterance>"
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=eos,
+        pad_token="<|endoftext|>",
+        bos_token=None if arch.startswith("qwen") else "<|im_start|>",
+        unk_token=None,
+        chat_template=QWEN_CHAT_TEMPLATE if arch.startswith("qwen") else IDEFICS3_CHAT_TEMPLATE,
+    )
+    tok.padding_side = "left"
+    return tok
+
+
+def train_bpe(vocab_size: int, specials: tuple[str, ...]):
+    """A byte-level BPE trained offline on `tokenizer_corpus`, the specials and task tags added whole."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -124,17 +153,7 @@ def build_tokenizer(vocab_size: int, arch: str):
     bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     # Tags are ordinary tokens: decoding with skip_special_tokens must keep them.
     bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
-    eos = "<|im_end|>" if arch.startswith("qwen") else "<end_of_utterance>"
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token=eos,
-        pad_token="<|endoftext|>",
-        bos_token=None if arch.startswith("qwen") else "<|im_start|>",
-        unk_token=None,
-        chat_template=QWEN_CHAT_TEMPLATE if arch.startswith("qwen") else IDEFICS3_CHAT_TEMPLATE,
-    )
-    tok.padding_side = "left"
-    return tok
+    return bpe
 
 
 def _qwen_config(arch: str, spec: TinySpec, tok):
@@ -232,19 +251,39 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
         raise VlmrlError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHES)}")
     spec = SPECS[size]
     tok = build_tokenizer(spec.vocab, arch)
-    config = _qwen_config(arch, spec, tok) if arch.startswith("qwen") else _idefics3_config(spec, tok)
+    if arch in FAMILIES:
+        config = FAMILIES[arch].config(spec, tok, spec.image)
+    else:
+        config = _qwen_config(arch, spec, tok) if arch.startswith("qwen") else _idefics3_config(spec, tok)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    wake_zero_parameters(model, FAMILIES[arch].wake if arch in FAMILIES else {})
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    build_processor(arch, tok).save_pretrained(out)
+    processor = FAMILIES[arch].processor(tok, spec.image) if arch in FAMILIES else build_processor(arch, tok)
+    processor.save_pretrained(out)
     (out / "vlmrl_tiny.json").write_text(json.dumps(
         {"size": size, "arch": arch, "seed": seed, "version": TINY_MODEL_VERSION,
          "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
     return out
+
+
+def wake_zero_parameters(model, wake: dict[str, float]) -> None:
+    """Draw the parameters a family starts at zero (projectors, gates) from N(0, std), so the
+    image reaches the output of a random build; `wake` maps a name's ending to its std."""
+    import torch
+
+    params = dict(model.named_parameters())
+    for name, std in wake.items():
+        matches = [p for key, p in params.items() if key.endswith(name)]
+        if not matches:
+            raise VlmrlError(f"no parameter named {name!r} to initialise in {type(model).__name__}")
+        with torch.no_grad():
+            for param in matches:
+                param.normal_(0.0, std)
 
 
 def model_summary(folder: str | Path) -> str:
