@@ -68,6 +68,7 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so `bench_vs_trl:CircleTask` imports
 
+from vlmrl.models.tiny_model import ARCHES
 from vlmrl.tasks import Example, Task
 from vlmrl.tasks.base import TaskParams
 
@@ -295,14 +296,14 @@ def measured_peak_tflops(args) -> float | None:
 def bench_model(args, out: Path) -> str:
     """The offline model a benchmark runs: a saved folder (`--model`), the 3B architecture
     (`--arch-3b`, `--layers` text layers, `--vision-depth` vision blocks where the benchmark has
-    it) or a tiny model (`--size`)."""
+    it) or a tiny model (`--size`, of the family `--arch` where the benchmark has it)."""
     from vlmrl.models import build_tiny_model
 
     if getattr(args, "model", None):
         return args.model
     if args.arch_3b:
         return qwen25vl_3b_folder(out, args.image, args.layers, getattr(args, "vision_depth", 32))
-    return str(build_tiny_model(out, size=args.size))
+    return str(build_tiny_model(out, size=args.size, arch=getattr(args, "arch", "qwen2_5_vl")))
 
 
 def publish(lines: list[str], results: str | None) -> None:
@@ -523,7 +524,7 @@ def model_name(args) -> str:
         return args.model
     if args.arch_3b:
         return f"Qwen2.5-VL-3B architecture ({args.layers} text layers, {args.vision_depth} vision blocks)"
-    return f"tiny-model {args.size}"
+    return f"tiny-model {args.size}, {args.arch}"
 
 
 def machine() -> str:
@@ -548,6 +549,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="measured steps (median)")
     parser.add_argument("--size", default="tiny", help="tiny-model size (tiny, small)")
+    parser.add_argument("--arch", default="qwen2_5_vl", choices=ARCHES, help="tiny-model family (vlmrl models)")
     parser.add_argument("--model", default=None, help="a saved model folder instead of a tiny model")
     parser.add_argument("--arch-3b", action="store_true",
                         help="the Qwen2.5-VL-3B architecture with random weights instead of a tiny model (GPU)")
@@ -595,16 +597,10 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    from vlmrl.models import build_tiny_model
     from vlmrl.safety.preflight import speed_line
 
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model:
-            model_dir = args.model
-        elif args.arch_3b:
-            model_dir = qwen25vl_3b_folder(Path(tmp) / "model", args.image, args.layers, args.vision_depth)
-        else:
-            model_dir = str(build_tiny_model(Path(tmp) / "model", size=args.size, arch="qwen2_5_vl"))
+        model_dir = bench_model(args, Path(tmp) / "model")
         memory = MemoryPeak(torch.device(args.device))
         trl, ours = Side("TRL"), Side("vlmrl")
         step, session = vlmrl_stepper(args, model_dir, Path(tmp) / "vlmrl", memory, ours)
@@ -642,7 +638,7 @@ def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) 
               f"{args.image}x{args.image} images, {args.tokens} completion tokens, {args.dtype}, "
               f"gradient checkpointing {'on' if args.checkpointing else 'off'}, beta {args.beta}",
               "", f"- machine: {machine()}", f"- command: `{command}`",
-              f"- model: {model_name(args)} (Qwen2.5-VL, random weights); "
+              f"- model: {model_name(args)} (random weights); "
               f"micro-batch {args.micro}; torch threads {torch.get_num_threads()}; "
               f"vlmrl shared prefix {'off' if args.vlmrl_plain else 'on'}; "
               f"vlmrl attention {'dense mask' if args.dense_attention else 'blocks'}; "
