@@ -96,3 +96,16 @@ def test_a_fast_path_a_family_has_off_is_named_in_the_preflight(arch, tiny_model
     for path, reason in support.FAMILIES[arch].paths().items():
         if reason is not None and path != "static and compiled decoding":  # decoding says it in its own line
             assert reason in lines, (path, lines)
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHES if support.FAMILIES[a].tool_rollouts is not None])
+def test_tools_on_a_family_without_tool_rollouts_stop_in_the_preflight(arch, tiny_model_factory, tmp_path,
+                                                                        letter_task):
+    from vlmrl.errors import VlmrlError
+    from vlmrl.tasks import get_task
+
+    config = run_config(tmp_path, tiny_model_factory(arch), "run", "train.steps=1", "rollout.tools=[zoom]")
+    model, processor = load_policy(config.model.name_or_path, device="cpu")
+    with pytest.raises(VlmrlError, match="rollout.tools: tool rollouts are off for this model .*"
+                                         + support.FAMILIES[arch].tool_rollouts[:20]):
+        preflight(config, model, processor, get_task(config.task.name), "train")

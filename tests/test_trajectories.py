@@ -10,11 +10,13 @@ import torch
 from PIL import Image
 
 from vlmrl.models import load_policy
+from vlmrl.models.support import FAMILIES
+from vlmrl.models.tiny_model import ARCHES as BUILDABLE
 from vlmrl.rollout.prompts import chat_messages
 from vlmrl.rollout.trajectories import Segment, encode_trajectories, prompt_text, tool_turn
 from vlmrl.tasks import Example
 
-ARCHES = ["qwen2_5_vl", "qwen2_vl", "idefics3"]
+ARCHES = [a for a in BUILDABLE if FAMILIES[a].tool_rollouts is None]  # every family with tool rollouts
 FIRST = 'Let me look.<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 28, 28]}}\n</tool_call>'
 FINAL = "<answer>3</answer>"
 

@@ -161,7 +161,7 @@ class RolloutConfig(GenerationSettings):
     number of processes as long as this size is the same."""
     tools: list[str] = field(default_factory=list)
     """Tools the model may call during a rollout: built-in zoom (alias crop), or your own function
-    as `package.module:function` (see vlmrl/tools.py). [] = single-turn rollouts."""
+    as `package.module:function` (see vlmrl/tasks/tools.py). [] = single-turn rollouts."""
     max_turns: int = 4
     """With tools: most model turns per trajectory (a call in the last one is not run)."""
     max_trajectory_tokens: int = 1024

@@ -39,10 +39,18 @@ class FamilySupport:
     """A group's completions packed after their prompt under a 4-D block mask (packing.py)."""
     static_cache: str | None = None
     """Decoding into a static (compilable) KV cache (decoding.py)."""
+    tool_rollouts: str | None = None
+    """Multi-turn rollouts with tools (tool_rollout.py, trajectories.py): not a fast path but a
+    feature; a run with `rollout.tools` on a family that has it off stops in the preflight."""
 
     def paths(self) -> dict[str, str | None]:
+        """The fast paths: off means the plain path is taken instead."""
         return {"shared prompt cache": self.shared_prefill, "packed groups": self.packing,
                 "static and compiled decoding": self.static_cache}
+
+    def columns(self) -> dict[str, str | None]:
+        """Everything `vlmrl models` shows: the fast paths and tool rollouts."""
+        return self.paths() | {"tool rollouts": self.tool_rollouts}
 
 
 EXACT = FamilySupport()
@@ -61,13 +69,16 @@ FAMILIES: dict[str, FamilySupport] = {
     "llava": EXACT,
     "llava_next": EXACT,
     "internvl": EXACT,
-    "llava_onevision": EXACT,
+    "llava_onevision": FamilySupport(
+        tool_rollouts="a tool image's token count, encoded alone, differs from the one its processor gives it among "
+                      "the trajectory's other images"),
     "qwen3_5": LINEAR_ATTENTION,
     "gemma3": FamilySupport(
         packing="attention is bidirectional inside each image block, which the block mask does not keep"),
     "mllama": FamilySupport(
         shared_prefill="the image enters by cross-attention, whose mask generate does not carry past a shared prefill",
         packing="its 4-D cross-attention mask (tokens x images x tiles) has no block form",
+        tool_rollouts="its 4-D cross-attention mask is not carried through a trajectory's turns",
         static_cache="its cross-attention layers cache the image's keys, whose length a static cache of the text's "
                      "length does not have"),
 }
@@ -76,11 +87,11 @@ FAMILIES: dict[str, FamilySupport] = {
 
 def support_table(buildable: tuple[str, ...]) -> str:
     """`vlmrl models`: the families and their fast paths as a Markdown table (the docs show it)."""
-    paths = list(EXACT.paths())
+    paths = list(EXACT.columns())
     rows = ["| model type | `vlmrl tiny-model --arch` | " + " | ".join(paths) + " |",
             "|---|---|" + "---|" * len(paths)]
     for kind, family in FAMILIES.items():
-        cells = ["exact" if reason is None else f"off: {reason}" for reason in family.paths().values()]
+        cells = ["exact" if reason is None else f"off: {reason}" for reason in family.columns().values()]
         rows.append(f"| {kind} | {'yes' if kind in buildable else 'no'} | " + " | ".join(cells) + " |")
     rows.append("| any other image-text-to-text model | no | " + " | ".join(["off: not checked"] * len(paths)) + " |")
     return "\n".join(rows)
@@ -122,6 +133,13 @@ def shared_prefill_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot share one prefill among a group's samples, or None when it can."""
     support = family_support(model)
     return support if isinstance(support, str) else support.shared_prefill
+
+
+def tool_rollouts_unsupported(model: torch.nn.Module) -> str | None:
+    """Why multi-turn tool rollouts cannot run on the model, or None when they can (or its family
+    is not in the table: tried, as any model is, rather than refused)."""
+    support = family_support(model)
+    return None if isinstance(support, str) else support.tool_rollouts
 
 
 def static_cache_unsupported(model: torch.nn.Module) -> str | None:

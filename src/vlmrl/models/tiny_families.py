@@ -87,6 +87,13 @@ def text_fields(spec, tok, **more) -> dict:
                 pad_token_id=tok.pad_token_id, tie_word_embeddings=True, **more)
 
 
+def vit_fields(spec, side: int, **more) -> dict:
+    """A ViT-style vision tower (SigLIP, CLIP, InternViT) at the tiny widths, for `side`-pixel images."""
+    return dict(hidden_size=spec.vision_hidden, intermediate_size=2 * spec.vision_hidden,
+                num_hidden_layers=spec.vision_depth, num_attention_heads=spec.vision_heads, image_size=side,
+                patch_size=14, **more)
+
+
 def mrope(head_dim: int, rotary: float = 1.0) -> list[int]:
     """M-RoPE sections (text, height, width) that sum to half the rotary dimensions."""
     half = int(head_dim * rotary) // 2
@@ -205,9 +212,7 @@ def gemma3_config(spec, tok, side):
     head_dim = spec.hidden // spec.heads
     text = text_fields(spec, tok, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=4096,
                        layer_types=["sliding_attention", "full_attention"] * (spec.layers // 2))
-    vision = dict(hidden_size=spec.vision_hidden, intermediate_size=2 * spec.vision_hidden,
-                  num_hidden_layers=spec.vision_depth, num_attention_heads=spec.vision_heads, image_size=side,
-                  patch_size=14)
+    vision = vit_fields(spec, side)
     return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_IMAGE_TOKENS,
                         tie_word_embeddings=True,
                         **ids(tok, boi_token_index="<start_of_image>", eoi_token_index="<end_of_image>",
@@ -243,10 +248,7 @@ GEMMA3 = Family(
 def llava_config(spec, tok, side):
     from transformers import LlavaConfig
 
-    vision = dict(model_type="clip_vision_model", hidden_size=spec.vision_hidden,
-                  intermediate_size=2 * spec.vision_hidden, num_hidden_layers=spec.vision_depth,
-                  num_attention_heads=spec.vision_heads, image_size=side, patch_size=14,
-                  projection_dim=spec.vision_hidden)
+    vision = vit_fields(spec, side, model_type="clip_vision_model", projection_dim=spec.vision_hidden)
     return LlavaConfig(text_config=dict(model_type="llama", **text_fields(spec, tok)), vision_config=vision,
                        vision_feature_layer=-1, vision_feature_select_strategy="default",
                        tie_word_embeddings=True, **ids(tok, image_token_index="<image>"))
@@ -264,7 +266,7 @@ def llava_processor(tok, side):
 LLAVA = Family(
     specials=("<unk>", "<s>", "</s>", "<image>"), eos="</s>", pad="<unk>", bos="<s>",
     chat=ChatShape(opening="(role | upper) + ': '", closing="'</s>' if role == 'assistant' else ' '",
-                   image="<image>\n", generation="ASSISTANT:", start="<s>"),
+                   image="<image>\n", generation="ASSISTANT: ", start="<s>"),
     config=llava_config, processor=llava_processor)
 
 
@@ -275,10 +277,7 @@ def llava_next_config(spec, tok, side):
     from transformers import LlavaNextConfig
 
     tile = side // 2
-    vision = dict(model_type="clip_vision_model", hidden_size=spec.vision_hidden,
-                  intermediate_size=2 * spec.vision_hidden, num_hidden_layers=spec.vision_depth,
-                  num_attention_heads=spec.vision_heads, image_size=tile, patch_size=14,
-                  projection_dim=spec.vision_hidden)
+    vision = vit_fields(spec, tile, model_type="clip_vision_model", projection_dim=spec.vision_hidden)
     return LlavaNextConfig(text_config=dict(model_type="mistral", **text_fields(spec, tok)), vision_config=vision,
                            vision_feature_layer=-1, vision_feature_select_strategy="default",
                            image_grid_pinpoints=pinpoints(tile), tie_word_embeddings=True,
@@ -316,9 +315,7 @@ def internvl_config(spec, tok, side):
     from transformers import InternVLConfig
 
     tile = side // 2
-    vision = dict(hidden_size=spec.vision_hidden, intermediate_size=2 * spec.vision_hidden,
-                  num_hidden_layers=spec.vision_depth, num_attention_heads=spec.vision_heads,
-                  image_size=[tile, tile], patch_size=[14, 14])
+    vision = vit_fields(spec, tile) | {"image_size": [tile, tile], "patch_size": [14, 14]}
     return InternVLConfig(text_config=dict(model_type="qwen2", **text_fields(spec, tok)), vision_config=vision,
                           image_seq_length=internvl_tokens(side), downsample_ratio=0.5, tie_word_embeddings=True,
                           **ids(tok, image_token_id="<IMG_CONTEXT>"))
@@ -356,9 +353,7 @@ def llava_onevision_config(spec, tok, side):
     from transformers import LlavaOnevisionConfig
 
     tile = side // 2
-    vision = dict(model_type="siglip_vision_model", hidden_size=spec.vision_hidden,
-                  intermediate_size=2 * spec.vision_hidden, num_hidden_layers=spec.vision_depth,
-                  num_attention_heads=spec.vision_heads, image_size=tile, patch_size=14)
+    vision = vit_fields(spec, tile, model_type="siglip_vision_model")
     return LlavaOnevisionConfig(text_config=dict(model_type="qwen2", **text_fields(spec, tok)), vision_config=vision,
                                 vision_feature_layer=-1, vision_feature_select_strategy="full",
                                 image_grid_pinpoints=pinpoints(tile), tie_word_embeddings=True,

@@ -47,6 +47,7 @@ from vlmrl.models.support import (
     output_layer_unchunkable,
     packed_passes_unsupported,
     shared_prefill_unsupported,
+    tool_rollouts_unsupported,
 )
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
@@ -188,6 +189,8 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
     """
+    if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
+        raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
