@@ -13,7 +13,6 @@ vision windows) chosen once. The session and `vlmrl check` both load through it.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import warnings
 from pathlib import Path
