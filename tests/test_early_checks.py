@@ -99,3 +99,76 @@ def test_what_looks_local(tmp_path, monkeypatch):
     assert not any(model_source.looks_local(name) for name in ["Qwen/Qwen2.5-VL-3B-Instruct", "gpt2"])
     assert model_source.build_hint("runs/tiny-model").endswith("vlmrl tiny-model runs/tiny-model --size tiny")
     assert model_source.build_hint("Qwen/Qwen2.5-VL-3B-Instruct") == "give a local model folder"
+
+
+def model_folder(tmp_path, name: str, **config) -> str:
+    """A folder with only a config.json: all that the kind check reads."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(__import__("json").dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"model_type": "florence2"}, r"^vlmrl trains decoder-only image-text-to-text models; '.*/m' \(florence2\) is an "
+                                  r"encoder-decoder$"),
+    ({"model_type": "llava", "is_encoder_decoder": True}, r"\(llava\) is an encoder-decoder$"),
+    ({"model_type": "my_vlm", "auto_map": {"AutoConfig": "c.C", "AutoModelForImageTextToText": "m.M"}},
+     r"\(my_vlm\) needs the code that ships with it \(auto_map in config.json\), which runs only with "
+     r"model.trust_remote_code=true; set it if you trust that code$"),
+    ({"model_type": "my_vlm"}, r"transformers \S+ does not know model type 'my_vlm'; it needs its own code \(a folder "
+                               r"with auto_map, and model.trust_remote_code=true\) or a newer transformers$"),
+    ({"model_type": "llama"}, r"^'.*/m' \(llama\) is not an image-text-to-text model \(not among transformers' "
+                              r"AutoModelForImageTextToText types\)"),
+    ({"model_type": "phi4_multimodal"}, r"\(phi4_multimodal\) is not an image-text-to-text model"),
+])
+def test_a_model_vlmrl_cannot_train_is_refused_from_its_config(tmp_path, config, message, no_model_load):
+    with pytest.raises(VlmrlError, match=message):
+        model_source.check_model_source(model_folder(tmp_path, "m", **config))
+
+
+def test_remote_code_is_checked_once_allowed(tmp_path, no_model_load):
+    allowed = model_folder(tmp_path, "ok", model_type="my_vlm", auto_map={"AutoModelForImageTextToText": "m.M"})
+    model_source.check_model_source(allowed, trust_remote_code=True)  # its own code: nothing more to check here
+    causal = model_folder(tmp_path, "causal", model_type="my_lm", auto_map={"AutoConfig": "c.C",
+                                                                           "AutoModelForCausalLM": "m.M"})
+    with pytest.raises(VlmrlError, match=r"\(my_lm\)'s own code has no image-text-to-text model \(its auto_map "
+                                         r"offers AutoConfig, AutoModelForCausalLM\); vlmrl loads AutoModelForImageTextToText$"):
+        model_source.check_model_source(causal, trust_remote_code=True)
+
+
+def test_a_processor_that_needs_a_missing_package_is_refused(tmp_path, no_model_load):
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    folder = model_folder(tmp_path, "pixtral", model_type="mistral3")
+    with pytest.raises(VlmrlError, match=r"^'.*/pixtral' \(mistral3\): its processor PixtralProcessor needs "
+                                         r"torchvision, which is not installed; vlmrl's PIL image path does not cover "
+                                         r"this family yet"):
+        model_source.check_model_source(folder)
+    (tmp_path / "pixtral" / "processor_config.json").write_text('{"processor_class": "LlavaProcessor"}')
+    model_source.check_model_source(folder)  # the saved processor class is the one checked: it imports
+
+
+def test_check_and_train_refuse_in_one_line_before_loading(tmp_path, capsys, no_model_load):
+    folder = model_folder(tmp_path, "florence", model_type="florence2")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model:\n  name_or_path: {folder}\n")
+    for command in ("check", "train"):
+        assert main([command, str(config)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"error: vlmrl trains decoder-only image-text-to-text models; '{folder}' (florence2) "
+                           "is an encoder-decoder")
+
+
+def test_a_hub_model_is_refused_from_what_the_hub_says_of_its_config(monkeypatch):
+    import huggingface_hub
+
+    info = type("Info", (), {"config": {"model_type": "florence2", "architectures": ["Florence2ForConditionalGeneration"]}})
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda name, timeout: info)
+    monkeypatch.setattr(model_source, "_ON_THE_HUB", set())
+    monkeypatch.setattr(model_source, "_HUB_CONFIGS", {})
+    for _ in range(2):  # asked once: the loader's second check reads the kept answer
+        with pytest.raises(VlmrlError, match=r"'org/florence' \(florence2\) is an encoder-decoder$"):
+            model_source.check_model_source("org/florence")

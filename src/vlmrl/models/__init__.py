@@ -5,7 +5,9 @@ family supports.
                           load_trainable_policy (a run's policy: resumed adapter, kernels chosen)
     tiny_model.py         the offline tiny builders, one per family (real configs, random weights)
     processing.py         image+text processors that need no torchvision
-    model_source.py       a model name or folder checked before anything loads
+    model_source.py       a model name or folder checked before anything loads, and refused
+                          from its config when vlmrl cannot train it
+    fast_paths.py         a fast path that fails on first use falls back to the plain path
     support.py            what each family supports, as data in one table (packing, blocks, ...)
     token_inputs.py       processor outputs along the token axis, and their position ids
     block_attention.py    SDPA over the blocks a packed mask allows

@@ -13,7 +13,6 @@ vision windows) chosen once. The session and `vlmrl check` both load through it.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import warnings
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from vlmrl.config import Config, LoraConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.models.fused_kernels import use_fused_kernels
-from vlmrl.models.model_source import check_model_source, first_line
+from vlmrl.models.model_source import check_model_source, first_line, saved_processor_class
 from vlmrl.models.processing import image_text_processor_class
 from vlmrl.models.support import hf_model
 from vlmrl.models.vision_attention import use_batched_vision_attention
@@ -65,11 +64,11 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
     from transformers import AutoProcessor, ProcessorMixin
     from transformers.models.auto.processing_auto import processor_class_from_name
 
-    check_model_source(name_or_path)
+    check_model_source(name_or_path, trust_remote_code)
     try:
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ImportError, ValueError) as auto_error:
-        class_name = _saved_processor_class(name_or_path)
+        class_name = saved_processor_class(name_or_path)
         base = processor_class_from_name(class_name) if class_name else None
         if base is None:
             raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(auto_error)}")
@@ -83,17 +82,6 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
             "preprocessor_config.json): it is not an image-text-to-text model folder")
     processor.tokenizer.padding_side = "left"  # generation appends on the right
     return processor
-
-
-def _saved_processor_class(name_or_path: str) -> str | None:
-    """The processor class named in a local folder's processor or preprocessor config."""
-    for file in ("processor_config.json", "preprocessor_config.json"):
-        path = Path(name_or_path).expanduser() / file
-        if path.exists():
-            name = json.loads(path.read_text()).get("processor_class")
-            if name:
-                return name
-    return None
 
 
 def load_policy(

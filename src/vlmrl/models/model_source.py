@@ -4,11 +4,20 @@
 that looks local and does not exist (with the command that builds the offline model there), a
 folder without config.json, a hub id while HF_HUB_OFFLINE is set and the id is not in the local
 cache, or a hub that cannot be reached (one quick request instead of minutes of retries) or does
-not know the id. No torch here: `vlmrl train`, `sft` and `check` call it before loading anything.
+not know the id. `vlmrl train`, `sft` and `check` call it before loading anything.
+
+It then refuses, from the config alone (config.json, or what the hub says of it), a model vlmrl
+cannot train (`check_model_kind`): an encoder-decoder, a folder whose code is not in transformers
+while `model.trust_remote_code` is off, a model type outside transformers' image-text-to-text
+models, and a family whose processor's module does not import here (a missing package, such as
+torchvision for Pixtral). Nothing is loaded but the config and, for the last check, the processor's
+module; transformers (and torch with it) is imported only once a config has been found.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 from pathlib import Path
 
@@ -19,6 +28,8 @@ RUN_FOLDER = "runs"
 """Where vlmrl's commands write (the offline models, run directories): a path under it is local."""
 _ON_THE_HUB: set[str] = set()
 """Hub ids the hub has confirmed in this process: asked once, not again when the model loads."""
+_HUB_CONFIGS: dict[str, dict] = {}
+"""What the hub said of a confirmed id's config.json (model_type, auto_map, ...), for the kind check."""
 
 
 def hub_offline() -> bool:
@@ -44,36 +55,46 @@ def build_hint(name_or_path: str) -> str:
     return f"build the offline model with: vlmrl tiny-model {name_or_path} --size {size or 'small'}"
 
 
-def check_model_source(name_or_path: str) -> None:
-    """Fail at once, in one line, for a model that cannot load from here: a local-looking path that
-    does not exist, a folder without config.json, a hub id while the hub is off (HF_HUB_OFFLINE) and
-    the id is not in the local cache, or a hub that cannot be reached (one quick request, no
-    retries) or does not know the id."""
+def check_model_source(name_or_path: str, trust_remote_code: bool = False) -> None:
+    """Fail at once, in one line, for a model that cannot load from here (`find_model_config`) or
+    that vlmrl cannot train (`check_model_kind`, where its config is at hand)."""
+    config = find_model_config(name_or_path)
+    if config is not None:
+        check_model_kind(name_or_path, config, trust_remote_code)
+
+
+def find_model_config(name_or_path: str) -> dict | None:
+    """The model's config.json as a dict, after failing in one line for a model that cannot load
+    from here: a local-looking path that does not exist, a folder without config.json, a hub id
+    while the hub is off (HF_HUB_OFFLINE) and the id is not in the local cache, or a hub that cannot
+    be reached (one quick request, no retries) or does not know the id. None where the hub said
+    nothing of the config."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise VlmrlError(f"{name_or_path!r} is not a model folder: it has no config.json")
-        return
+        return _read_json(path / "config.json")
     if path.exists():
         raise VlmrlError(f"{name_or_path!r} is a file, not a model folder")
     if looks_local(name_or_path):
         raise VlmrlError(f"model folder {name_or_path!r} does not exist; {build_hint(name_or_path)} (or give a hub id)")
     from huggingface_hub import model_info, try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
-        return  # in the hub cache: loads offline too
+    cached = try_to_load_from_cache(name_or_path, "config.json")
+    if isinstance(cached, str):
+        return _read_json(Path(cached))  # in the hub cache: loads offline too
     if hub_offline():
         raise VlmrlError(f"model {name_or_path!r} is neither a local folder nor in the hub cache, and the hub is off "
                          f"(HF_HUB_OFFLINE=1): download it where the hub is reachable, or {build_hint(name_or_path)}")
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     if name_or_path in _ON_THE_HUB:
-        return
+        return _HUB_CONFIGS.get(name_or_path)
     try:
-        model_info(name_or_path, timeout=10)
+        info = model_info(name_or_path, timeout=10)
         _ON_THE_HUB.add(name_or_path)
     except GatedRepoError:
-        return  # the loader says what access it needs
+        return None  # the loader says what access it needs
     except RepositoryNotFoundError:
         raise VlmrlError(f"model {name_or_path!r} is neither a local folder nor a model on the hub; "
                          f"{build_hint(name_or_path)}") from None
@@ -81,6 +102,118 @@ def check_model_source(name_or_path: str) -> None:
         raise VlmrlError(f"model {name_or_path!r} is not a local folder and the hub cannot be reached "
                          f"({first_line(error)}); set HF_HUB_OFFLINE=1 to use the hub cache only, or "
                          f"{build_hint(name_or_path)}") from None
+    config = getattr(info, "config", None)
+    if isinstance(config, dict) and config.get("model_type"):
+        _HUB_CONFIGS[name_or_path] = config
+        return config
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise VlmrlError(f"cannot read {path}: {first_line(error)}") from None
+    if not isinstance(data, dict):
+        raise VlmrlError(f"{path} does not hold a JSON object")
+    return data
+
+
+def check_model_kind(name_or_path: str, config: dict, trust_remote_code: bool) -> None:
+    """Refuse, in one line, a model vlmrl cannot train, from its `config` (config.json) alone: an
+    encoder-decoder, code that is not in transformers without `model.trust_remote_code=true` (or
+    remote code without an image-text-to-text class), a model type outside transformers'
+    image-text-to-text models, or a processor whose module does not import here."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IMAGE_TEXT
+
+    kind = config.get("model_type")
+    name = f"{name_or_path!r} ({kind})" if kind else repr(name_or_path)
+    if is_encoder_decoder(config):
+        raise VlmrlError(f"vlmrl trains decoder-only image-text-to-text models; {name} is an encoder-decoder")
+    if kind in IMAGE_TEXT:
+        check_processor_imports(name_or_path, kind)
+        return
+    remote = config.get("auto_map")
+    if remote and not trust_remote_code:
+        raise VlmrlError(f"{name} needs the code that ships with it (auto_map in config.json), which runs only with "
+                         "model.trust_remote_code=true; set it if you trust that code")
+    if remote:
+        if "AutoModelForImageTextToText" not in remote:
+            raise VlmrlError(f"{name}'s own code has no image-text-to-text model (its auto_map offers "
+                             f"{', '.join(sorted(remote))}); vlmrl loads AutoModelForImageTextToText")
+        return
+    if kind not in CONFIG_MAPPING_NAMES:
+        raise VlmrlError(f"{name}: transformers {transformers.__version__} does not know model type {kind!r}; it needs "
+                         "its own code (a folder with auto_map, and model.trust_remote_code=true) or a newer transformers")
+    raise VlmrlError(f"{name} is not an image-text-to-text model (not among transformers' "
+                     "AutoModelForImageTextToText types); vlmrl trains decoder-only image-text-to-text models")
+
+
+def is_encoder_decoder(config: dict) -> bool:
+    """Whether the config (or its type's default, as Florence-2's) says encoder-decoder."""
+    if "is_encoder_decoder" in config:
+        return bool(config["is_encoder_decoder"])
+    from transformers import CONFIG_MAPPING
+
+    kind = config.get("model_type")
+    if kind not in CONFIG_MAPPING:
+        return False
+    try:
+        return bool(CONFIG_MAPPING[kind].from_dict(config).is_encoder_decoder)
+    except Exception:  # a config its class cannot build: the loader says why
+        return False
+
+
+def check_processor_imports(name_or_path: str, kind: str) -> None:
+    """Refuse a family whose processor's module does not import here (a package it needs is not
+    installed): vlmrl's image-only processors (PIL image processors, no video) cannot serve it."""
+    class_name = saved_processor_class(name_or_path) or _mapped_processor(kind)
+    module = _processor_module(class_name) if class_name else None
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "a package").split(".")[0]
+        raise VlmrlError(f"{name_or_path!r} ({kind}): its processor {class_name} needs {missing}, which is not "
+                         f"installed; vlmrl's PIL image path does not cover this family yet (install {missing} "
+                         "if it works here)") from None
+
+
+def saved_processor_class(name_or_path: str) -> str | None:
+    """The processor class named in a local folder's processor or preprocessor config."""
+    for file in ("processor_config.json", "preprocessor_config.json"):
+        path = Path(name_or_path).expanduser() / file
+        if path.exists():
+            name = _read_json(path).get("processor_class")
+            if name:
+                return name
+    return None
+
+
+def _mapped_processor(kind: str) -> str | None:
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    name = PROCESSOR_MAPPING_NAMES.get(kind)
+    return name if isinstance(name, str) else None
+
+
+def _processor_module(class_name: str) -> str | None:
+    """The module of transformers that defines processor `class_name` ("...pixtral.processing_pixtral"),
+    found through the lazy module of a model type that maps to it; None for a class not in transformers."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    for kind, name in PROCESSOR_MAPPING_NAMES.items():
+        if name != class_name:
+            continue
+        package = f"transformers.models.{model_type_to_module_name(kind)}"
+        submodule = getattr(importlib.import_module(package), "_class_to_module", {}).get(class_name)
+        if submodule:
+            return f"{package}.{submodule}"
+    return None
 
 
 def first_line(error: BaseException) -> str:

@@ -7,6 +7,9 @@ By default each image is encoded and each prompt prefilled once per group, and t
 shared by its G samples (prefill.py); with `share_prompt_cache=False`, or for a model family not
 checked for it, every prompt is repeated G times in the batch, as TRL does. The KV cache grows
 or is static, and the decode step eager or compiled, as `settings.decode` says (decoding.py).
+The shared prefill and the static or compiled decode are fast paths: an error on their first use
+switches the run to the plain way (repeated prompts, the dynamic cache) with a warning
+(fast_paths.py).
 
 Nothing here keeps the logits of every step: `generate` returns the sampled ids, and the sampler's
 log-prob of each (sampling.py: one step's distribution held at a time), which the loss compares
@@ -20,9 +23,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from vlmrl.config import GenerationSettings
+from vlmrl.models.fast_paths import first_use
 from vlmrl.models.support import shared_prefill_unsupported, warn_once
 from vlmrl.rollout.completions import Completions, pad_right
-from vlmrl.rollout.decoding import decode_kwargs
+from vlmrl.rollout.decoding import decode_kwargs, decode_mode
 from vlmrl.rollout.prefill import last_prompt_token_is_text, prefill_once
 from vlmrl.rollout.prompts import encode_prompts
 from vlmrl.rollout.sampling import SampledLogprobs, sampling_kwargs
@@ -106,8 +110,14 @@ def generation_inputs(model, processor, examples: list[Example], settings: Gener
         reason = shared_prefill_unsupported(model) or (
             None if last_prompt_token_is_text(model, processor, prompt) else "a prompt ends with an image token")
         if reason is None:
-            return prefill_once(model, prompt, group)  # input_ids (N, P), cache of P - 1 tokens, ...
+            return first_use(model, "shared_prefill", lambda: prefill_once(model, prompt, group),  # (N, P), cache
+                             lambda: repeated_prompts(processor, examples, group, device))
         warn_once(f"vlmrl: shared prompt cache off ({reason}); every prompt is repeated {group} times")
+    return repeated_prompts(processor, examples, group, device)
+
+
+def repeated_prompts(processor, examples: list[Example], group: int, device: torch.device) -> dict:
+    """The plain way: every prompt encoded `group` times, (B*G, P)."""
     return encode_prompts(processor, [example for example in examples for _ in range(group)], device)
 
 
@@ -116,7 +126,18 @@ def sample(model, processor, inputs: dict, settings: GenerationSettings,
     """`generate` from `inputs` (the prompt's tensors, and any further stop arguments) on the
     settings' decode path and sampling, never picking a `suppressed` token. Returns the new ids
     (N, T), up to settings.max_new_tokens, and the sampler's log-probs of them (N, T), None when
-    greedy."""
+    greedy. A static or compiled decode that fails on its first use falls back to the dynamic cache."""
+    mode = decode_mode(model, settings.decode)
+    if mode == "dynamic":
+        return sample_on(model, processor, inputs, settings, suppressed)
+    dynamic = replace(settings, decode="dynamic")
+    return first_use(model, f"{mode}_decode", lambda: sample_on(model, processor, inputs, settings, suppressed),
+                     lambda: sample_on(model, processor, inputs, dynamic, suppressed))
+
+
+def sample_on(model, processor, inputs: dict, settings: GenerationSettings,
+              suppressed: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sample` on the decode path `settings.decode` as it is, without a fallback."""
     inputs = inputs | decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     recorder = SampledLogprobs(settings.temperature, suppressed)
     out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens,

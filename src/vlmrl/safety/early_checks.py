@@ -8,9 +8,10 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
   evaluation asks for;
 - `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
   not installed);
-- the model: a local folder that does not exist, a hub id while offline (model_source.py), and a
-  FlashAttention kernel without its package or a GPU.
-No torch here. The checks that need the model (prompt lengths in its tokens, memory, disk space)
+- the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
+  (an encoder-decoder, remote code not allowed, not image-text-to-text, a processor that needs a
+  missing package: model_source.py), and a FlashAttention kernel without its package or a GPU.
+No torch imported here (transformers imports it once a model config is found). The checks that need the model (prompt lengths in its tokens, memory, disk space)
 follow once it is loaded (preflight.py).
 """
 
@@ -54,7 +55,7 @@ def check_attention_kernel(kernel: str | None, device: str) -> None:
 def check_before_loading(config: Config, mode: str) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task."""
-    check_model_source(config.model.name_or_path)  # the first thing a new user builds: said first
+    check_model_source(config.model.name_or_path, config.model.trust_remote_code)  # the first thing a new user builds: said first
     world = launched_world()
     (config.rollout if mode == "train" else config.sft).check_layout(world)
     task = get_task(config.task.name, seed=config.seed, **config.task.params)

@@ -15,6 +15,8 @@ Three speedups, on by default and exact (tests/test_speedups.py, tests/test_bloc
   at a time from the final hidden states, so full-vocabulary logits never exist for the whole
   batch (output_layer.py).
 A model that does not support one of them takes the plain path, and says so once (support.py).
+A packed pass that fails on its first use with a model (family code the plain pass never meets)
+switches that model to the plain pass for the rest of the run, with a warning (fast_paths.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlmrl.models.fast_paths import first_use
 from vlmrl.models.support import (output_layer_unchunkable, packed_passes_unsupported, takes_logits_to_keep,
                                   warn_once)
 from vlmrl.models.token_inputs import join_prompt_and_completion
@@ -56,10 +59,15 @@ class LogprobScorer:
         readout = Readout(self.temperature, self.chunk, with_entropy)
         use_block_attention(model, self.block_attention)  # packed passes compute attention blocks, or not
         if getattr(completions, "segments", None) is not None:  # multi-turn trajectories (tool_rollout.py)
-            return self._masked(self._trajectories(model, completions, readout), completions)
+            packed, plain = self._packed_trajectories, self._plain_trajectories
+        else:
+            packed, plain = self._packed, self._plain
         if self._packs(model, completions):
-            return self._masked(self._packed(model, completions, readout), completions)
-        return self._masked(self._plain(model, completions, readout), completions)
+            result = first_use(model, "packed_logprobs", lambda: packed(model, completions, readout),
+                               lambda: plain(model, completions, readout))
+        else:
+            result = plain(model, completions, readout)
+        return self._masked(result, completions)
 
     def _packs(self, model, completions: Completions) -> bool:
         """Whether each group's prompt is computed once: packing on, some rows share a prompt, and the
@@ -96,15 +104,17 @@ class LogprobScorer:
         logits = model(**inputs, use_cache=False, **keep).logits[:, -(length + 1):-1]  # (N, T, V)
         return logprobs_of_logits(logits, ids, readout)
 
-    def _trajectories(self, model, completions: Completions, readout: Readout):
+    def _packed_trajectories(self, model, completions: Completions, readout: Readout):
         """Log-probs of every token after the prompt (the mask keeps the model's), tool results and
-        their images in the context: one packed forward per group (each prompt once) when packing is
-        on and supported, else one forward per trajectory."""
+        their images in the context: one packed forward per group (each prompt once)."""
         ids = completions.completion_ids  # (N, T)
-        if self._packs(model, completions):
-            inputs, index = pack_trajectories(model, self.processor, completions.rows, completions.segments,
-                                              ids.shape[1])  # (U, L) packs, (N, T) positions
-            return logprobs_at(model, inputs, index, ids, readout)
+        inputs, index = pack_trajectories(model, self.processor, completions.rows, completions.segments,
+                                          ids.shape[1])  # (U, L) packs, (N, T) positions
+        return logprobs_at(model, inputs, index, ids, readout)
+
+    def _plain_trajectories(self, model, completions: Completions, readout: Readout):
+        """As `_packed_trajectories`, with one forward per trajectory."""
+        ids = completions.completion_ids  # (N, T)
         inputs = encode_trajectories(self.processor, completions.rows, completions.segments, ids.device)  # (N, L)
         total = inputs["input_ids"].shape[1]  # L
         lengths = torch.tensor([sum(len(s.ids) for s in row) for row in completions.segments], device=ids.device)

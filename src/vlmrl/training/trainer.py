@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from vlmrl.config import Config
 from vlmrl.evaluation.attention import completion_image_attention
+from vlmrl.models.fast_paths import FAST_PATHS, fallbacks
 from vlmrl.report.rollout_log import rollout_rows, write_rollouts
 from vlmrl.rollout.tool_rollout import trajectory_statistics
 from vlmrl.safety.alarms import Alarms
@@ -68,6 +69,7 @@ def train(config: Config) -> Path:
                     "seconds": time.perf_counter() - started}
         metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
         metrics |= observe(session, step + 1, experience)
+        metrics |= fallback_metrics(session)
         metrics |= session.maybe_evaluate(step + 1, task)
         session.record(metrics)
         if session.main:
@@ -90,6 +92,17 @@ def observe(session: TrainingSession, steps_done: int, experience: Experience) -
         return {"attention_on_image": completion_image_attention(session.policy, session.processor,
                                                                  experience.rollout)}
     return {}
+
+
+def fallback_metrics(session: TrainingSession) -> dict[str, int]:
+    """`fallback/<path>` = 1 for each fast path that failed on its first use on any process, with the
+    policy or the reference copy, and took the plain path since (fast_paths.py)."""
+    models = [session.policy] + ([session.reference.copy] if getattr(session.reference, "copy", None) is not None
+                                 else [])
+    fell = {path for model in models for path in fallbacks(model)}
+    flags = torch.tensor([float(path in fell) for path in FAST_PATHS], device=session.accelerator.device)
+    flags = session.accelerator.reduce(flags, "sum")  # (paths,) processes that fell back
+    return {f"fallback/{path}": 1 for path, count in zip(FAST_PATHS, flags.tolist()) if count > 0}
 
 
 def log_rollouts(session: TrainingSession, step: int, experience: Experience) -> None:
