@@ -109,3 +109,19 @@ def test_tools_on_a_family_without_tool_rollouts_stop_in_the_preflight(arch, tin
     with pytest.raises(VlmrlError, match="rollout.tools: tool rollouts are off for this model .*"
                                          + support.FAMILIES[arch].tool_rollouts[:20]):
         preflight(config, model, processor, get_task(config.task.name), "train")
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2_5_vl"])
+def test_the_preflight_counts_the_image_tokens_the_model_sees(arch, tiny_model_factory, tmp_path, letter_task):
+    """Gemma 3's processor names its begin-of-image token as `image_token_id`; the soft tokens the
+    vision tower fills are the config's: the preflight counts those (16 per image here)."""
+    from vlmrl.tasks import get_task
+
+    config = run_config(tmp_path, tiny_model_factory(arch), "run", "train.steps=1")
+    model, processor = load_policy(config.model.name_or_path, device="cpu")
+    report = preflight(config, model, processor, get_task(config.task.name), "train")
+    example = get_task(config.task.name).example(0)
+    ids = encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]
+    expected = int((ids == model.config.get_text_config().image_token_id if arch == "qwen2_5_vl"
+                    else ids == model.config.image_token_index).sum())
+    assert expected >= 4 and max(check.image_tokens for check in report.splits) == expected

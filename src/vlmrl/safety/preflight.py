@@ -44,6 +44,7 @@ from vlmrl.models.fused_kernels import computes_fused, fused_kernels_unsupported
 from vlmrl.models.loading import checkpoint_activations, is_vision_parameter, load_trainable_policy, resolve_device
 from vlmrl.models.support import (
     block_attention_unsupported,
+    hf_model,
     output_layer_unchunkable,
     packed_passes_unsupported,
     shared_prefill_unsupported,
@@ -196,7 +197,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     completion = config.rollout.max_new_tokens
     for split, indices in first_batches(config, task, mode, world, start).items():
         examples = [make_example(task, i, split) for i in indices]
-        checks.append(check_prompts(processor, examples, indices, split, limit))
+        checks.append(check_prompts(processor, examples, indices, split, limit, hf_model(policy).config))
         if mode == "sft" and split == "train":
             completion = max(len(processor.tokenizer(ex.reference_completion, add_special_tokens=False).input_ids)
                              for ex in examples) + 2  # end-of-turn tokens
@@ -371,11 +372,13 @@ def make_example(task: Task, idx: int, split: str) -> Example:
                          f"{type(error).__name__}: {error}") from error
 
 
-def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int) -> SplitCheck:
-    """Encode each example's prompt alone: no special token in the question, and within `limit`."""
+def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int,
+                  model_config=None) -> SplitCheck:
+    """Encode each example's prompt alone: no special token in the question, and within `limit`;
+    count its image tokens (the model config's image token: Gemma 3's processor names its BOI)."""
     specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
     try:
-        image_id = image_token_id(processor)  # the processor's: no model config here
+        image_id = image_token_id(processor, model_config)
     except VlmrlError:
         image_id = None  # counted as 0 image tokens
     best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
