@@ -19,10 +19,12 @@ as peft makes them). Qwen3-VL's DeepStack mergers (3 in the released models) are
 1- and 2-block probes have none, a third 1-block probe has one, and the difference is added per
 merger (otherwise the per-block slope would count one merger per block).
 
-Run: `python benchmarks/estimate_real.py --arch qwen3_vl_8b --config configs/shapes_grpo_qwen3vl_8b_lora.yaml`
-(`--image 896 --text 76 --completion 256`: prompts of one 896-px image and 76 text tokens, the
-issues' benchmark setting); prints the per-layer costs and, for the config with checkpointing off
-and on, each part of the estimated peak against the 80 GB GPU, and what `auto` would settle on.
+Run: `python benchmarks/estimate_real.py --arch qwen3_vl_8b --config configs/shapes_grpo_qwen3vl_8b_lora.yaml
+[--image 896 --text 76 --completion 256] [KEY=VALUE ...]` (defaults: prompts of one 896-px image
+and 76 text tokens, 256-token completions, the issues' benchmark setting); prints the per-layer
+costs and, for each config with checkpointing off, on and auto, each part of the estimated peak
+against the 80 GB GPU. `--save OUT` writes the full-size architecture with random weights instead,
+for a GPU machine's check of one step (RESULTS.md).
 """
 
 from __future__ import annotations
@@ -269,7 +271,7 @@ def estimate(arch_name: str, config_path: str, overrides: list[str], prompt: int
     costs, line = probed_costs(arch, base)
     print(f"{arch_name} ({'LoRA r=%d' % base.model.lora.r if base.model.lora.enabled else 'full'}): {line}", flush=True)
     model = build(arch, arch.text_layers, arch.vision_blocks, base, meta=True)[0]
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)  # the base model's
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     rows = []
     for checkpointing in ("false", "true", "auto"):
@@ -306,6 +308,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def save_folder(arch_name: str, out: str) -> str:
+    """A folder with the architecture at full size (random weights, bf16), the probes' tokenizer and
+    processor, that `vlmrl train` loads like the released model (for a GPU check of one step)."""
+    arch = ARCHES[arch_name]
+    model, processor = build(arch, arch.text_layers, arch.vision_blocks, load_config(None, []))
+    tok = processor.tokenizer
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHES, default="qwen3_vl_8b")
@@ -317,9 +331,14 @@ def main(argv: list[str] | None = None) -> None:
                                                                  "(default: the image's tokens + --text)")
     parser.add_argument("--image-tokens", type=int, default=None, help="image tokens per prompt (default: from --image)")
     parser.add_argument("--completion", type=int, default=256, help="completion tokens")
+    parser.add_argument("--save", default=None, metavar="OUT",
+                        help="instead: write the full-size architecture (random bf16 weights) to OUT and stop")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every --config")
     args = parser.parse_args(argv)
     arch = ARCHES[args.arch]
+    if args.save:
+        print(f"wrote {save_folder(args.arch, args.save)}")
+        return
     image_tokens = args.image_tokens if args.image_tokens is not None else arch.image_tokens(args.image)
     prompt = args.prompt if args.prompt is not None else image_tokens + args.text
     print(f"{args.arch} ({arch.hub_id}): prompts of {prompt} tokens ({image_tokens} image tokens), "
