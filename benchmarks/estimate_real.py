@@ -30,10 +30,7 @@ for a GPU machine's check of one step (RESULTS.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
-import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
