@@ -524,7 +524,7 @@ def model_name(args) -> str:
         return args.model
     if args.arch_3b:
         return f"Qwen2.5-VL-3B architecture ({args.layers} text layers, {args.vision_depth} vision blocks)"
-    return f"tiny-model {args.size}, {args.arch}"
+    return f"tiny-model {args.size}, {getattr(args, 'arch', 'qwen2_5_vl')}"
 
 
 def machine() -> str:
