@@ -91,7 +91,8 @@ def support_table(buildable: tuple[str, ...]) -> str:
     rows = ["| model type | `vlmrl tiny-model --arch` | " + " | ".join(paths) + " |",
             "|---|---|" + "---|" * len(paths)]
     for kind, family in FAMILIES.items():
-        cells = ["exact" if reason is None else f"off: {reason}" for reason in family.columns().values()]
+        cells = [("on" if column == "tool rollouts" else "exact") if reason is None else f"off: {reason}"
+                 for column, reason in family.columns().items()]
         rows.append(f"| {kind} | {'yes' if kind in buildable else 'no'} | " + " | ".join(cells) + " |")
     rows.append("| any other image-text-to-text model | no | " + " | ".join(["off: not checked"] * len(paths)) + " |")
     return "\n".join(rows)
