@@ -109,6 +109,90 @@ def qwen_images(patch: int, side: int):
                                     merge_size=2, temporal_patch_size=2)
 
 
+# --------------------------------------------------------------------------- Qwen2-VL, Qwen2.5-VL
+
+
+def qwen2_config(kind: str):
+    """Qwen2-VL or Qwen2.5-VL at the tiny widths, special token ids set everywhere."""
+
+    def build(spec, tok, side):
+        from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+        token_ids = ids(tok, image_token_id="<|image_pad|>", video_token_id="<|video_pad|>",
+                        vision_start_token_id="<|vision_start|>", vision_end_token_id="<|vision_end|>")
+        head_dim = spec.hidden // spec.heads
+        quarter = head_dim // 4  # the sections these builds have always had (not `mrope`'s)
+        rope = {"rope_type": "default", "rope_theta": 10000.0,
+                "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter]}
+        text = text_fields(spec, tok, rope_parameters=rope, **token_ids)
+        text["bos_token_id"] = tok.pad_token_id  # Qwen's tokenizer has no BOS
+        vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_hidden, num_heads=spec.vision_heads,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+        if kind == "qwen2_5_vl":
+            vision.update(intermediate_size=2 * spec.vision_hidden, out_hidden_size=spec.hidden, window_size=112,
+                          fullatt_block_indexes=list(range(spec.vision_depth)))
+            return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **token_ids)
+        vision.update(embed_dim=spec.vision_hidden, mlp_ratio=2, hidden_size=spec.hidden)
+        return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **token_ids)
+
+    return build
+
+
+def qwen2_processor(kind: str):
+    def build(tok, side):
+        from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
+        from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
+
+        from vlmrl.models.processing import image_text_processor_class
+
+        base = Qwen2_5_VLProcessor if kind == "qwen2_5_vl" else Qwen2VLProcessor
+        from transformers import Qwen2VLImageProcessorPil
+
+        images = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=448 * 448, patch_size=14, merge_size=2,
+                                          temporal_patch_size=2)
+        return image_text_processor_class(base)(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
+
+    return build
+
+
+def qwen2_family(kind: str) -> Family:
+    return Family(specials=CHATML + QWEN_VISION, eos="<|im_end|>", pad="<|endoftext|>", chat=CHATML_SHAPE,
+                  config=qwen2_config(kind), processor=qwen2_processor(kind))
+
+
+# --------------------------------------------------------------------------- Idefics3 (SmolVLM)
+
+IDEFICS3_TILE = 112  # pixels per image tile of the tiny Idefics3; real SmolVLM uses 384-512
+
+
+def idefics3_config(spec, tok, side):
+    from transformers import Idefics3Config
+
+    vision = vit_fields(spec, IDEFICS3_TILE)
+    return Idefics3Config(text_config=dict(model_type="llama", **text_fields(spec, tok)), vision_config=vision,
+                          scale_factor=2, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+                          **ids(tok, image_token_id="<image>"))
+
+
+def idefics3_processor(tok, side):
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+
+    images = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IDEFICS3_TILE},
+                                       max_image_size={"longest_edge": IDEFICS3_TILE}, do_image_splitting=False)
+    seq_len = (IDEFICS3_TILE // 14) ** 2 // 4  # patches after the 2x2 pixel shuffle
+    return Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=seq_len,
+                             chat_template=tok.chat_template)
+
+
+IDEFICS3 = Family(
+    specials=CHATML[:2] + ("<end_of_utterance>", "<image>", "<fake_token_around_image>", "<global-img>")
+    + tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+    eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>",
+    chat=ChatShape(opening="'<|im_start|>' + (role | capitalize) + ':'", closing="'<end_of_utterance>\\n'",
+                   image="<image>", generation="Assistant:"),
+    config=idefics3_config, processor=idefics3_processor)
+
+
 # --------------------------------------------------------------------------- Qwen3-VL, Qwen3.5
 
 
@@ -414,6 +498,9 @@ MLLAMA = Family(
 
 
 FAMILIES: dict[str, Family] = {
+    "qwen2_5_vl": qwen2_family("qwen2_5_vl"),
+    "qwen2_vl": qwen2_family("qwen2_vl"),
+    "idefics3": IDEFICS3,
     "qwen3_vl": qwen3_family("qwen3_vl"),
     "qwen3_vl_moe": qwen3_family("qwen3_vl_moe"),
     "qwen3_5": qwen3_family("qwen3_5"),
@@ -425,5 +512,5 @@ FAMILIES: dict[str, Family] = {
     "llava_onevision": LLAVA_ONEVISION,
     "mllama": MLLAMA,
 }
-"""The families built from a recipe (the first three, Qwen2.5-VL, Qwen2-VL and Idefics3, have their
-own builders in tiny_model.py: the demo's numbers depend on them byte for byte)."""
+"""Every family `vlmrl tiny-model --arch` builds, in the order `vlmrl models` lists them (the demo's
+Qwen2.5-VL first)."""
