@@ -122,37 +122,36 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
-def family_support(model: torch.nn.Module) -> FamilySupport | str:
-    """The model's row of `FAMILIES`, or why it has none."""
+def declared_off(model: torch.nn.Module, field: str) -> str | None:
+    """Why the model's family has `field` (a `FamilySupport` field) off, None where it is on; a
+    model type outside `FAMILIES` has every fast path off."""
     kind = hf_model(model).config.model_type
     if kind not in FAMILIES:
         return f"model type {kind!r} has not been checked (vlmrl models lists those that have)"
-    return FAMILIES[kind]
+    return getattr(FAMILIES[kind], field)
 
 
 def shared_prefill_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot share one prefill among a group's samples, or None when it can."""
-    support = family_support(model)
-    return support if isinstance(support, str) else support.shared_prefill
+    return declared_off(model, "shared_prefill")
 
 
 def tool_rollouts_unsupported(model: torch.nn.Module) -> str | None:
     """Why multi-turn tool rollouts cannot run on the model, or None when they can (or its family
     is not in the table: tried, as any model is, rather than refused)."""
-    support = family_support(model)
-    return None if isinstance(support, str) else support.tool_rollouts
+    if hf_model(model).config.model_type not in FAMILIES:
+        return None
+    return declared_off(model, "tool_rollouts")
 
 
 def static_cache_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot decode into a static (compilable) KV cache, or None when it can."""
-    support = family_support(model)
-    return support if isinstance(support, str) else support.static_cache
+    return declared_off(model, "static_cache")
 
 
 def packing_unsupported(model: torch.nn.Module) -> str | None:
     """Why a group cannot be packed into one sequence under a block mask, or None when it can."""
-    support = family_support(model)
-    if (reason := support if isinstance(support, str) else support.packing) is not None:
+    if (reason := declared_off(model, "packing")) is not None:
         return reason
     attention = hf_model(model).config.get_text_config()._attn_implementation
     if attention not in MASKABLE_ATTENTION:
