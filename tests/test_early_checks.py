@@ -137,18 +137,31 @@ def test_remote_code_is_checked_once_allowed(tmp_path, no_model_load):
         model_source.check_model_source(causal, trust_remote_code=True)
 
 
-def test_a_processor_that_needs_a_missing_package_is_refused(tmp_path, no_model_load):
+def test_a_processor_that_needs_a_missing_package_is_refused(tmp_path, no_model_load, monkeypatch):
+    def missing(module):
+        raise ModuleNotFoundError("No module named 'somepackage'", name="somepackage.sub")
+
+    monkeypatch.setattr(model_source, "import_processor_module", missing)
+    folder = model_folder(tmp_path, "llava", model_type="llava")
+    with pytest.raises(VlmrlError, match=r"^'.*/llava' \(llava\): its processor LlavaProcessor needs somepackage, "
+                                         r"which is not installed; vlmrl's PIL image path does not cover this family "
+                                         r"yet \(install somepackage if it works here\)$"):
+        model_source.check_model_source(folder)
+
+
+def test_a_processor_module_that_imports_a_torchvision_image_processor_takes_its_pil_twin(tmp_path, no_model_load):
     import importlib.util
+    import sys
 
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed here")
-    folder = model_folder(tmp_path, "pixtral", model_type="mistral3")
-    with pytest.raises(VlmrlError, match=r"^'.*/pixtral' \(mistral3\): its processor PixtralProcessor needs "
-                                         r"torchvision, which is not installed; vlmrl's PIL image path does not cover "
-                                         r"this family yet"):
-        model_source.check_model_source(folder)
-    (tmp_path / "pixtral" / "processor_config.json").write_text('{"processor_class": "LlavaProcessor"}')
-    model_source.check_model_source(folder)  # the saved processor class is the one checked: it imports
+    for name in [m for m in sys.modules if m.startswith("transformers.models.pixtral.")]:
+        del sys.modules[name]  # as in a fresh process
+    with pytest.raises(ModuleNotFoundError, match="torchvision"):
+        importlib.import_module("transformers.models.pixtral.processing_pixtral")
+    model_source.check_model_source(model_folder(tmp_path, "pixtral", model_type="mistral3"))  # imports now
+    twin = sys.modules["transformers.models.pixtral.image_processing_pixtral"]
+    assert twin.__name__ == "transformers.models.pixtral.image_processing_pil_pixtral"
 
 
 def test_check_and_train_refuse_in_one_line_before_loading(tmp_path, capsys, no_model_load):

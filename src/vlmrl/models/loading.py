@@ -22,7 +22,7 @@ import torch
 from vlmrl.config import Config, LoraConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.models.fused_kernels import use_fused_kernels
-from vlmrl.models.model_source import check_model_source, first_line, saved_processor_class
+from vlmrl.models.model_source import check_model_source, first_line, processor_class, saved_processor_class
 from vlmrl.models.processing import image_text_processor_class
 from vlmrl.models.support import hf_model
 from vlmrl.models.vision_attention import use_batched_vision_attention
@@ -62,14 +62,12 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
     processor), the family's own processor class without the video slot.
     """
     from transformers import AutoProcessor, ProcessorMixin
-    from transformers.models.auto.processing_auto import processor_class_from_name
-
     check_model_source(name_or_path, trust_remote_code)
     try:
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ImportError, ValueError) as auto_error:
         class_name = saved_processor_class(name_or_path)
-        base = processor_class_from_name(class_name) if class_name else None
+        base = processor_class(class_name) if class_name else None
         if base is None:
             raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(auto_error)}")
         try:

@@ -11,7 +11,8 @@ cannot train (`check_model_kind`): an encoder-decoder, a folder whose code is no
 while `model.trust_remote_code` is off, a model type outside transformers' image-text-to-text
 models, and a family whose processor's module does not import here (a missing package, such as
 torchvision for Pixtral). Nothing is loaded but the config and, for the last check, the processor's
-module; transformers (and torch with it) is imported only once a config has been found.
+module (whose torchvision image-processor imports its PIL twin stands in for, processing.py);
+transformers (and torch with it) is imported only once a config has been found.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 from pathlib import Path
 
 from vlmrl.errors import VlmrlError
+from vlmrl.models.processing import import_processor_module
 from vlmrl.models.tiny_model import SIZES
 
 RUN_FOLDER = "runs"
@@ -174,12 +176,24 @@ def check_processor_imports(name_or_path: str, kind: str) -> None:
     if module is None:
         return
     try:
-        importlib.import_module(module)
+        import_processor_module(module)
     except ModuleNotFoundError as error:
         missing = (error.name or "a package").split(".")[0]
         raise VlmrlError(f"{name_or_path!r} ({kind}): its processor {class_name} needs {missing}, which is not "
                          f"installed; vlmrl's PIL image path does not cover this family yet (install {missing} "
                          "if it works here)") from None
+
+
+def processor_class(class_name: str) -> type | None:
+    """The processor class `class_name` from its module in transformers (imported as
+    `import_processor_module` does, so a torchvision twin's PIL one stands in), or from the classes
+    transformers registers otherwise; None for a name it does not know."""
+    from transformers.models.auto.processing_auto import processor_class_from_name
+
+    module = _processor_module(class_name)
+    if module is None:
+        return processor_class_from_name(class_name)
+    return getattr(import_processor_module(module), class_name, None)
 
 
 def saved_processor_class(name_or_path: str) -> str | None:

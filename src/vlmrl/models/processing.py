@@ -17,13 +17,23 @@ Two things make the derived class round-trip like the family's own:
   longer is, so a class between the family's and `ProcessorMixin` names them by the family's order and
   drops the video slot.
 A family whose own constructor reads the video processor (MiniCPM-V 4.6 reads its `slice_mode`) still
-cannot be built without one.
+cannot be built without one. A family whose own `apply_chat_template` is there only to fill in video
+settings (SmolVLM's reads its video processor's frame count and rate) renders through
+`ProcessorMixin`'s, which is what it calls for images and text.
+
+Some processor modules import a torchvision image processor's module for a helper function alone
+(Pixtral's imports `image_processing_pixtral` for `get_resize_output_image_size`).
+`import_processor_module` lets the module's PIL twin (`image_processing_pil_pixtral`, which has the
+same helpers without torchvision) stand in for it, so the processor imports here.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import pkgutil
+import sys
 
 VIDEO = "video_processor"
 
@@ -49,9 +59,11 @@ def image_text_processor_class(base: type) -> type:
             named.pop(VIDEO, None)
             ProcessorMixin.__init__(self, **named)
 
-    cls = type(base.__name__, (base, WithoutVideo), {
-        "__init__": _init_without_video(base), "__module__": __name__,
-        "__doc__": f"{base.__name__} for images and text only."})
+    body = {"__init__": _init_without_video(base), "__module__": __name__,
+            "__doc__": f"{base.__name__} for images and text only."}
+    if base.apply_chat_template is not ProcessorMixin.apply_chat_template:
+        body["apply_chat_template"] = ProcessorMixin.apply_chat_template  # the family's own reads the video slot
+    cls = type(base.__name__, (base, WithoutVideo), body)
     cls.__qualname__ = f"image_text[{base.__name__}]"
     return cls
 
@@ -74,3 +86,41 @@ def _init_without_video(base: type):
     namespace = {"_base": base, "_defaults": defaults}
     exec(source, namespace)  # a real signature: from_pretrained reads __code__.co_varnames
     return namespace["__init__"]
+
+
+PIL_TWIN = "image_processing_pil_"
+"""The prefix of a family's PIL image-processor module; `image_processing_<family>` is its
+torchvision twin."""
+
+
+def import_processor_module(module: str):
+    """Import a processor's module (`transformers.models.pixtral.processing_pixtral`).
+
+    Where the import fails only because torchvision is missing, the family's torchvision image
+    processor modules are replaced in `sys.modules` by their PIL twins (the same helper functions,
+    without torchvision), and the import is tried once more; any other error propagates.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "torchvision" or not _stand_in_pil_twins(module.rpartition(".")[0]):
+            raise
+    return importlib.import_module(module)
+
+
+def _stand_in_pil_twins(package: str) -> bool:
+    """Put each `image_processing_pil_X` of `package` in place of its `image_processing_X` where that
+    one does not import for want of torchvision; whether any was put in place."""
+    placed = False
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if not info.name.startswith(PIL_TWIN):
+            continue
+        twin = f"{package}.image_processing_{info.name[len(PIL_TWIN):]}"
+        try:
+            importlib.import_module(twin)
+        except ModuleNotFoundError as error:
+            if (error.name or "").split(".")[0] != "torchvision":
+                raise
+            sys.modules[twin] = importlib.import_module(f"{package}.{info.name}")
+            placed = True
+    return placed

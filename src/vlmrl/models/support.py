@@ -69,6 +69,7 @@ FAMILIES: dict[str, FamilySupport] = {
     "llava": EXACT,
     "llava_next": EXACT,
     "internvl": EXACT,
+    "mistral3": EXACT,
     "llava_onevision": FamilySupport(
         tool_rollouts="a tool image's token count, encoded alone, differs from the one its processor gives it among "
                       "the trajectory's other images"),

@@ -184,13 +184,38 @@ def idefics3_processor(tok, side):
                              chat_template=tok.chat_template)
 
 
-IDEFICS3 = Family(
-    specials=CHATML[:2] + ("<end_of_utterance>", "<image>", "<fake_token_around_image>", "<global-img>")
-    + tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
-    eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>",
-    chat=ChatShape(opening="'<|im_start|>' + (role | capitalize) + ':'", closing="'<end_of_utterance>\\n'",
-                   image="<image>", generation="Assistant:"),
-    config=idefics3_config, processor=idefics3_processor)
+IDEFICS3_SPECIALS = CHATML[:2] + ("<end_of_utterance>", "<image>", "<fake_token_around_image>", "<global-img>") + tuple(
+    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))
+IDEFICS3_CHAT = ChatShape(opening="'<|im_start|>' + (role | capitalize) + ':'", closing="'<end_of_utterance>\\n'",
+                          image="<image>", generation="Assistant:")
+IDEFICS3 = Family(specials=IDEFICS3_SPECIALS, eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>",
+                  chat=IDEFICS3_CHAT, config=idefics3_config, processor=idefics3_processor)
+
+
+def smolvlm_config(spec, tok, side):
+    from transformers import SmolVLMConfig
+
+    vision = vit_fields(spec, IDEFICS3_TILE)
+    return SmolVLMConfig(text_config=dict(model_type="llama", **text_fields(spec, tok)), vision_config=vision,
+                         scale_factor=2, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+                         **ids(tok, image_token_id="<image>"))
+
+
+def smolvlm_processor(tok, side):
+    from transformers import SmolVLMImageProcessorPil
+    from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor
+
+    from vlmrl.models.processing import image_text_processor_class
+
+    images = SmolVLMImageProcessorPil(size={"longest_edge": 2 * IDEFICS3_TILE},
+                                      max_image_size={"longest_edge": IDEFICS3_TILE}, do_image_splitting=False)
+    return image_text_processor_class(SmolVLMProcessor)(
+        image_processor=images, tokenizer=tok, image_seq_len=(IDEFICS3_TILE // 14) ** 2 // 4,
+        chat_template=tok.chat_template)
+
+
+SMOLVLM = Family(specials=IDEFICS3_SPECIALS, eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>",
+                 chat=IDEFICS3_CHAT, config=smolvlm_config, processor=smolvlm_processor)
 
 
 # --------------------------------------------------------------------------- Qwen3-VL, Qwen3.5
@@ -464,6 +489,38 @@ LLAVA_ONEVISION = Family(
     config=llava_onevision_config, processor=llava_onevision_processor)
 
 
+# --------------------------------------------------------------------------- Mistral 3 (Pixtral vision)
+
+
+def mistral3_config(spec, tok, side):
+    from transformers import Mistral3Config
+
+    vision = dict(hidden_size=spec.vision_hidden, intermediate_size=2 * spec.vision_hidden,
+                  num_hidden_layers=spec.vision_depth, num_attention_heads=spec.vision_heads,
+                  head_dim=spec.vision_hidden // spec.vision_heads, image_size=side, patch_size=14)
+    return Mistral3Config(text_config=dict(model_type="mistral", **text_fields(spec, tok)), vision_config=vision,
+                          spatial_merge_size=2, tie_word_embeddings=True, **ids(tok, image_token_index="[IMG]"))
+
+
+def mistral3_processor(tok, side):
+    from vlmrl.models.processing import import_processor_module
+
+    pixtral = "transformers.models.pixtral"
+    images = import_processor_module(f"{pixtral}.image_processing_pil_pixtral").PixtralImageProcessorPil(
+        size={"longest_edge": side}, patch_size=14)
+    processor = import_processor_module(f"{pixtral}.processing_pixtral").PixtralProcessor
+    return processor(image_processor=images, tokenizer=tok, patch_size=14, spatial_merge_size=2,
+                     chat_template=tok.chat_template)
+
+
+MISTRAL3 = Family(
+    specials=("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"),
+    eos="</s>", pad="<unk>", bos="<s>",
+    chat=ChatShape(opening="'[INST]' if role == 'user' else ''", closing="'[/INST]' if role == 'user' else '</s>'",
+                   image="[IMG]", generation="", start="<s>"),
+    config=mistral3_config, processor=mistral3_processor)
+
+
 # --------------------------------------------------------------------------- Llama 3.2 Vision (mllama)
 
 
@@ -501,6 +558,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2_5_vl": qwen2_family("qwen2_5_vl"),
     "qwen2_vl": qwen2_family("qwen2_vl"),
     "idefics3": IDEFICS3,
+    "smolvlm": SMOLVLM,
     "qwen3_vl": qwen3_family("qwen3_vl"),
     "qwen3_vl_moe": qwen3_family("qwen3_vl_moe"),
     "qwen3_5": qwen3_family("qwen3_5"),
@@ -510,6 +568,7 @@ FAMILIES: dict[str, Family] = {
     "llava_next": LLAVA_NEXT,
     "internvl": INTERNVL,
     "llava_onevision": LLAVA_ONEVISION,
+    "mistral3": MISTRAL3,
     "mllama": MLLAMA,
 }
 """Every family `vlmrl tiny-model --arch` builds, in the order `vlmrl models` lists them (the demo's
