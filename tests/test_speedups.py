@@ -145,6 +145,30 @@ def test_packed_logprobs_and_gradients_equal_the_plain_forward(arch, tiny_model_
     assert torch.nn.functional.cosine_similarity(plain[3], packed[3], dim=0) >= 0.9999
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "mistral3"])
+def test_packed_logprobs_keep_a_sliding_window_shorter_than_the_sequence(arch, tiny_model_factory, examples,
+                                                                         tmp_path):
+    """A window of 6 tokens (Gemma 3: on its sliding layers, AND'd with its image blocks; Mistral 3: on
+    every layer), counted as each completion has it after its prompt alone."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_model_factory(arch), tmp_path / arch)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["sliding_window"] = 6
+    (folder / "config.json").write_text(json.dumps(config))
+    model, processor = load_policy(str(folder), device="cpu")
+    assert support.attention_rules(model).window == 6
+    rollout, _ = sampled(model, processor, examples, shared=False)
+    ids, mask = ragged(rollout, processor.tokenizer.pad_token_id)
+    plain, _ = logprobs(model, processor, rollout.rows, ids, mask, pack=False, chunk=0)  # (N, T)
+    packed, _ = logprobs(model, processor, rollout.rows, ids, mask, pack=True, chunk=5)
+    assert (plain - packed).abs().max() < 1e-5
+    model.config.get_text_config().sliding_window = 10_000  # the window matters here: without it, other numbers
+    wide, _ = logprobs(model, processor, rollout.rows, ids, mask, pack=True, chunk=5)
+    assert (wide - plain).abs().max() > 1e-3
+
+
 def test_packed_forward_under_gradient_checkpointing_and_chunked_head(tiny_model_dir, examples):
     model, processor = load_policy(tiny_model_dir, device="cpu")
     rollout, _ = sampled(model, processor, examples, shared=True)

@@ -42,6 +42,10 @@ class FamilySupport:
     tool_rollouts: str | None = None
     """Multi-turn rollouts with tools (tool_rollout.py, trajectories.py): not a fast path but a
     feature; a run with `rollout.tools` on a family that has it off stops in the preflight."""
+    image_blocks: str | None = None
+    """Where attention is bidirectional inside each image block (Gemma 3): the per-token input that
+    marks image tokens 1 (`token_type_ids`). Packed masks OR each block in (packing.py). Not a
+    fast path: how the family attends."""
 
     def paths(self) -> dict[str, str | None]:
         """The fast paths: off means the plain path is taken instead."""
@@ -74,8 +78,7 @@ FAMILIES: dict[str, FamilySupport] = {
         tool_rollouts="a tool image's token count, encoded alone, differs from the one its processor gives it among "
                       "the trajectory's other images"),
     "qwen3_5": LINEAR_ATTENTION,
-    "gemma3": FamilySupport(
-        packing="attention is bidirectional inside each image block, which the block mask does not keep"),
+    "gemma3": FamilySupport(image_blocks="token_type_ids"),
     "mllama": FamilySupport(
         shared_prefill="the image enters by cross-attention, whose mask generate does not carry past a shared prefill",
         packing="its 4-D cross-attention mask (tokens x images x tiles) has no block form",
@@ -158,6 +161,41 @@ def packing_unsupported(model: torch.nn.Module) -> str | None:
     if attention not in MASKABLE_ATTENTION:
         return f"attention kernel {attention!r} takes no block mask (use eager or sdpa)"
     return None
+
+
+@dataclass(frozen=True)
+class AttentionRules:
+    """What a model's attention adds to the causal rule, which a packed sequence's 4-D mask must
+    carry itself (transformers takes a 4-D mask as it is)."""
+
+    image_blocks: str | None
+    """The per-token input that marks image tokens 1, where each image block attends both ways."""
+    window: int | None
+    """The sliding window of the layers that have one: a query sees the keys less than `window`
+    tokens back."""
+    layer_kinds: tuple[str, ...]
+    """The distinct kinds of the text layers (`full_attention`, `sliding_attention`), in order."""
+
+    @property
+    def per_kind(self) -> bool:
+        """Whether the layers need different masks (a dict of masks by kind, as transformers takes)."""
+        return self.window is not None and len(self.layer_kinds) > 1
+
+
+def attention_rules(model: torch.nn.Module) -> AttentionRules:
+    """The model's attention rules: image blocks declared by its family, the sliding window read
+    from its text config (`sliding_window` with `layer_types`, or on every layer where it has none)."""
+    inner = hf_model(model)
+    text = inner.config.get_text_config()
+    family = FAMILIES.get(inner.config.model_type, EXACT)
+    window = getattr(text, "sliding_window", None)
+    if getattr(text, "use_sliding_window", True) is False:
+        window = None
+    kinds = tuple(dict.fromkeys(getattr(text, "layer_types", None) or
+                                ["sliding_attention" if window else "full_attention"]))
+    if "sliding_attention" not in kinds:
+        window = None
+    return AttentionRules(family.image_blocks, window, kinds)
 
 
 def block_attention_unsupported(model: torch.nn.Module) -> str | None:

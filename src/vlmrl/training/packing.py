@@ -14,6 +14,11 @@ the model's SDPA layers compute only the blocks it allows (models/block_attentio
 `pack_trajectories` does the same for multi-turn trajectories (rollout/trajectories.py): one
 sequence per prompt, [prompt, trajectory 1, trajectory 2, ...], each trajectory's positions those
 it would have after its prompt alone, its tool results' images in the one processor call.
+
+transformers takes a 4-D mask as it is, so the packed mask carries the model's own rules too
+(`support.attention_rules`): each image block attends both ways where the family does (Gemma 3:
+OR'd in), and a sliding window counts tokens as the plain sequence has them, each segment right
+after the prefix (AND'd in; a dict of masks by layer kind where only some layers slide).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from vlmrl.models.block_attention import NAME, plan_blocks, with_plan
-from vlmrl.models.support import block_attention_unsupported, hf_model
+from vlmrl.models.support import attention_rules, block_attention_unsupported, hf_model
 from vlmrl.models.token_inputs import extend_tokens, following_positions, per_token_keys, prompt_positions
 from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.prompts import model_inputs
@@ -85,27 +90,77 @@ def segment_attention_mask(segment: torch.Tensor, valid: torch.Tensor, dtype: to
     """(U, 1, L, L) additive mask of packed sequences: a query sees valid keys at or before it in the
     shared prefix (segment -1) or in its own segment. segment (U, L) or (L,), valid (U, L).
     blocks: the mask carries its block plan (block_attention.py)."""
-    total = valid.shape[1]  # L
     segment = segment.expand_as(valid)  # (U, L)
-    key = segment[:, None, :]  # (U, 1, L)
-    same = (key == -1) | (key == segment[:, :, None])  # (U, L, L) [query, key]
-    causal = torch.ones(total, total, dtype=torch.bool, device=valid.device).tril()  # (L, L)
-    allowed = same & causal & valid.bool()[:, None, :]  # (U, L, L)
-    allowed |= torch.eye(total, dtype=torch.bool, device=valid.device)  # padding rows see themselves: no NaN
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)[:, None]  # (U, 1, L, L)
+    mask = additive(seen_keys(segment, valid), dtype)  # (U, 1, L, L)
     return with_plan(mask, plan_blocks(segment, valid)) if blocks else mask
 
 
-def block_attention_mask(layout: Layout, prompt_mask: torch.Tensor, slot_mask: torch.Tensor,
-                         dtype: torch.dtype, blocks: bool = False) -> torch.Tensor:
-    """(U, 1, L, L) additive mask: a query sees valid keys at or before it, in the prompt or in its
-    own slot. prompt_mask (U, P), slot_mask (U, K, T). blocks: the mask carries its block plan."""
+def seen_keys(segment: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(U, L, L) [query, key]: the packing's rule, before any of the model's own."""
+    total = valid.shape[1]  # L
+    key = segment[:, None, :]  # (U, 1, L)
+    same = (key == -1) | (key == segment[:, :, None])  # (U, L, L)
+    causal = torch.ones(total, total, dtype=torch.bool, device=valid.device).tril()  # (L, L)
+    return same & causal & valid.bool()[:, None, :]  # (U, L, L)
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(U, 1, L, L) additive mask from allowed (U, L, L); padding rows see themselves (no NaN)."""
+    allowed = allowed | torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def packed_mask(model, segment: torch.Tensor, valid: torch.Tensor,
+                inputs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask of packed sequences (segment, valid (U, L); -1 the shared prefix) under
+    the model's rules (`support.attention_rules`): (U, 1, L, L), or one per layer kind. It carries
+    its block plan when the model computes blocks and nothing but the packing's rule applies."""
+    rules, dtype = attention_rules(model), hf_model(model).dtype
+    allowed = seen_keys(segment, valid)  # (U, L, L)
+    if rules.image_blocks is None and (rules.window is None or rules.window >= valid.shape[1]):
+        mask = additive(allowed, dtype)
+        return with_plan(mask, plan_blocks(segment, valid)) if computes_blocks(model) else mask
+    if rules.image_blocks is not None:
+        block = image_blocks(inputs[rules.image_blocks])  # (U, L)
+        allowed |= (block[:, :, None] == block[:, None, :]) & (block >= 0)[:, :, None]
+    if rules.window is None:
+        return additive(allowed, dtype)
+    sliding = additive(allowed & within_window(segment, rules.window), dtype)
+    if not rules.per_kind:
+        return sliding
+    return {kind: sliding if kind == "sliding_attention" else additive(allowed, dtype) for kind in rules.layer_kinds}
+
+
+def image_blocks(token_types: torch.Tensor) -> torch.Tensor:
+    """(U, L): each run of image tokens (type 1) numbered from 0 along its row, -1 elsewhere."""
+    image = token_types == 1  # (U, L)
+    starts = image & ~torch.nn.functional.pad(image, (1, 0))[:, :-1]  # (U, L) first token of a block
+    return torch.where(image, starts.long().cumsum(1) - 1, -1)
+
+
+def within_window(segment: torch.Tensor, window: int) -> torch.Tensor:
+    """(U, L, L) [query, key]: the key is less than `window` tokens back, counted in the sequence the
+    query has alone (the prefix, then its own segment from where the prefix ends)."""
+    units, total = segment.shape
+    index = torch.arange(total, device=segment.device).expand(units, total)  # (U, L)
+    prefix = (segment == -1).sum(1, keepdim=True)  # (U, 1) the prefix comes first
+    first = torch.full((units, total + 1), total, device=segment.device).scatter_reduce(
+        1, segment.clamp(min=-1) + 1, index, "amin")  # (U, L+1): first index of each label (+1)
+    start = first.gather(1, segment.clamp(min=-1) + 1)  # (U, L) where each token's segment begins
+    alone = torch.where(segment >= 0, prefix + index - start, index)  # (U, L)
+    return alone[:, None, :] > alone[:, :, None] - window
+
+
+def layout_segments(layout: Layout, prompt_mask: torch.Tensor,
+                    slot_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The segment labels (L,) of packed groups (-1 the prompt, k slot k) and which positions are
+    valid (U, L). prompt_mask (U, P), slot_mask (U, K, T)."""
     device = prompt_mask.device
     segment = torch.cat([torch.full((layout.prompt_length,), -1, device=device),
                          torch.arange(layout.slots, device=device).repeat_interleave(layout.slot_length)])  # (L,)
     valid = torch.cat([prompt_mask, slot_mask.view(prompt_mask.shape[0], -1)], dim=1)  # (U, L)
-    return segment_attention_mask(segment, valid, dtype, blocks)
+    return segment.expand_as(valid), valid
 
 
 def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions,
@@ -129,9 +184,9 @@ def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions
     mask = completion_mask.new_zeros((units, slots, length))  # (U, K, T)
     mask[pack, slot] = completion_mask[order]
 
-    attention = block_attention_mask(layout, prompt["attention_mask"], mask, hf_model(model).dtype,
-                                     computes_blocks(model))
-    inputs = extend_tokens(prompt, ids.view(units, -1), attention)  # (U, L) per-token inputs
+    segment, valid = layout_segments(layout, prompt["attention_mask"], mask)  # (U, L) each
+    inputs = extend_tokens(prompt, ids.view(units, -1), valid)  # (U, L) per-token inputs
+    inputs["attention_mask"] = packed_mask(model, segment, valid, inputs)
     positions = prompt_positions(model, prompt)  # (..., U, P)
     after = following_positions(positions, length).repeat(*([1] * (positions.dim() - 1)), slots)  # (..., U, K*T)
     inputs["position_ids"] = torch.cat([positions, after], dim=-1)  # (..., U, L)
@@ -202,8 +257,7 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
             start += n
         pad = torch.zeros(*parts[0].shape[:-1], total - start, dtype=parts[0].dtype, device=device)
         positions.append(torch.cat([*parts, pad], dim=-1))  # (..., 1, L)
-    inputs["attention_mask"] = segment_attention_mask(label, label != -2, hf_model(model).dtype,
-                                                      computes_blocks(model))
+    inputs["attention_mask"] = packed_mask(model, label, label != -2, inputs)
     inputs["position_ids"] = torch.cat(positions, dim=-2)  # (..., U, L)
     return inputs, index
 
