@@ -28,6 +28,23 @@ def tiny_model_factory(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def windowed_model_factory(tiny_model_factory, tmp_path_factory):
+    """The tiny build of a family with its text layers' sliding window set to `window` tokens (the
+    builds' window, 4096, is longer than any test's sequence)."""
+    import json
+    import shutil
+
+    def make(arch: str, window: int = 6) -> str:
+        folder = shutil.copytree(tiny_model_factory(arch), tmp_path_factory.mktemp(f"window-{arch}") / arch)
+        config = json.loads((folder / "config.json").read_text())
+        config["text_config"]["sliding_window"] = window
+        (folder / "config.json").write_text(json.dumps(config))
+        return str(folder)
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_factory) -> str:
     """The default tiny model: Qwen2.5-VL architecture."""
     return tiny_model_factory("qwen2_5_vl")

@@ -53,6 +53,16 @@ def test_a_static_cache_gives_the_dynamic_caches_tokens(arch, tiny_model_factory
     assert len({tuple(row) for row in dynamic.tolist()}) > 1  # really sampled
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "mistral3"])
+def test_a_static_cache_past_a_sliding_window_gives_the_dynamic_caches_tokens(arch, windowed_model_factory, examples):
+    """Prompts longer than a 6-token window: the shared prefill's sliding layers kept only their last
+    5 tokens, which the static cache takes over with the count of tokens they have seen."""
+    model, processor = load_policy(windowed_model_factory(arch, 6), device="cpu")
+    for temperature in (0, 1.0):
+        dynamic = completions(model, processor, examples, "dynamic", False, temperature)
+        assert torch.equal(dynamic, completions(model, processor, examples, "static", True, temperature))
+
+
 def test_tool_rollouts_take_the_same_turns_with_a_static_cache(tiny_model_dir):
     model, processor = load_policy(tiny_model_dir, device="cpu")
     original = Image.new("RGB", (112, 56), (255, 255, 255))

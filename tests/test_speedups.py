@@ -146,18 +146,10 @@ def test_packed_logprobs_and_gradients_equal_the_plain_forward(arch, tiny_model_
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "mistral3"])
-def test_packed_logprobs_keep_a_sliding_window_shorter_than_the_sequence(arch, tiny_model_factory, examples,
-                                                                         tmp_path):
+def test_packed_logprobs_keep_a_sliding_window_shorter_than_the_sequence(arch, windowed_model_factory, examples):
     """A window of 6 tokens (Gemma 3: on its sliding layers, AND'd with its image blocks; Mistral 3: on
     every layer), counted as each completion has it after its prompt alone."""
-    import json
-    import shutil
-
-    folder = shutil.copytree(tiny_model_factory(arch), tmp_path / arch)
-    config = json.loads((folder / "config.json").read_text())
-    config["text_config"]["sliding_window"] = 6
-    (folder / "config.json").write_text(json.dumps(config))
-    model, processor = load_policy(str(folder), device="cpu")
+    model, processor = load_policy(windowed_model_factory(arch, 6), device="cpu")
     assert support.attention_rules(model).window == 6
     rollout, _ = sampled(model, processor, examples, shared=False)
     ids, mask = ragged(rollout, processor.tokenizer.pad_token_id)

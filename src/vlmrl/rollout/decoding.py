@@ -115,13 +115,28 @@ def static_move(model: torch.nn.Module, cache, rows: int, length: int, keep: boo
     """A StaticCache of `rows` x `length` tokens holding what `cache` (a prefilled DynamicCache, or
     None for an empty one) holds, at the same positions (`keep`: see `empty_static_cache`). `cache`
     is emptied layer by layer as it is copied, so memory holds one layer twice at most, not the
-    whole prefill."""
+    whole prefill.
+
+    A sliding-window layer that has taken in more tokens than its window keeps only the last
+    window - 1 of them; its static twin, once full, holds `window` slots and drops the oldest before
+    the next token reads it: the kept tokens go to its last slots, and it is told how many tokens it
+    has seen, so the next step's mask is placed as after the whole prompt."""
     static = empty_static_cache(model, rows, length, keep)
     layers = getattr(cache, "layers", [])
     for index in range(len(layers)):
         layer = layers.pop(0)  # the cache keeps no reference: its tensors go once copied
-        seen = layer.keys.shape[-2]  # keys: (N, heads, seen, head_dim)
-        static.update(layer.keys, layer.values, index, {"cache_position": torch.arange(seen, device=layer.keys.device)})
+        keys, values = layer.keys, layer.values  # (N, heads, seen, head_dim)
+        seen, taken = keys.shape[-2], layer.get_seq_length()
+        target = static.layers[index]
+        evicted = taken > seen  # a sliding layer past its window
+        if evicted:
+            gap = target.max_cache_len - seen  # the slot the next step drops
+            keys = torch.cat([keys.new_zeros(*keys.shape[:2], gap, keys.shape[-1]), keys], dim=-2)
+            values = torch.cat([values.new_zeros(*values.shape[:2], gap, values.shape[-1]), values], dim=-2)
+        static.update(keys, values, index, {"cache_position": torch.arange(keys.shape[-2], device=keys.device)})
+        if evicted:
+            target.cumulative_length_int = taken
+            target.cumulative_length.fill_(taken)
     return static
 
 
