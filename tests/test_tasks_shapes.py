@@ -11,7 +11,7 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.shapes import RGB, SHAPE_COLORS
+from vlmrl.tasks.shapes import RGB, SHAPE_COLORS, closest_pair
 
 CHAPTER, STRICT = get_task("shapes"), get_task("shapes", rubric="strict")
 HAND = Example(image=Image.new("RGB", (8, 8)), prompt="", answer="3", meta={"count": 3, "target": "circle"})
@@ -115,3 +115,46 @@ def test_scores_are_total_and_in_range(text, example):
     for scores, top in ((chapter, 1.7), (strict, 2.0)):
         assert all(math.isfinite(v) for v in scores.values())
         assert scores["accuracy"] in (0.0, 1.0) and 0.0 <= scores["total"] <= top + 1e-9
+
+
+def test_closest_pair_is_the_nearest_centres_of_the_asked_kind():
+    shapes = [("circle", 0, 0, 10), ("square", 12, 0, 10), ("circle", 30, 40, 10), ("circle", 0, 20, 20)]
+    # circle centres (5, 5), (35, 45), (10, 30): nearest (5, 5)-(10, 30) = sqrt(25 + 625)
+    assert closest_pair(shapes, "circle") == pytest.approx(math.sqrt(650))
+    assert closest_pair(shapes, "square") == math.inf  # one square: no pair
+    assert closest_pair([], "triangle") == math.inf
+
+
+def test_a_perfect_teacher_is_always_right():
+    task = get_task("shapes", seed=3, targets=["circle"], distractors=False)
+    for i in range(50):
+        ex = task.example(i)
+        assert ex.meta["teacher_count"] == ex.meta["count"] and task.score(ex, ex.reference_completion)["accuracy"] == 1
+
+
+def test_a_weak_teacher_counts_the_most_crowded_images_one_short():
+    params = dict(targets=["circle"], distractors=False, min_size=0.17, max_size=0.2, rubric="strict")
+    task = get_task("shapes", seed=0, teacher_error=0.3, **params)
+    examples = [task.example(i, split) for split in ("train", "test") for i in range(400)]
+    wrong = [ex for ex in examples if ex.meta["teacher_count"] != ex.meta["count"]]
+    right = [ex for ex in examples if ex.meta["teacher_count"] == ex.meta["count"]]
+    assert 0.25 <= len(wrong) / len(examples) <= 0.35  # the share asked, on unseen indices of both splits
+    assert all(ex.meta["teacher_count"] == ex.meta["count"] - 1 for ex in wrong)
+    assert all(ex.meta["count"] >= 2 for ex in wrong)  # one shape is never miscounted
+
+    def distance(ex):
+        return closest_pair([tuple(s) for s in ex.meta["shapes"]], ex.meta["target"])
+
+    assert max(map(distance, wrong)) < min(map(distance, right))  # systematic: the crowded ones, all of them
+    for ex in wrong:  # the gold answer and the reward stay exact: imitation is paid nothing for the error
+        score = task.score(ex, ex.reference_completion)
+        assert ex.answer == str(ex.meta["count"]) and score["format"] == 1 and score["accuracy"] == 0
+    same = get_task("shapes", seed=0, teacher_error=0.3, **params)  # another worker, straight to example 399
+    assert same.example(399, "test").reference_completion == examples[-1].reference_completion
+    images = [ex.image.tobytes() for ex in examples[:20]]
+    assert images == [get_task("shapes", seed=0, **params).example(i).image.tobytes() for i in range(20)]
+
+
+def test_teacher_error_must_be_a_share():
+    with pytest.raises(VlmrlError, match=r"teacher_error must be in \[0, 1\), got 1.0"):
+        get_task("shapes", teacher_error=1.0)

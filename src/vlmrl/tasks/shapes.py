@@ -11,14 +11,24 @@ stays countable. Two rubrics:
 - `strict` (total in [0, 2]): "format" (the strict <think>/<answer> layout, 0 or 1) + "accuracy"
   (the single <answer> holds only the count, digits, 0 or 1).
 
+A weak teacher (`teacher_error`, for studies of RL against imitation): the reference completions
+are wrong in that share of examples the way a weaker counter is wrong, not at random. It counts
+one short where two shapes of the asked kind stand closest together (it sees them as one): the
+examples whose closest pair of target shapes is nearer than the `teacher_error` quantile of that
+distance over a fixed sample of train layouts (`TEACHER_SAMPLE`, drawn from the seed). Images with
+one target shape are never miscounted, crowded ones most often, so imitation learns the bias
+itself; the gold answer, the rewards and the test splits are untouched.
+
 The placement and drawing helpers here are shared with the grounding task.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from PIL import Image, ImageDraw
 
@@ -44,6 +54,8 @@ CHAPTER = Rubric({"correct": 1.0, "describes_shape": 0.5, "reasoning": 0.2})
 STRICT = Rubric({"format": 1.0, "accuracy": 1.0})
 MAX_FILL = 0.4
 """Largest share of the image the shapes' padded boxes may cover (placement stays fast)."""
+TEACHER_SAMPLE = 2000
+"""Train layouts the weak teacher's crowding threshold is taken from (the same for every worker)."""
 
 
 def place_squares(rng: random.Random, sizes: list[int], canvas: int, gap: int,
@@ -85,6 +97,13 @@ def draw_shape(draw: ImageDraw.ImageDraw, kind: str, x: int, y: int, size: int, 
         draw.polygon([(x + (size - 1) / 2, y), (x, bottom), (right, bottom)], fill=color)
 
 
+def closest_pair(shapes: list[tuple[str, int, int, int]], target: str) -> float:
+    """The smallest distance, in pixels, between the centres of two `target` shapes (inf with fewer
+    than two)."""
+    centres = [(x + size / 2, y + size / 2) for kind, x, y, size in shapes if kind == target]
+    return min((math.dist(a, b) for i, a in enumerate(centres) for b in centres[i + 1:]), default=math.inf)
+
+
 def fits(n_shapes: int, max_side: int, gap: int, canvas: int) -> bool:
     """Whether `n_shapes` squares of side `max_side` (plus gap) cover at most MAX_FILL of the image."""
     return n_shapes * (max_side + gap) ** 2 <= MAX_FILL * canvas * canvas
@@ -118,6 +137,9 @@ class ShapesParams(TaskParams):
     """Largest shape side as a fraction of the image side."""
     gap: int = 2
     """Least distance in pixels between two shapes (and from the border)."""
+    teacher_error: float = 0.0
+    """Share of examples whose reference completion (SFT data) counts one short, the most crowded
+    ones (see the module docstring); 0: every reference completion is right."""
 
     def validate(self) -> None:
         super().validate()
@@ -133,6 +155,7 @@ class ShapesParams(TaskParams):
         check(0 < self.min_size <= self.max_size <= 0.5,
               f"need 0 < min_size <= max_size <= 0.5, got {self.min_size}, {self.max_size}")
         check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
+        check(0 <= self.teacher_error < 1, f"teacher_error must be in [0, 1), got {self.teacher_error}")
         check(round(self.min_size * self.image_size) >= 4, "shapes would be smaller than 4 pixels: "
               "raise min_size or image_size")
         most = max(self.ood_max, self.max_count) + (2 * self.max_count if self.distractors else 0)
@@ -185,11 +208,23 @@ class ShapesTask(Task):
         count, plural, color = counts[target], PLURALS[target], SHAPE_COLORS[target]
         prompt = (f"How many {plural} are in the image? Think step by step inside <think> </think>, "
                   "then give the number inside <answer> </answer>.")
-        reference = (f"<think> I count the {color} {plural}: there are {count}, so the answer is {count}. </think> "
-                     f"<answer> {count} </answer>")
+        said = count - 1 if closest_pair(shapes, target) < self.teacher_threshold else count
+        reference = (f"<think> I count the {color} {plural}: there are {said}, so the answer is {said}. </think> "
+                     f"<answer> {said} </answer>")
         meta = {"idx": idx, "split": split, "target": target, "count": count, "counts": counts,
-                "shapes": [list(s) for s in shapes], "image_size": [p.image_size, p.image_size]}
+                "shapes": [list(s) for s in shapes], "image_size": [p.image_size, p.image_size],
+                "teacher_count": said}
         return Example(image=image, prompt=prompt, answer=str(count), meta=meta, reference_completion=reference)
+
+    @cached_property
+    def teacher_threshold(self) -> float:
+        """The weak teacher counts one short below this closest-pair distance (pixels): the
+        `teacher_error` quantile of it over TEACHER_SAMPLE train layouts; -inf for a perfect teacher."""
+        if self.params.teacher_error == 0:
+            return -math.inf
+        layouts = (self._layout(self.rng("teacher", i), "train") for i in range(TEACHER_SAMPLE))
+        distances = sorted(closest_pair(shapes, target) for target, _, shapes in layouts)
+        return distances[int(self.params.teacher_error * TEACHER_SAMPLE)]
 
     def score(self, example: Example, completion: str) -> dict[str, float]:
         """Chapter rubric: total in [0, 1.7]; strict: total in [0, 2]. See the module docstring."""
