@@ -388,3 +388,21 @@ def test_odd_tool_results_become_turns_the_processor_and_the_rollout_log_take(ti
         [("RGB", (50, 1000))], [("RGB", (28, 28))], [("RGB", (28, 28))], []]
     assert "left ? right" in trajectory.turns[7].text
     assert all((tmp_path / store_image(tmp_path, i)).is_file() for images in shown for i in images)
+
+
+def test_a_cpu_bound_tool_in_a_rollout_is_an_error_turn_at_its_timeout(tiny_model_dir, example, helpers, tmp_path):
+    """A tool that computes forever costs the step its timeout (0.5 s), not the rest of the run."""
+    import time
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    box = ToolBox.from_config(settings("rollout.tools=[tool_helpers:busy_tool,tool_helpers:pid_tool]",
+                                       "rollout.tool_timeout_s=0.5"))
+    scripted(model, processor, [[tool_call("pid_tool"), ANSWER], [ANSWER]])
+    generate_trajectories(model, processor, [example], box)  # the worker started
+    scripted(model, processor, [[tool_call("busy_tool", pid_file=str(tmp_path / "pid")), ANSWER], [ANSWER]])
+    start = time.perf_counter()
+    rollout = generate_trajectories(model, processor, [example], box)
+    assert time.perf_counter() - start < 3.0
+    trajectory = rollout.trajectories[0]
+    assert trajectory.errors == ["timeout"] and rollout.texts == [ANSWER, ANSWER]
+    assert "error: tool busy_tool ran past its 0.5 s limit and was stopped" in trajectory.turns[1].text

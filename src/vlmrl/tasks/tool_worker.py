@@ -135,19 +135,30 @@ class Worker:
         with self._lock:
             if self._process is None or not self._process.is_alive():
                 self._replace()
-            if not self._ready:
-                self._answer(LOAD_S, "start")
-                self._ready = True
-            self._connection.send((list(sys.path), payload))
-            status, *value = self._answer(LOAD_S, "load the job")
-            if status == "loaded":
-                if not self._connection.poll(timeout_s):
-                    self._replace()
-                    raise WorkerTimeout
-                status, *value = self._answer(0.0, "finish the job")
+            try:
+                status, *value = self._exchange(payload, timeout_s)
+            except (WorkerFailed, WorkerTimeout):
+                raise
+            except BaseException:  # Ctrl-C while waiting: a job may be in flight, its answer unread
+                self._stop()
+                raise
         if status == "failed":
             raise WorkerFailed(value[0])
         return value[0]
+
+    def _exchange(self, payload: bytes, timeout_s: float) -> tuple:
+        """Send one job to the (started) worker and return its last message."""
+        if not self._ready:
+            self._answer(LOAD_S, "start")
+            self._ready = True
+        self._connection.send((list(sys.path), payload))
+        status, *value = self._answer(LOAD_S, "load the job")
+        if status != "loaded":
+            return (status, *value)
+        if not self._connection.poll(timeout_s):
+            self._replace()
+            raise WorkerTimeout
+        return self._answer(0.0, "finish the job")
 
     def close(self) -> None:
         """Stop the worker (a later job starts a new one)."""
