@@ -380,6 +380,22 @@ def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting(tmp_pa
     assert stuck != int(replacement) and not process_exists(stuck) and not process_exists(int(replacement))
 
 
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_worker(tmp_path):
+    """multiprocessing's 'spawn' would run the parent's script again in the worker (a training script
+    would train again there); the worker is started from its own command instead."""
+    (tmp_path / "my_tools.py").write_text("def echo(context, text):\n    return text\n")
+    (tmp_path / "script.py").write_text(
+        "from pathlib import Path\n"
+        "with open(Path(__file__).with_name('runs.txt'), 'a') as log:\n    log.write('ran\\n')\n"
+        "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+        "result = run_tool(ToolCall('echo', {'text': 'hi'}), resolve_tools(['my_tools:echo']), ToolContext([]),\n"
+        "                  ToolLimits())\n"
+        "print(result.text)\n")
+    done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(TESTS.parent / "src"), "PATH": ""})
+    assert (done.returncode, done.stdout, (tmp_path / "runs.txt").read_text()) == (0, "hi\n", "ran\n"), done.stderr
+
+
 def test_an_image_over_the_pixel_limit_is_not_returned(helpers, context):
     tools = resolve_tools(["tool_helpers:huge_tool"])
     assert run_tool(call("huge_tool", width=1100, height=1000), tools, context, ToolLimits()) == ToolResult(

@@ -2,12 +2,15 @@
 
 User tools (tools.py) run here because a Python thread cannot be stopped: a CPU-bound tool past its
 timeout would keep computing in the trainer's interpreter, holding the GIL and stalling the step.
-A process can be killed. The worker is a 'spawn' process, a fresh interpreter: it inherits none of
-the trainer's threads, locks, CUDA context or model memory (forking a process that holds them is
+A process can be killed. The worker is a fresh interpreter (`python -c`, spawned, not forked): it inherits none
+of the trainer's threads, locks, CUDA context or model memory (forking a process that holds them is
 unsafe), and a tool in it gets copies of its arguments (the example's images travel pickled), so it
-cannot change what the model trains on. A job is a module-level function, pickled by name and
-imported in the worker from the parent's `sys.path` (sent with each job, so a module the parent can
-import the worker can too).
+cannot change what the model trains on. It is started with subprocess, not multiprocessing, whose
+'spawn' runs the parent's main script again in the child: a script without an
+`if __name__ == "__main__"` guard would start training again there. A job is a module-level
+function, pickled by name and imported in the worker from the parent's `sys.path` (sent with each
+job, so a module the parent can import the worker can too); messages travel as a multiprocessing
+Connection over a socket pair.
 
 One worker serves the whole process (`WORKER`), started at the first job. A job has two phases:
 loading (unpickling the job, importing its module), bounded by `LOAD_S`, then running, bounded by
@@ -19,13 +22,17 @@ and a watchdog thread ends it if its parent dies, so none is left behind.
 
 from __future__ import annotations
 
-import multiprocessing
+import atexit
+import json
 import os
 import pickle
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 LOAD_S = 120.0
@@ -49,10 +56,17 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(0)
 
 
-def _serve(connection, parent_pid: int) -> None:
-    """The worker's loop: for each (sys.path, pickled (job, args)) received, answer ("loaded",) once the
-    job is unpickled, then ("done", job(*args)); ("failed", message) when either step raises."""
+BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+        "from vlmrl.tasks.tool_worker import serve; serve(int(sys.argv[2]), int(sys.argv[3]))")
+"""The worker's command (`python -c BOOT PATH FD PARENT`): vlmrl importable from the parent's sys.path."""
+
+
+def serve(fd: int, parent_pid: int) -> None:
+    """The worker's loop on the connection at file descriptor `fd`: for each (sys.path, pickled (job, args))
+    received, answer ("loaded",) once the job is unpickled, then ("done", job(*args)); ("failed", message)
+    when either step raises."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    connection = Connection(fd)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     for module in PRELOAD:
         __import__(module)
@@ -94,18 +108,16 @@ class Worker:
         return None if self._process is None else self._process.pid
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child_end, os.getpid()), name="vlmrl-tool-worker",
-                                        daemon=True)
-        self._process.start()
+        parent_end, child_end = socket.socketpair()
+        command = [sys.executable, "-c", BOOT, json.dumps(sys.path), str(child_end.fileno()), str(os.getpid())]
+        self._process = subprocess.Popen(command, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL)
         child_end.close()
-        self._connection, self._ready = parent_end, False
+        self._connection, self._ready = Connection(parent_end.detach()), False
 
     def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
-            self._process.join()
+            self._process.wait()
             self._connection.close()
         self._process = self._connection = None
 
@@ -122,8 +134,10 @@ class Worker:
         try:
             return self._connection.recv()
         except (EOFError, OSError):
-            self._process.join(1.0)
-            code = self._process.exitcode
+            try:
+                code = self._process.wait(1.0)
+            except subprocess.TimeoutExpired:
+                code = None
             self._replace()
             raise WorkerFailed(f"the tool worker stopped while it was to {phase} (exit code {code})") from None
 
@@ -133,7 +147,7 @@ class Worker:
         AttributeError, TypeError) for a job or arguments that cannot be sent."""
         payload = pickle.dumps((job, args))
         with self._lock:
-            if self._process is None or not self._process.is_alive():
+            if self._process is None or self._process.poll() is not None:
                 self._replace()
             try:
                 status, *value = self._exchange(payload, timeout_s)
@@ -167,4 +181,6 @@ class Worker:
 
 
 WORKER = Worker()
-"""The process's worker (daemonic: it is stopped when the process exits)."""
+"""The process's worker, stopped when the process exits (`atexit`; else when it sees its pipe close
+or its parent gone)."""
+atexit.register(WORKER.close)
