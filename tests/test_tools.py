@@ -541,3 +541,10 @@ def test_a_family_s_markers_in_tool_text_are_broken_and_nothing_else_is():
         "< image> x< start_of_image>y < end_of_utterance> <imagery> < |image_pad| >"
     assert tools.neutralise("<<image>image>>", ["<image>"]) == "<< image>image>>"
     assert tools.neutralise("plain", []) == "plain"
+
+
+def test_a_zoom_on_a_one_pixel_strip_is_padded_too(context):
+    """The built-in zoom's own result goes through the same normalisation: a 100 x 1 box, enlarged to
+    448 x 4 (aspect 112), comes back 448 x 28."""
+    result = run_tool(call("zoom", box=[0, 0, 100, 1]), resolve_tools(["zoom"]), context, ToolLimits())
+    assert (result.error, [i.size for i in result.images]) == (None, [(448, 28)])
