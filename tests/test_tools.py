@@ -370,7 +370,8 @@ def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting(tmp_pa
               "from vlmrl.tasks.tool_worker import WORKER\n"
               "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
               f"call = ToolCall('stuck', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
-              "result = run_tool(call, resolve_tools(['stuck_tools:stuck']), ToolContext([]), ToolLimits(timeout_s=0.1))\n"
+              "tools = resolve_tools(['stuck_tools:stuck'])\n"
+              "result = run_tool(call, tools, ToolContext([]), ToolLimits(timeout_s=0.1))\n"
               "print(result.error, WORKER.pid)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(TESTS.parent / "src"), "PATH": ""})
@@ -378,6 +379,30 @@ def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting(tmp_pa
     assert (done.returncode, error) == (0, "timeout"), done.stderr
     stuck = int((tmp_path / "pid").read_text())
     assert stuck != int(replacement) and not process_exists(stuck) and not process_exists(int(replacement))
+
+
+def test_a_worker_whose_parent_is_killed_mid_call_ends_itself(tmp_path):
+    """SIGKILL to the trainer while its tool computes: the worker sees its parent gone and exits."""
+    script = ("import sys\n"
+              f"sys.path.insert(0, {str(TESTS)!r})\n"
+              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+              f"call = ToolCall('busy_tool', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
+              "tools = resolve_tools(['tool_helpers:busy_tool'])\n"
+              "run_tool(call, tools, ToolContext([]), ToolLimits(timeout_s=60))\n")
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              env={"PYTHONPATH": str(TESTS.parent / "src"), "PATH": ""})
+    pid_file = tmp_path / "pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    assert process_exists(worker)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while process_exists(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_exists(worker)
 
 
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_worker(tmp_path):
