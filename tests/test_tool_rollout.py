@@ -4,6 +4,10 @@ over the whole interleaved sequence (Qwen2.5-VL, Qwen2-VL, Idefics3)."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from PIL import Image
@@ -146,13 +150,11 @@ def test_training_on_trajectories_with_tool_calls(tmp_path, tiny_model_dir, lett
     rows = read_metrics(run / "metrics.jsonl")
     assert all(r["tools/calls"] == pytest.approx(0.5) and r["tools/turns"] == pytest.approx(1.5) for r in rows)
     assert all(r["tools/invalid_calls"] == 0 and r["loss"] is not None and r["kl"] is not None for r in rows)
-    import json
 
     logged = [json.loads(line) for line in (run / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
     zoomed = logged[0]["turns"]
     assert [t["role"] for t in zoomed] == ["assistant", "tool", "assistant"] and len(zoomed[1]["images"]) == 1
     assert (run / "rollouts" / zoomed[1]["images"][0]).is_file()
-    import re
 
     from vlmrl.report import write_report
 
@@ -192,6 +194,24 @@ def test_sft_learns_reference_trajectories(tmp_path, tiny_model_dir, letter_task
         "train.steps=3", "train.lr=1e-2", "train.trackers=[]"])
     rows = read_metrics(sft(config) / "metrics.jsonl")
     assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
+    assert all((r["tools/calls"], r["tools/invalid_calls"], r["tools/turns"]) == (1.0, 0.0, 2.0) for r in rows)
+
+
+def test_sft_whose_every_reference_call_fails_says_so_once_and_logs_it(tmp_path, tiny_model_dir, letter_task, capsys):
+    """The reference trajectories call zoom, which the run's tools lack: every call is an error result."""
+    from vlmrl.report.tracking import read_metrics
+    from vlmrl.training.sft import sft
+
+    config = load_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LookTask",
+        f"output_dir={tmp_path / 'sft'}", "rollout.tools=[zoom_window]", "sft.batch_size=2",
+        "train.micro_batch_size=2", "train.steps=2", "train.trackers=[]"])
+    rows = read_metrics(sft(config) / "metrics.jsonl")
+    assert [(r["tools/calls"], r["tools/invalid_calls"]) for r in rows] == [(1.0, 1.0), (1.0, 1.0)]
+    warnings = re.findall(r"warning: sft[^\r\n]*", capsys.readouterr().err)  # after the progress bar's text
+    assert warnings == ["warning: sft: every tool call of the reference trajectories failed at step 1 (unknown_tool "
+                        "x 2); the model learns from error results: check rollout.tools against the task's "
+                        "reference_turns"]
 
 
 def test_evaluation_with_tools_reports_tool_use_and_keeps_the_turns(tiny_model_dir, letter_task, tmp_path):
@@ -294,3 +314,95 @@ def test_under_auto_decoding_later_turns_keep_the_dynamic_cache(tiny_model_dir, 
         generate_trajectories(model, processor, [example], ToolBox.from_config(settings(f"rollout.decode={decode}",
                                                                                         "rollout.max_turns=3")))
     assert decodes == ["auto", "dynamic", "dynamic", "static", "static", "static"]
+
+
+@pytest.fixture
+def helpers(monkeypatch):
+    """tests/tool_helpers.py importable by the tools' import paths (here and in the tool worker)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def tool_call(name: str, **arguments) -> str:
+    """The text of a call of `name` with these arguments."""
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+@pytest.mark.parametrize("arch", [a for a in ("qwen2_5_vl", "idefics3", "gemma3", "llava") if a in ARCHES])
+def test_a_family_s_image_and_control_tokens_in_tool_text_are_defused(arch, tiny_model_factory, example, helpers):
+    """A tool writing `<image>` (Idefics3, LLaVA), `<start_of_image>` (Gemma 3), `<|image_pad|>` (Qwen) or
+    an end-of-turn token adds no special token to the trajectory: its tool turn holds exactly the special
+    tokens of a plain text result, and the model reads the markers broken."""
+    from tool_helpers import MARKERS
+
+    from vlmrl.rollout.tool_rollout import family_markers
+    from vlmrl.rollout.trajectories import tool_turn
+
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    scripted(model, processor, [[tool_call("marker_tool"), ANSWER], [ANSWER]])
+    rollout = generate_trajectories(model, processor, [example],
+                                    ToolBox.from_config(settings("rollout.tools=[tool_helpers:marker_tool]")))
+    trajectory, segment = rollout.trajectories[0], rollout.segments[0][1]
+    assert [t.role for t in trajectory.turns] == ["assistant", "tool", "assistant"] and trajectory.errors == []
+    tokens = processor.tokenizer
+    special = {i for i, token in tokens.added_tokens_decoder.items() if token.special} | set(tokens.all_special_ids)
+    plain = tool_turn(processor, example, "plain words", [])
+    assert [i for i in segment.ids if i in special] == [i for i in plain.ids if i in special]
+    response = segment.text.split("<tool_response>")[1].split("</tool_response>")[0]
+    own = family_markers(processor) & set(MARKERS.split())  # the family's markers the tool wrote
+    assert own and not [m for m in own if m in response] and all(f"{m[0]} {m[1:]}" in response.replace("| >", "|>")
+                                                                 for m in own)
+
+
+def test_a_tool_drawing_on_the_example_image_leaves_the_prompt_image_as_it_was(tiny_model_dir, helpers):
+    """The prompt image the model trains on is the tool's context image (no separate original): the
+    tool draws on its copy."""
+    image = Image.new("RGB", (56, 56), (0, 0, 200))
+    example = Example(image, "What colour?", "blue")
+    before = image.tobytes()
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    scripted(model, processor, [[tool_call("draw_tool"), ANSWER], [ANSWER]])
+    rollout = generate_trajectories(model, processor, [example], ToolBox.from_config(
+        settings("rollout.tools=[tool_helpers:draw_tool]")))
+    (drawn,) = rollout.trajectories[0].turns[1].images
+    assert drawn.getcolors() == [(56 * 56, (0, 0, 0))]  # the tool's own copy, painted
+    assert example.images[0].tobytes() == before and example.originals[0].tobytes() == before
+
+
+def test_odd_tool_results_become_turns_the_processor_and_the_rollout_log_take(tiny_model_dir, example, helpers,
+                                                                                tmp_path):
+    """A 2 x 1000 strip (beyond Qwen's aspect limit), CMYK and F images, and text with a lone surrogate:
+    each is a tool turn the processor encodes and the rollout log stores."""
+    from vlmrl.report.rollout_log import store_image
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    calls = [tool_call("strip_tool", width=2, height=1000), tool_call("mode_tool", mode="CMYK"),
+             tool_call("mode_tool", mode="F"), tool_call("surrogate_tool")]
+    scripted(model, processor, [[*calls, ANSWER], [ANSWER]])
+    tools = "rollout.tools=[tool_helpers:strip_tool,tool_helpers:mode_tool,tool_helpers:surrogate_tool]"
+    rollout = generate_trajectories(model, processor, [example], ToolBox.from_config(
+        settings("rollout.max_turns=5", "rollout.max_new_tokens=2000", tools)))
+    trajectory = rollout.trajectories[0]
+    assert [t.role for t in trajectory.turns] == ["assistant", "tool"] * 4 + ["assistant"] and trajectory.errors == []
+    shown = [t.images for t in trajectory.turns if t.role == "tool"]
+    assert [[(i.mode, i.size) for i in images] for images in shown] == [
+        [("RGB", (50, 1000))], [("RGB", (28, 28))], [("RGB", (28, 28))], []]
+    assert "left ? right" in trajectory.turns[7].text
+    assert all((tmp_path / store_image(tmp_path, i)).is_file() for images in shown for i in images)
+
+
+def test_a_cpu_bound_tool_in_a_rollout_is_an_error_turn_at_its_timeout(tiny_model_dir, example, helpers, tmp_path):
+    """A tool that computes forever costs the step its timeout (0.5 s), not the rest of the run."""
+    import time
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    box = ToolBox.from_config(settings("rollout.tools=[tool_helpers:busy_tool,tool_helpers:pid_tool]",
+                                       "rollout.tool_timeout_s=0.5"))
+    scripted(model, processor, [[tool_call("pid_tool"), ANSWER], [ANSWER]])
+    generate_trajectories(model, processor, [example], box)  # the worker started
+    scripted(model, processor, [[tool_call("busy_tool", pid_file=str(tmp_path / "pid")), ANSWER], [ANSWER]])
+    start = time.perf_counter()
+    rollout = generate_trajectories(model, processor, [example], box)
+    assert time.perf_counter() - start < 3.0
+    trajectory = rollout.trajectories[0]
+    assert trajectory.errors == ["timeout"] and rollout.texts == [ANSWER, ANSWER]
+    assert "error: tool busy_tool ran past its 0.5 s limit and was stopped" in trajectory.turns[1].text

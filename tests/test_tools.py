@@ -3,6 +3,7 @@ registry of tools by name and import path, and every way a call can fail without
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -56,14 +57,11 @@ def context(picture) -> ToolContext:
 
 @pytest.fixture
 def helpers(monkeypatch):
-    """tests/tool_helpers.py importable, its call record empty; a waiting slow_tool released at the end."""
+    """tests/tool_helpers.py importable (here and in the tool worker, which gets this sys.path)."""
     monkeypatch.syspath_prepend(str(TESTS))
     import tool_helpers
 
-    tool_helpers.CALLS.clear()
-    tool_helpers.RELEASE.clear()
-    yield tool_helpers
-    tool_helpers.RELEASE.set()
+    return tool_helpers
 
 
 def colours(image: Image.Image) -> list:
@@ -253,7 +251,7 @@ def test_a_tool_of_your_own_reads_the_context_and_returns_text_and_images(helper
     tools = resolve_tools(["tool_helpers:size_tool", "tool_helpers:mixed_tool", "tool_helpers:echo_tool"])
     assert run_tool(call("size_tool"), tools, context, ToolLimits()) == ToolResult(text="100x60")
     mixed = run_tool(call("mixed_tool"), tools, context, ToolLimits())
-    assert (mixed.error, mixed.text, [i.size for i in mixed.images]) == (None, "left\nright", [(2, 1)])
+    assert (mixed.error, mixed.text, [i.size for i in mixed.images]) == (None, "left\nright", [(28, 28)])  # padded
     assert run_tool(call("echo_tool", text="hi"), tools, context, ToolLimits()) == ToolResult(text="hi")
 
 
@@ -263,15 +261,16 @@ def test_an_unknown_tool_lists_the_available_ones(context):
     assert run_tool(call("zoom"), {}, context, ToolLimits()).text == "error: unknown tool 'zoom'; available: none"
 
 
-def test_arguments_that_do_not_fit_the_signature_are_refused_before_the_call(helpers, context):
+def test_arguments_that_do_not_fit_the_signature_are_refused_before_the_call(helpers, context, tmp_path):
     tools = resolve_tools(["zoom", "tool_helpers:counted_tool"])
+    log = str(tmp_path / "calls.txt")
     assert run_tool(call("zoom"), tools, context, ToolLimits()) == ToolResult(
         text="error: bad arguments for zoom: missing a required argument: 'box'", error="bad_arguments")
-    assert run_tool(call("counted_tool", word="a", scale=2), tools, context, ToolLimits()) == ToolResult(
+    assert run_tool(call("counted_tool", word="a", scale=2, log=log), tools, context, ToolLimits()) == ToolResult(
         text="error: bad arguments for counted_tool: got an unexpected keyword argument 'scale'",
         error="bad_arguments")
-    assert run_tool(call("counted_tool", word="b"), tools, context, ToolLimits()) == ToolResult(text="b")
-    assert helpers.CALLS == ["b"]  # the call with bad arguments never ran
+    assert run_tool(call("counted_tool", word="b", log=log), tools, context, ToolLimits()) == ToolResult(text="b")
+    assert Path(log).read_text() == "b\n"  # the call with bad arguments never ran
 
 
 def test_a_value_error_from_the_tool_is_bad_arguments(helpers, context):
@@ -294,25 +293,132 @@ def test_a_tool_that_raises_is_reported_on_one_short_line(helpers, context):
     assert len(long.text) == 300
 
 
-def test_a_tool_past_its_timeout_is_left_behind(helpers, context):
+def test_a_tool_past_its_timeout_is_stopped(helpers, context):
     tools = resolve_tools(["tool_helpers:slow_tool"])
+    assert run_tool(call("slow_tool", seconds=0.0), tools, context, ToolLimits(timeout_s=5)) == ToolResult(text="done")
     start = time.perf_counter()
     result = run_tool(call("slow_tool", seconds=5.0), tools, context, ToolLimits(timeout_s=0.2))
-    assert time.perf_counter() - start < 1.0
-    assert result == ToolResult(text="error: tool slow_tool ran past its 0.2 s limit", error="timeout")
+    assert time.perf_counter() - start < 2.0
+    assert result == ToolResult(text="error: tool slow_tool ran past its 0.2 s limit and was stopped", error="timeout")
     assert run_tool(call("slow_tool", seconds=0.0), tools, context, ToolLimits(timeout_s=0.2)) == \
-        ToolResult(text="done")
+        ToolResult(text="done")  # the new worker's start does not count against the tool's time
 
 
-def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting():
-    script = ("import threading\n"
-              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, run_tool\n"
-              "stuck = lambda context: threading.Event().wait()\n"
-              "result = run_tool(ToolCall('stuck', {}), {'stuck': stuck}, ToolContext([]), ToolLimits(timeout_s=0.1))\n"
-              "print(result.error)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20,
+def process_exists(pid: int) -> bool:
+    """Whether a process with this id is running (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_cpu_bound_tool_past_its_timeout_is_killed_and_its_worker_replaced(helpers, context, tmp_path):
+    """A busy loop holds the GIL: in a thread it would compute on, slowing every step after; in the
+    worker it is killed at the timeout and the next call runs in a new worker."""
+    tools = resolve_tools(["tool_helpers:busy_tool", "tool_helpers:pid_tool"])
+    first = int(run_tool(call("pid_tool"), tools, context, ToolLimits()).text)  # the worker, started
+    pid_file = tmp_path / "pid"
+    start = time.perf_counter()
+    result = run_tool(call("busy_tool", pid_file=str(pid_file)), tools, context, ToolLimits(timeout_s=0.5))
+    seconds = time.perf_counter() - start
+    assert result == ToolResult(text="error: tool busy_tool ran past its 0.5 s limit and was stopped",
+                                error="timeout")
+    assert 0.5 <= seconds < 2.5  # the timeout, a kill and the start of a new worker (ready later)
+    busy = int(pid_file.read_text())
+    assert busy == first and busy != os.getpid() and not process_exists(busy)  # it ran in the worker, now gone
+    second = int(run_tool(call("pid_tool"), tools, context, ToolLimits()).text)
+    assert second not in (first, os.getpid()) and process_exists(second)
+
+
+def test_a_tool_that_kills_its_worker_is_an_error_and_the_worker_replaced(helpers, context):
+    tools = resolve_tools(["tool_helpers:exit_tool", "tool_helpers:echo_tool"])
+    assert run_tool(call("exit_tool"), tools, context, ToolLimits()) == ToolResult(
+        text="error: tool exit_tool could not run: the tool worker stopped while it was to finish the job "
+             "(exit code 3)", error="raised")
+    assert run_tool(call("echo_tool", text="hi"), tools, context, ToolLimits()) == ToolResult(text="hi")
+
+
+def test_a_tool_that_cannot_be_sent_to_the_worker_is_an_error(context):
+    result = run_tool(call("inline"), {"inline": lambda context: "x"}, context, ToolLimits())
+    assert result.error == "raised" and result.text.startswith(
+        "error: tool inline cannot be sent to the tool worker (a tool is a module-level function): ")
+
+
+def test_a_tool_drawing_on_its_context_changes_no_example_image(helpers, picture, context):
+    """The tool gets copies: its drawing comes back as its result, the example's image stays as it was."""
+    before = picture.copy()
+    result = run_tool(call("draw_tool"), resolve_tools(["tool_helpers:draw_tool"]), context, ToolLimits())
+    assert result.error is None and colours(result.images[0]) == [(100 * 60, (0, 0, 0))]
+    assert picture.tobytes() == before.tobytes() and context.images[0] is picture
+
+
+def test_the_built_in_tools_leave_the_context_images_as_they_were(picture, context):
+    before = picture.tobytes()
+    for name, arguments in [("zoom", {"box": [0, 0, 50, 30]}), ("zoom_window", {"window": 4})]:
+        assert run_tool(call(name, **arguments), resolve_tools([name]), context, ToolLimits()).error is None
+    assert picture.tobytes() == before
+
+
+def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting(tmp_path):
+    """...and leaves no worker behind: neither the one it was killed in nor its replacement."""
+    (tmp_path / "stuck_tools.py").write_text("import os, threading\n"
+                                             "def stuck(context, pid_file):\n"
+                                             "    open(pid_file, 'w').write(str(os.getpid()))\n"
+                                             "    threading.Event().wait()\n")
+    script = ("import sys\n"
+              f"sys.path.insert(0, {str(tmp_path)!r})\n"
+              "from vlmrl.tasks.tool_worker import WORKER\n"
+              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+              f"call = ToolCall('stuck', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
+              "tools = resolve_tools(['stuck_tools:stuck'])\n"
+              "result = run_tool(call, tools, ToolContext([]), ToolLimits(timeout_s=0.1))\n"
+              "print(result.error, WORKER.pid)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(TESTS.parent / "src"), "PATH": ""})
-    assert (done.returncode, done.stdout) == (0, "timeout\n"), done.stderr
+    error, replacement = done.stdout.split()
+    assert (done.returncode, error) == (0, "timeout"), done.stderr
+    stuck = int((tmp_path / "pid").read_text())
+    assert stuck != int(replacement) and not process_exists(stuck) and not process_exists(int(replacement))
+
+
+def test_a_worker_whose_parent_is_killed_mid_call_ends_itself(tmp_path):
+    """SIGKILL to the trainer while its tool computes: the worker sees its parent gone and exits."""
+    script = ("import sys\n"
+              f"sys.path.insert(0, {str(TESTS)!r})\n"
+              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+              f"call = ToolCall('busy_tool', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
+              "tools = resolve_tools(['tool_helpers:busy_tool'])\n"
+              "run_tool(call, tools, ToolContext([]), ToolLimits(timeout_s=60))\n")
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              env={"PYTHONPATH": str(TESTS.parent / "src"), "PATH": ""})
+    pid_file = tmp_path / "pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    assert process_exists(worker)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while process_exists(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_exists(worker)
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_worker(tmp_path):
+    """multiprocessing's 'spawn' would run the parent's script again in the worker (a training script
+    would train again there); the worker is started from its own command instead."""
+    (tmp_path / "my_tools.py").write_text("def echo(context, text):\n    return text\n")
+    (tmp_path / "script.py").write_text(
+        "from pathlib import Path\n"
+        "with open(Path(__file__).with_name('runs.txt'), 'a') as log:\n    log.write('ran\\n')\n"
+        "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+        "result = run_tool(ToolCall('echo', {'text': 'hi'}), resolve_tools(['my_tools:echo']), ToolContext([]),\n"
+        "                  ToolLimits())\n"
+        "print(result.text)\n")
+    done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(TESTS.parent / "src"), "PATH": ""})
+    assert (done.returncode, done.stdout, (tmp_path / "runs.txt").read_text()) == (0, "hi\n", "ran\n"), done.stderr
 
 
 def test_an_image_over_the_pixel_limit_is_not_returned(helpers, context):
@@ -398,3 +504,72 @@ def test_zoom_window_zooms_on_its_window_and_refuses_others():
         with pytest.raises(ValueError, match="window must be a whole number from 0 to 8"):
             tools.zoom_window(context, bad)
 
+
+
+# --------------------------------------------------------------------------- every result normalised
+
+
+@pytest.mark.parametrize("size, padded", [((2, 1000), (50, 1000)), ((1000, 2), (1000, 50)), ((10, 10), (28, 28)),
+                                          ((600, 25), (600, 30)), ((56, 28), (56, 28))])
+def test_a_thin_or_tiny_image_is_padded_to_a_sane_shape(helpers, context, size, padded):
+    """Black padding, centred, the tool's pixels untouched: the processors refuse extreme aspects."""
+    result = run_tool(call("strip_tool", width=size[0], height=size[1]), resolve_tools(["tool_helpers:strip_tool"]),
+                      context, ToolLimits())
+    (image,) = result.images
+    assert (result.error, image.mode, image.size) == (None, "RGB", padded)
+    left, top = (padded[0] - size[0]) // 2, (padded[1] - size[1]) // 2
+    assert image.crop((left, top, left + size[0], top + size[1])).getcolors() == [(size[0] * size[1], RED)]
+    assert sorted(colours(image)) == sorted([(size[0] * size[1], RED)] + (
+        [(padded[0] * padded[1] - size[0] * size[1], (0, 0, 0))] if padded != size else []))
+
+
+def test_a_strip_too_long_to_pad_within_the_pixel_limit_is_too_large(helpers, context):
+    result = run_tool(call("strip_tool", width=1, height=40000), resolve_tools(["tool_helpers:strip_tool"]),
+                      context, ToolLimits())
+    assert result == ToolResult(text="error: tool strip_tool returned an image that is 2000x40000 pixels once padded "
+                                     "to a sane shape; the limit is 1048576 pixels", error="too_large")
+
+
+@pytest.mark.parametrize("mode, pixel", [("F", (255, 255, 255)), ("I", (128, 128, 128)), ("CMYK", (255, 255, 255)),
+                                         ("P", (0, 255, 0)), ("LA", (100, 100, 100)), ("RGBA", (0, 0, 0)),
+                                         ("I;16", (255, 255, 255)), ("1", (255, 255, 255))])
+def test_an_image_in_any_mode_comes_back_rgb(helpers, context, mode, pixel):
+    result = run_tool(call("mode_tool", mode=mode), resolve_tools(["tool_helpers:mode_tool"]), context, ToolLimits())
+    (image,) = result.images
+    assert (result.error, image.mode, image.size, image.getpixel((14, 14))) == (None, "RGB", (28, 28), pixel)
+
+
+def test_a_lazily_opened_image_is_decoded_now_and_a_truncated_one_is_an_error(helpers, context, tmp_path):
+    whole = tmp_path / "whole.png"
+    Image.effect_noise((64, 64), 50).convert("RGB").save(whole)
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(whole.read_bytes()[:len(whole.read_bytes()) // 2])
+    tools = resolve_tools(["tool_helpers:file_tool"])
+    good = run_tool(call("file_tool", path=str(whole)), tools, context, ToolLimits())
+    assert good.error is None and good.images[0].tobytes() == Image.open(whole).convert("RGB").tobytes()
+    bad = run_tool(call("file_tool", path=str(cut)), tools, context, ToolLimits())
+    assert bad.error == "raised" and bad.text.startswith(
+        "error: tool file_tool returned an image that cannot be decoded: OSError: ")
+
+
+def test_text_with_a_lone_surrogate_is_made_valid(helpers, context):
+    result = run_tool(call("surrogate_tool"), resolve_tools(["tool_helpers:surrogate_tool"]), context, ToolLimits())
+    assert result == ToolResult(text="left ? right")
+    assert tool_result_text(ToolResult(text="a\udcff")) == "a?"
+    assert tools.valid_text("caf\u00e9 \ud83d") == "caf\u00e9 ?"
+
+
+def test_a_family_s_markers_in_tool_text_are_broken_and_nothing_else_is():
+    text = "<image> x<start_of_image>y <end_of_utterance> <imagery> <|image_pad|>"
+    markers = ["<image>", "<start_of_image>", "<end_of_utterance>", "<|image_pad|>", "a", " "]
+    assert tool_result_text(ToolResult(text=text), markers) == \
+        "< image> x< start_of_image>y < end_of_utterance> <imagery> < |image_pad| >"
+    assert tools.neutralise("<<image>image>>", ["<image>"]) == "<< image>image>>"
+    assert tools.neutralise("plain", []) == "plain"
+
+
+def test_a_zoom_on_a_one_pixel_strip_is_padded_too(context):
+    """The built-in zoom's own result goes through the same normalisation: a 100 x 1 box, enlarged to
+    448 x 4 (aspect 112), comes back 448 x 28."""
+    result = run_tool(call("zoom", box=[0, 0, 100, 1]), resolve_tools(["zoom"]), context, ToolLimits())
+    assert (result.error, [i.size for i in result.images]) == (None, [(448, 28)])

@@ -1,17 +1,19 @@
 """Toy tools for tests/test_tools.py, loaded by import path (`tool_helpers:echo_tool`) with this
-folder on sys.path: one of each way a tool can answer or fail."""
+folder on sys.path: one of each way a tool can answer or fail. They run in the tool worker process,
+so what they leave behind for a test to read goes to a file."""
 
 from __future__ import annotations
 
-import threading
+import os
+import time
+from pathlib import Path
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
-CALLS: list[str] = []
-"""The arguments `counted_tool` was called with (to show a call with bad arguments never runs)."""
-RELEASE = threading.Event()
-"""Set by a test to let a waiting `slow_tool` return early."""
 NOT_A_TOOL = 3
+MARKERS = ("<image> <|image_pad|> <start_of_image> <end_of_image> <image_soft_token> <fake_token_around_image> "
+           "<global-img> <row_1_col_1> <end_of_utterance> <end_of_turn> <start_of_turn> <|im_end|> </s> <bos>")
+"""Image and control tokens of the Qwen, Idefics3, Gemma 3 and LLaVA families, as a tool might write them."""
 
 
 def echo_tool(context, text: str) -> str:
@@ -25,9 +27,10 @@ def size_tool(context) -> str:
     return f"{width}x{height}"
 
 
-def counted_tool(context, word: str) -> str:
-    """Records `word` in CALLS, then returns it."""
-    CALLS.append(word)
+def counted_tool(context, word: str, log: str) -> str:
+    """Appends `word` to the file `log`, then returns it."""
+    with open(log, "a") as file:
+        file.write(word + "\n")
     return word
 
 
@@ -44,9 +47,62 @@ def failing_tool(context, message: str = "out of paint") -> str:
 
 
 def slow_tool(context, seconds: float = 5.0) -> str:
-    """Waits up to `seconds` (less once RELEASE is set), then returns "done"."""
-    RELEASE.wait(seconds)
+    """Sleeps `seconds`, then returns "done"."""
+    time.sleep(seconds)
     return "done"
+
+
+def busy_tool(context, pid_file: str) -> str:
+    """Writes its process id to `pid_file`, then computes forever (holding the GIL)."""
+    Path(pid_file).write_text(str(os.getpid()))
+    while True:
+        pass
+
+
+def pid_tool(context) -> str:
+    """The id of the process it runs in."""
+    return str(os.getpid())
+
+
+def exit_tool(context) -> str:
+    """Ends its process at once (as a crash in native code would)."""
+    os._exit(3)
+
+
+def draw_tool(context) -> Image.Image:
+    """Paints the first context image black in place and returns it."""
+    ImageDraw.Draw(context.images[0]).rectangle((0, 0, *context.images[0].size), fill=(0, 0, 0))
+    return context.images[0]
+
+
+def strip_tool(context, width: int, height: int) -> Image.Image:
+    """A red image of the size asked for (a thin strip when one side is small)."""
+    return Image.new("RGB", (width, height), (255, 0, 0))
+
+
+def mode_tool(context, mode: str) -> Image.Image:
+    """A 4x4 image in `mode`: F filled with 300.0, I with 128, CMYK with (0, 0, 0, 0) (white), P with
+    palette index 1 (green), LA with (100, 255), 1 with 1 (white), I;16 with 40000; others their default."""
+    fill = {"F": 300.0, "I": 128, "CMYK": (0, 0, 0, 0), "P": 1, "LA": (100, 255), "1": 1, "I;16": 40000}.get(mode, 0)
+    image = Image.new(mode, (4, 4), fill)
+    if mode == "P":
+        image.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)
+    return image
+
+
+def file_tool(context, path: str) -> Image.Image:
+    """The image file at `path`, opened lazily (PIL reads its pixels only when asked)."""
+    return Image.open(path)
+
+
+def surrogate_tool(context) -> str:
+    """Text with a lone surrogate (no UTF-8 for it)."""
+    return "left \ud800 right"
+
+
+def marker_tool(context) -> str:
+    """Text holding the image and control tokens of several families (MARKERS)."""
+    return MARKERS
 
 
 def huge_tool(context, width: int, height: int) -> Image.Image:

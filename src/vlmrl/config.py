@@ -168,7 +168,8 @@ class RolloutConfig(GenerationSettings):
     """With tools: most tokens after the prompt per trajectory, the model's and the tools' results
     (image tokens included); each model turn is also capped at max_new_tokens."""
     tool_timeout_s: float = 5.0
-    """With tools: a tool still running after this many seconds answers with an error."""
+    """With tools: a call of your own tool still running after this many seconds is stopped (its worker
+    process killed and replaced) and answers with an error; the built-in tools are not timed."""
     tool_image_side: int = 448
     """With tools: longest side in pixels of an image a built-in tool returns (a zoomed crop is
     resized to it, small crops enlarged). Each returned image costs image tokens of the budget."""

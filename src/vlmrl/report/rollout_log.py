@@ -7,7 +7,8 @@ completion, rewards (every component), advantage, truncated, length; for multi-t
 tools also turns: [{role, text, images}] (the model's turns and the tools' results, images stored
 like the prompt's).
 Each distinct image is stored once, as `rollouts/images/<content hash>.png`, however many
-completions and steps show it.
+completions and steps show it; an image in a mode PNG cannot hold (F, CMYK, YCbCr, ...) is stored
+as RGB.
 """
 
 from __future__ import annotations
@@ -21,14 +22,19 @@ from PIL import Image
 from vlmrl.disk import writing
 
 
+PNG_MODES = ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA")
+"""Image modes a PNG holds as they are; others are stored as RGB."""
+
+
 def store_image(folder: Path, image: Image.Image) -> str:
-    """Save `image` under folder/images/ named by its content hash (once); returns the relative path."""
+    """Save `image` under folder/images/ named by its content hash (once), as RGB when PNG cannot hold
+    its mode; returns the relative path."""
     digest = hashlib.sha1(image.tobytes() + repr((image.mode, image.size)).encode()).hexdigest()[:16]
     relative = f"images/{digest}.png"
     path = folder / relative
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        image.save(path)
+        (image if image.mode in PNG_MODES else image.convert("RGB")).save(path)
     return relative
 
 

@@ -82,6 +82,20 @@ def tool_tag_ids(tokenizer) -> set[int]:
     return {i for i, token in tokenizer.added_tokens_decoder.items() if token.content in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)}
 
 
+def family_markers(processor) -> set[str]:
+    """The model family's image and control tokens, read from its processor, not per family: the
+    tokenizer's special tokens (all_special_tokens and every added token marked special: Idefics3's
+    `<image>` and `<row_1_col_1>`, Gemma 3's `<start_of_image>`, Qwen's `<|image_pad|>`, LLaVA's `<image>`,
+    ...) and the processor's own `*_token` / `*_tag` strings (image_token, boi_token, fake_image_token,
+    global_image_tag, ...). A tool's text has them defused (`tool_result_text`)."""
+    tokenizer = processor.tokenizer
+    markers = set(tokenizer.all_special_tokens)
+    markers |= {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
+    markers |= {value for owner in (processor, tokenizer) for name, value in vars(owner).items()
+                if isinstance(value, str) and name.endswith(("_token", "_tag"))}
+    return markers
+
+
 def turn_text(tokenizer, ids: list[int]) -> str:
     """A turn's text: special tokens dropped, except the tool-call tags."""
     tags = tool_tag_ids(tokenizer)
@@ -156,7 +170,8 @@ class Ongoing:
             return False
         context = ToolContext(self.example.originals, max_side=settings.tool_image_side)
         result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
-        segment = tool_turn(processor, self.example, tool_result_text(result), result.images)
+        shown = tool_result_text(result, family_markers(processor))  # its text cannot add an image or end a turn
+        segment = tool_turn(processor, self.example, shown, result.images)
         if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
             self.trajectory.cut = True  # the result does not fit in the token budget
             return False

@@ -21,33 +21,42 @@ Your own tools: any Python callable named by import path (`module:function`, kno
 as `function`), called as `function(context, **arguments)` and returning text, a PIL image, or a
 list of those. `resolve_tools` turns the configured names into the registry `run_tool` reads.
 
+Where a tool runs: the built-in tools are trusted, total and quick (their cost is bounded by the
+image and `max_side`), so they run in this process on the example's images as they are (they only
+read them). Your own tools run in a worker process (tool_worker.py) that a timeout kills and
+replaces, so a tool that computes past `ToolLimits.timeout_s` cannot stall training, and a tool
+gets copies of the images, so drawing on them cannot change the prompt the model trains on.
+
 Nothing a tool does can crash the run: a malformed call, an unknown tool, bad arguments, a tool
-that raises, one that runs past its timeout, or a returned image larger than the limit (all limits
-in `ToolLimits`) becomes a `ToolResult` with `error` set and a one-line message starting "error: "
-as its text, which the model reads as the tool's answer; the rollout counts them. A tool runs in a
-daemon thread so that it can be timed out; a Python thread cannot be killed, so a tool past its
-timeout keeps its thread until it returns (its result is dropped), but it does not keep the
-process from exiting. A ValueError or TypeError from inside a tool counts as "bad_arguments": a
-tool says its arguments are wrong by raising one (as `zoom` does).
+that raises, one that runs past its timeout or kills its worker, or a returned image larger than the
+limit (all limits in `ToolLimits`) becomes a `ToolResult` with `error` set and a one-line message
+starting "error: " as its text, which the model reads as the tool's answer; the rollout counts them.
+A ValueError or TypeError from inside a tool counts as "bad_arguments": a tool says its arguments
+are wrong by raising one (as `zoom` does). Every result is normalised (`_returned`): images decoded
+now, converted to RGB and padded (never resampled) to a sane shape (`MIN_SIDE`, `MAX_ASPECT`: the
+processors refuse extreme aspects); text made valid UTF-8 (a lone surrogate becomes "?"), cut to
+the limit, and, in `tool_result_text`, with the call format's tags and the model family's own image
+and control tokens (read from its processor by the rollout) defused, so a tool's text can neither
+end its turn nor add an image placeholder.
 No torch here: tasks import this module for the trajectory record.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import difflib
 import importlib
 import inspect
 import json
 import math
+import pickle
 import re
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
+from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -57,6 +66,11 @@ MESSAGE_CHARS = 300
 """Longest error message (the exception text inside it is cut to fit)."""
 TRUNCATED = "\n[truncated: {n} more characters]"
 """Appended to a tool's text cut to `ToolLimits.max_text_chars` ({n}: the characters dropped)."""
+MIN_SIDE = 28
+"""Shortest side of a returned image; a smaller image is padded (black, centred) to it."""
+MAX_ASPECT = 20
+"""Largest long side / short side of a returned image; a thinner one is padded (black, centred) to
+it (Qwen2-VL's processor refuses 200 and more, and a 2 x 1000 strip is no picture for any model)."""
 
 
 @dataclass
@@ -85,7 +99,8 @@ class ToolContext:
     """What a tool can read: the example's images at full resolution, and the limits it must keep."""
 
     images: list[Image.Image]
-    """Full-resolution images of the example (`Example.originals`), in order."""
+    """Full-resolution images of the example (`Example.originals`), in order: copies, for your own
+    tools (they run in the tool worker); the built-in tools read the originals and never change them."""
     max_side: int = 448
     """Longest side, in pixels, of an image a built-in tool returns (crops are resized to fit)."""
 
@@ -95,7 +110,8 @@ class ToolLimits:
     """What `run_tool` allows a tool: its time, the size of the images and text it returns."""
 
     timeout_s: float = 5.0
-    """Seconds a call may run; past that it counts as "timeout" (its thread runs on, unheard)."""
+    """Seconds a call of your own tool may run; past that it counts as "timeout" and its worker is killed
+    and replaced. The built-in tools run in the process, untimed (they are quick and always return)."""
     max_image_pixels: int = 1024 * 1024
     """Largest width * height of a returned image; a larger one makes the call "too_large"."""
     max_text_chars: int = 2000
@@ -178,12 +194,33 @@ def parse_tool_call(text: str) -> ToolCall | ToolResult:
     return ToolCall(name=data["name"], arguments=data["arguments"], text=inner)
 
 
-def tool_result_text(result: ToolResult) -> str:
+def valid_text(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate (which no tokenizer or file can take) becomes "?"."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def neutralise(text: str, markers: Iterable[str]) -> str:
+    """`text` with every occurrence of a marker (a model family's image or control token, as its processor
+    names them) broken by a space after its first character: no tokenizer reads it as the token and no
+    processor counts it as an image placeholder. Markers shorter than 2 characters or blank are left."""
+    words = sorted({m for m in markers if isinstance(m, str) and len(m) > 1 and m.strip()}, key=len, reverse=True)
+    if not words:
+        return text
+    pattern = re.compile("|".join(re.escape(word) for word in words))
+    for _ in range(4):  # a break could in theory form another marker: break that too
+        if not pattern.search(text):
+            return text
+        text = pattern.sub(lambda match: match[0][0] + " " + match[0][1:], text)
+    return pattern.sub("", text)
+
+
+def tool_result_text(result: ToolResult, markers: Iterable[str] = ()) -> str:
     """The text shown to the model inside `<tool_response>` ... `</tool_response>`: the result's text (an
-    error's message; empty for images alone, whose placeholders the rollout adds), with the markers that
-    could close the response or open a turn (`<tool_response>`, `<tool_call>`, `<|...|>`) defused."""
-    text = re.sub(r"<(/?tool_(?:call|response))>", r"[\1]", result.text)
-    return text.replace("<|", "< |").replace("|>", "| >")
+    error's message; empty for images alone, whose placeholders the rollout adds) as valid UTF-8, with
+    the markers that could close the response or open a turn (`<tool_response>`, `<tool_call>`, `<|...|>`)
+    and the family's own `markers` (its image and control tokens) defused."""
+    text = re.sub(r"<(/?tool_(?:call|response))>", r"[\1]", valid_text(result.text))
+    return neutralise(text.replace("<|", "< |").replace("|>", "| >"), markers)
 
 
 # --------------------------------------------------------------------------- built-in tools
@@ -325,54 +362,86 @@ def _one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
 
 
 def _failed(kind: str, message: str) -> ToolResult:
-    """A failed call: `error` = kind, text = `error: <message>` on one line."""
-    return ToolResult(text=_one_line(f"error: {message}"), error=kind)
+    """A failed call: `error` = kind, text = `error: <message>` on one line, valid UTF-8."""
+    return ToolResult(text=_one_line(valid_text(f"error: {message}")), error=kind)
 
 
-def _in_thread(function: Callable[..., Any], context: ToolContext, arguments: dict[str, Any]):
-    """A Future of (value, None) or (None, exception) from `function(context, **arguments)`, run in a new
-    daemon thread (one that cannot keep the process from exiting if the tool never returns). The tool's
-    exception travels as a value, so `future.result` raises only for the waiting itself (a timeout, or
-    Ctrl-C in the caller, which must reach the run's signal handling untouched)."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
+def sane_size(width: int, height: int) -> tuple[int, int]:
+    """(width, height) with each side raised to at least MIN_SIDE and the long side / MAX_ASPECT."""
+    floor = max(MIN_SIDE, math.ceil(max(width, height) / MAX_ASPECT))
+    return max(width, floor), max(height, floor)
 
-    def work() -> None:
-        try:
-            future.set_result((function(context, **arguments), None))
-        except BaseException as error:  # the tool's failure, reported by run_tool
-            future.set_result((None, error))
 
-    threading.Thread(target=work, name="vlmrl-tool", daemon=True).start()
-    return future
+def sane_image(image: Image.Image) -> Image.Image:
+    """`image` as RGB, padded (black, centred; no pixel resampled) to `sane_size`."""
+    rgb = image.convert("RGB")
+    size = sane_size(*rgb.size)
+    if size == rgb.size:
+        return rgb
+    canvas = Image.new("RGB", size)
+    canvas.paste(rgb, ((size[0] - rgb.width) // 2, (size[1] - rgb.height) // 2))
+    return canvas
 
 
 def _returned(name: str, value: Any, limits: ToolLimits) -> ToolResult:
-    """A tool's return value as a ToolResult: text (cut to the limit), images (checked against it)."""
+    """A tool's return value as a normalised ToolResult: text valid and cut to the limit; images checked
+    against the limit, decoded now (a lazily opened file that is truncated fails here, not in the
+    processor), RGB and of a sane shape (`sane_image`)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     wrong = [item for item in items if not isinstance(item, (str, Image.Image))]
     if wrong:
         return _failed("raised", f"tool {name} returned {type(wrong[0]).__name__}; a tool returns text, "
                                  "a PIL image, or a list of those")
-    images = [item for item in items if isinstance(item, Image.Image)]
-    for image in images:
+    images = []
+    for image in (item for item in items if isinstance(item, Image.Image)):
         width, height = image.size
         if width * height > limits.max_image_pixels:
             return _failed("too_large", f"tool {name} returned a {width}x{height} image ({width * height} "
                                         f"pixels); the limit is {limits.max_image_pixels} pixels")
         if width * height == 0:
             return _failed("raised", f"tool {name} returned an empty {width}x{height} image")
-    text = "\n".join(item for item in items if isinstance(item, str))
+        width, height = sane_size(width, height)
+        if width * height > limits.max_image_pixels:  # a strip too long to pad within the limit
+            return _failed("too_large", f"tool {name} returned an image that is {width}x{height} pixels once "
+                                        f"padded to a sane shape; the limit is {limits.max_image_pixels} pixels")
+        try:
+            image.load()
+            images.append(sane_image(image))
+        except Exception as error:  # a truncated or corrupt file, a mode with no RGB form
+            return _failed("raised", f"tool {name} returned an image that cannot be decoded: "
+                                     f"{type(error).__name__}: {error}")
+    text = valid_text("\n".join(item for item in items if isinstance(item, str)))
     if len(text) > limits.max_text_chars:
         text = text[:limits.max_text_chars] + TRUNCATED.format(n=len(text) - limits.max_text_chars)
     return ToolResult(text=text, images=images)
 
 
+def call_tool(name: str, function: Callable[..., Any], context: ToolContext, arguments: dict[str, Any],
+              limits: ToolLimits) -> ToolResult:
+    """`function(context, **arguments)` as a normalised ToolResult (`_returned`); never raises: "bad_arguments"
+    for a ValueError or TypeError from the tool, "raised" for any other exception or a value that cannot
+    be read. Module-level: the tool worker receives it by name."""
+    try:
+        value = function(context, **arguments)
+    except (ValueError, TypeError) as error:
+        return _failed("bad_arguments", f"bad arguments for {name}: {error}")
+    except Exception as error:
+        return _failed("raised", f"tool {name} raised {type(error).__name__}: {error}")
+    try:
+        return _returned(name, value, limits)
+    except Exception as error:  # e.g. an image object whose size cannot be read
+        return _failed("raised", f"tool {name} returned a value that cannot be read: "
+                                 f"{type(error).__name__}: {error}")
+
+
 def run_tool(call: ToolCall, tools: dict[str, Callable[..., Any]], context: ToolContext,
              limits: ToolLimits) -> ToolResult:
-    """Run `call` against the registry `tools` within `limits`; never raises. Failures come back as a
-    ToolResult with `error` set: "unknown_tool", "bad_arguments" (arguments that do not fit the
-    signature, or a ValueError/TypeError from the tool), "raised" (any other exception, or a return
-    value that is not text or images), "timeout", "too_large"."""
+    """Run `call` against the registry `tools` within `limits`; never raises. A built-in tool runs here;
+    any other in the tool worker (tool_worker.py), on copies of the context, killed at its timeout.
+    Failures come back as a ToolResult with `error` set: "unknown_tool", "bad_arguments" (arguments that
+    do not fit the signature, or a ValueError/TypeError from the tool), "raised" (any other exception, a
+    return value that is not text or images or cannot be decoded, a tool that cannot be sent to the
+    worker or that killed it), "timeout", "too_large"."""
     function = tools.get(call.name)
     if function is None:
         return _failed("unknown_tool", f"unknown tool {call.name!r}; available: {', '.join(sorted(tools)) or 'none'}")
@@ -384,16 +453,14 @@ def run_tool(call: ToolCall, tools: dict[str, Callable[..., Any]], context: Tool
         return _failed("bad_arguments", f"bad arguments for {call.name}: {error}")
     except ValueError:  # no signature to read: the call itself will tell
         pass
+    if function in BUILTIN_TOOLS.values():  # trusted, total and quick: in this process, on the originals
+        return call_tool(call.name, function, context, call.arguments, limits)
     try:
-        value, error = _in_thread(function, context, call.arguments).result(timeout=limits.timeout_s)
-    except concurrent.futures.TimeoutError:
-        return _failed("timeout", f"tool {call.name} ran past its {limits.timeout_s:g} s limit")
-    if isinstance(error, (ValueError, TypeError)):
-        return _failed("bad_arguments", f"bad arguments for {call.name}: {error}")
-    if error is not None:
-        return _failed("raised", f"tool {call.name} raised {type(error).__name__}: {error}")
-    try:
-        return _returned(call.name, value, limits)
-    except Exception as error:  # e.g. an image object whose size cannot be read
-        return _failed("raised", f"tool {call.name} returned a value that cannot be read: "
-                                 f"{type(error).__name__}: {error}")
+        return WORKER.run(call_tool, (call.name, function, context, call.arguments, limits), limits.timeout_s)
+    except WorkerTimeout:
+        return _failed("timeout", f"tool {call.name} ran past its {limits.timeout_s:g} s limit and was stopped")
+    except (WorkerFailed, OSError) as error:
+        return _failed("raised", f"tool {call.name} could not run: {error}")
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        return _failed("raised", f"tool {call.name} cannot be sent to the tool worker (a tool is a module-level "
+                                 f"function): {type(error).__name__}: {error}")

@@ -13,23 +13,27 @@ including the first end-of-turn token: exactly what `generate` must produce, sto
 With `rollout.tools`, an example whose `meta["reference_turns"]` holds a tool-using trajectory (the
 model's turns as text) is learnt as that trajectory: its calls are run as in a rollout, the tools'
 results are context, and the loss covers the model's turns only (tool_rollout.reference_rollout).
+Each step then logs the tools' statistics as GRPO does (`tools/calls`, `tools/invalid_calls`,
+`tools/turns`, `tools/cut`), and a step whose every reference call failed (a tool missing from
+`rollout.tools`, a tool that raises) says so once, on one line: the model would learn from errors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from vlmrl.config import Config
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, warn
 from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.generation import stop_token_ids
 from vlmrl.rollout.prompts import chat_messages
-from vlmrl.rollout.tool_rollout import ToolBox, reference_rollout
+from vlmrl.rollout.tool_rollout import ToolBox, ToolRollout, reference_rollout, trajectory_statistics
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
@@ -79,6 +83,7 @@ def sft(config: Config) -> Path:
     scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
                            config.train.block_attention)
     toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
+    warned = False  # about reference calls that all failed: once a run
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="sft", unit="step", disable=not session.main,
@@ -90,7 +95,8 @@ def sft(config: Config) -> Path:
         references = reference_batch(session, examples, toolbox, stop_ids)
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
-        metrics = sft_update(session, scorer, references.to(device))
+        metrics = sft_update(session, scorer, references.to(device)) | tool_statistics(session, references)
+        warned = warned or warn_if_every_call_failed(session, metrics, references, step + 1)
         metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
                     "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
                     "seconds": time.perf_counter() - started}
@@ -110,6 +116,31 @@ def reference_batch(session: TrainingSession, examples: list[Example], toolbox: 
         return reference_rollout(session.processor, examples, toolbox, stop_ids)
     ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
     return Completions(examples, ids, mask)
+
+
+def tool_statistics(session: TrainingSession, references: Completions) -> dict[str, float]:
+    """tools/calls, tools/invalid_calls, tools/turns and tools/cut: means over the global batch's reference
+    trajectories (as GRPO logs them); {} when the batch has none."""
+    if not isinstance(references, ToolRollout):
+        return {}
+    accelerator = session.accelerator
+    return {f"tools/{name}": float(accelerator.gather(values.to(accelerator.device)).mean())
+            for name, values in trajectory_statistics(references).items()}
+
+
+def warn_if_every_call_failed(session: TrainingSession, metrics: dict[str, float], references: Completions,
+                              step: int) -> bool:
+    """Whether the step's reference trajectories made calls and every one failed; if so the main process
+    says so on one line, with this process's failures by kind."""
+    calls = metrics.get("tools/calls", 0.0)
+    if not (calls > 0 and metrics["tools/invalid_calls"] == calls):
+        return False
+    kinds = Counter(kind for trajectory in references.trajectories for kind in trajectory.errors)
+    if session.main:
+        warn(f"sft: every tool call of the reference trajectories failed at step {step} ("
+             + ", ".join(f"{kind} x {count}" for kind, count in kinds.most_common())
+             + "); the model learns from error results: check rollout.tools against the task's reference_turns")
+    return True
 
 
 def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completions) -> dict[str, float]:
