@@ -1,7 +1,7 @@
 """The `vlmrl` command: parses arguments and calls one function per command; no logic of its own.
 
 A `VlmrlError` (bad input: a missing folder, a config mistake) prints one line and exits 2. A run
-stopped by SIGINT / SIGTERM after saving a checkpoint (`Interrupted`) exits 130 / 143.
+or a study stopped by SIGINT / SIGTERM after saving its checkpoints (`Stopped`) exits 130 / 143.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from vlmrl.errors import Interrupted, VlmrlError
+from vlmrl.errors import Stopped, VlmrlError
 
 
 def _tiny_model(args: argparse.Namespace) -> None:
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     except VlmrlError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except Interrupted as stop:
+    except Stopped as stop:
         print(f"interrupted: {stop}", file=sys.stderr)
         return stop.exit_code
     except KeyboardInterrupt:
