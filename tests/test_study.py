@@ -24,7 +24,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.report.compare import ArmResult, SeedRun, markdown, table_rows
 from vlmrl.report.tracking import read_metrics
 from vlmrl.safety.checkpoint import read_checkpoint
-from vlmrl.study import check_runs, load_study, plan, record_specs
+from vlmrl.study import check_runs, load_study, plan, record_specs, spec_changes
 from vlmrl.training.trainer import train
 
 TESTS = Path(__file__).parent
@@ -182,8 +182,18 @@ def test_an_edited_arm_or_warm_start_is_refused_never_reused(tmp_path, letter_co
     checked(warm_text=warm.replace("steps=1", "steps=2"))
     (root / "grpo" / "seed_0" / "checkpoints" / "step_000001").mkdir(parents=True)
     (root / "grpo" / "seed_0" / "study_spec.json").unlink()
-    with pytest.raises(VlmrlError, match=r"holds a run with no record of its spec \(study_spec.json; made by an older"):
+    with pytest.raises(VlmrlError, match=r"holds a run with no readable record of its spec \(study_spec.json; made by"):
         checked(warm_text=warm.replace("steps=1", "steps=2"))
+    (root / "grpo" / "seed_0" / "study_spec.json").write_text("{not json")
+    with pytest.raises(VlmrlError, match=r"holds a run with no readable record of its spec"):
+        checked(warm_text=warm.replace("steps=1", "steps=2"))
+
+
+def test_what_changed_between_two_specs():
+    before = {"command": "sft", "config": {"train": {"lr": 0.1, "steps": 5}, "gone": 1}, "warm_start": "abc"}
+    after = {"command": "train", "config": {"train": {"lr": 0.2, "steps": 5}, "added": 2}, "warm_start": "abd"}
+    assert spec_changes(before, after) == ['command: "sft" -> "train"', "train.lr: 0.1 -> 0.2",
+                                           "the warm start it starts from"]  # keys only one spec has: no change
 
 
 def test_a_second_study_on_a_busy_folder_is_refused(tmp_path, letter_config, held_elsewhere, capsys):

@@ -260,7 +260,10 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         description="Run every arm of a study file with every seed (one process each, `parallel` at once; "
                     "finished runs are skipped, interrupted ones resume), then write OUTPUT_DIR/compare.html "
                     "(held-out accuracy mean +- std per arm, curves against step and wall clock with the seeds' "
-                    "spread) and compare.md. The study file format is in src/vlmrl/study.py and the README.",
+                    "spread) and compare.md. Every run's config is checked before the first starts; a run made "
+                    "with a spec since edited is refused, as is a folder another study uses. Ctrl-C or SIGTERM "
+                    "stops each run after its step with a checkpoint: the same command continues. The study "
+                    "file format is in src/vlmrl/study.py and docs/evaluation.md.",
         epilog="example:\n  vlmrl compare studies/shapes_rl_vs_sft.yaml\n"
                "  vlmrl compare studies/shapes_rl_vs_sft.yaml --report-only   # the report from what has run",
         formatter_class=argparse.RawDescriptionHelpFormatter)

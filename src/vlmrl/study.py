@@ -240,33 +240,38 @@ def check_runs(study: Study, warm: Run | None, grid: list[Run]) -> dict[str, dic
         if (pid := holder(run.folder)) is not None:
             raise VlmrlError(f"{run.folder} is in use by another vlmrl run (process {pid}), perhaps of an earlier "
                              "study that was killed: wait for it to end or stop it, then run the study again")
-        refuse_changed(run, specs[run.name], Path(study.output_dir))
+        refuse_changed(run, specs[run.name])
     return specs
 
 
-def refuse_changed(run: Run, spec: dict, root: Path) -> None:
+def refuse_changed(run: Run, spec: dict) -> None:
     """VlmrlError when the run has a checkpoint or its final model and SPEC_FILE says it was made
-    with another spec (or does not say: made by an older vlmrl); saying what changed and what to do."""
+    with another spec (or cannot say: none, made by an older vlmrl, or unreadable); saying what
+    changed and what to do."""
     if not (run.finished or run.resumable):
         return  # nothing to reuse: it starts from step 0 with the new spec
     folder = run.folder.parent if isinstance(run.spec, Arm) else run.folder
     remedy = (f"to keep those runs, give the study another output_dir; to run it again, delete {folder}"
               + (" and the folders of the arms that start from it" if run.name == WARM_FOLDER else ""))
-    recorded = run.folder / SPEC_FILE
-    if not recorded.is_file():
-        raise VlmrlError(f"{run.folder} holds a run with no record of its spec ({SPEC_FILE}; made by an older "
-                         f"vlmrl?), which cannot be reused unchecked: {remedy}")
-    changes = spec_changes(json.loads(recorded.read_text()), spec)
+    try:
+        recorded = json.loads((run.folder / SPEC_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise VlmrlError(f"{run.folder} holds a run with no readable record of its spec ({SPEC_FILE}; made by an "
+                         f"older vlmrl?), which cannot be reused unchecked: {remedy}")
+    changes = spec_changes(recorded, spec)
     if changes:
         shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
         raise VlmrlError(f"{run.who} changed since {run.folder} was made ({shown}): {remedy}")
 
 
 def spec_changes(before: dict, after: dict) -> list[str]:
-    """`key: old -> new` for every setting that differs between two specs (`Run.resolve`)."""
+    """`key: old -> new` for every setting that differs between two specs (`Run.resolve`). A key
+    only one of them has (a setting a later vlmrl added or removed) is no change of the user's."""
     old, new = flatten(before), flatten(after)
     changes = []
-    for key in sorted(old.keys() | new.keys()):
+    for key in sorted(old.keys() & new.keys()):
         if key == "warm_start" and old.get(key) != new.get(key):
             changes.append("the warm start it starts from")
         elif json.dumps(old.get(key)) != json.dumps(new.get(key)):

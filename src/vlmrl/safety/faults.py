@@ -14,7 +14,9 @@ Stop signals. `StopSignals` turns the first SIGINT (Ctrl-C) or SIGTERM (a schedu
 the job) into a request: the step in progress finishes, a checkpoint is saved and the run ends
 with `Interrupted` (exit status 130 for SIGINT, 143 for SIGTERM from the CLI). A second signal
 acts as it would without vlmrl (KeyboardInterrupt, or the default kill) and saves nothing; the
-last checkpoint stays whole, since checkpoints are renamed into place.
+last checkpoint stays whole, since checkpoints are renamed into place. A signal is counted each
+time it arrives, whoever sends it: `vlmrl compare` starts its runs in their own process group, so a
+terminal's Ctrl-C reaches a run once, passed on by the study (study_processes.py), not twice.
 """
 
 from __future__ import annotations
