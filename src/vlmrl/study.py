@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmrl.config import load_config, read_yaml, to_dict
+from vlmrl.disk import writing
 from vlmrl.errors import Stopped, VlmrlError, require, warn
 from vlmrl.fields import Naming, build
 from vlmrl.report.compare import write_comparison
@@ -294,8 +295,9 @@ def record_specs(runs: list[Run], specs: dict[str, dict]) -> None:
     """Each unfinished run's spec into its SPEC_FILE (checked by `check_runs` on the next start)."""
     for run in runs:
         if not run.finished:
-            run.folder.mkdir(parents=True, exist_ok=True)
-            (run.folder / SPEC_FILE).write_text(json.dumps(specs[run.name], indent=1) + "\n")
+            with writing("the run's spec", run.folder / SPEC_FILE):
+                run.folder.mkdir(parents=True, exist_ok=True)
+                (run.folder / SPEC_FILE).write_text(json.dumps(specs[run.name], indent=1) + "\n")
 
 
 def usable_cores() -> int:

@@ -9,7 +9,8 @@ checkpoint. So while `StopForwarder` is entered:
 - a SIGINT or SIGTERM to the study is passed on, as the same signal, to every running run, which
   finishes its step, saves a checkpoint and exits (faults.StopSignals); no new run starts, and the
   study waits for the running ones to end before it stops (`Stopped`): no run is left behind. A
-  second signal is passed on too: the runs stop at once, their last checkpoint whole;
+  second signal (a second or more later) is passed on too: the runs stop at once, their last
+  checkpoint whole;
 - a run stopped by a signal sent to it alone (exit 130 / 143, or killed by one) is an `Outcome`
   that says where it continues; the other runs go on.
 
