@@ -171,6 +171,6 @@ def execute(jobs: list[Job], parallel: int, threads: int, label: str, stops: Sto
                     continue
                 del active[name]
                 stops.forget(process)
-                bar.update(1)
                 ended[name] = Outcome(job, process.returncode)
+                bar.update(0 if ended[name].stop_signal else 1)  # a stopped run is still to do
     return [ended[job.name] for job in jobs if job.name in ended]  # not in the order they ended
