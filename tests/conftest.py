@@ -76,3 +76,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def held_elsewhere():
+    """A context manager: `with held_elsewhere(folder) as pid:` another process holds `folder`
+    (vlmrl.safety.folder_lock) until the block ends, then it is killed."""
+    import contextlib
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from vlmrl.safety.folder_lock import hold; hold(sys.argv[1], 'a test'); "
+            "print('held', flush=True); time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+
+    @contextlib.contextmanager
+    def holding(folder):
+        process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, env=env)
+        try:
+            assert process.stdout.readline() == b"held\n"
+            yield process.pid
+        finally:
+            process.kill()
+            process.wait()
+            process.stdout.close()
+
+    return holding

@@ -23,6 +23,7 @@ from vlmrl.models import load_policy
 from vlmrl.report.tracking import read_metrics
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.safety.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
+from vlmrl.safety.faults import SAME_STOP_S, StopSignals
 from vlmrl.tasks import Example
 from vlmrl.training.trainer import train
 
@@ -162,6 +163,22 @@ def test_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, tiny_model_dir, lett
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "step_000002")["step"] == 2
     assert signal.getsignal(signal.SIGINT) is before  # handlers given back
+
+
+def test_one_stop_from_several_senders_is_one_signal_and_a_later_second_stops_at_once():
+    """A Ctrl-C that reaches the run twice (the terminal's process group, and a `vlmrl compare` or a
+    scheduler passing it on) still stops it after the step with a checkpoint."""
+    stops = StopSignals()
+    try:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # the same stop, from a second sender: not "stop at once"
+        assert stops.received == signal.SIGINT and signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        stops.received_at -= SAME_STOP_S + 0.1  # a person asking again, later: stop at once
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        stops.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 @pytest.mark.slow  # 60 s of CPU (a subprocess and three runs); the SIGINT test above is its fast cousin

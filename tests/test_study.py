@@ -3,17 +3,29 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from vlmrl import study as study_module
+from vlmrl import study_processes
 from vlmrl.cli import main
+from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.compare import ArmResult, SeedRun, markdown, table_rows
-from vlmrl.study import load_study, plan
+from vlmrl.report.tracking import read_metrics
+from vlmrl.safety.checkpoint import read_checkpoint
+from vlmrl.study import check_runs, load_study, plan, record_specs, spec_changes
+from vlmrl.training.trainer import train
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"
@@ -61,6 +73,142 @@ def test_the_study_file_is_checked(tmp_path, letter_config):
         plan(load_study(write(tmp_path / "f.yaml", warm_in_common)))
 
 
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "/abs", ".hidden", "", "x" * 101, "a\\b", "tab\\tname"])
+def test_an_arm_name_that_is_not_a_plain_folder_name_is_refused(tmp_path, letter_config, name):
+    arms = f"arms:\n  - {{name: {json.dumps(name)}, config: {letter_config}}}\n"
+    with pytest.raises(VlmrlError) as refused:
+        load_study(write(tmp_path / "s.yaml", arms))
+    assert str(refused.value) == ("an arm's name must be a plain folder name (letters, digits, . _ - + = @ ,; at most "
+                                  f"100, not starting with '.'); got {json.loads(json.dumps(name))!r}")
+
+
+@pytest.mark.parametrize("name", ["compare.html", "compare.md", "warm_start", "Compare.HTML"])
+def test_an_arm_named_like_the_studys_own_output_is_refused(tmp_path, letter_config, name):
+    with pytest.raises(VlmrlError) as refused:
+        load_study(write(tmp_path / "s.yaml", f"arms:\n  - {{name: {name}, config: {letter_config}}}\n"))
+    assert str(refused.value) == (f"arm name {name!r} is taken by the study's own output (compare.html, compare.md, "
+                                  "warm_start): rename it")
+    same_but_case = f"arms:\n  - {{name: grpo, config: {letter_config}}}\n  - {{name: GRPO, config: {letter_config}}}\n"
+    with pytest.raises(VlmrlError, match=r"arm names must differ \(also in case: some disks ignore it\); got \['grpo', 'GRPO'\]"):
+        load_study(write(tmp_path / "t.yaml", same_but_case))
+    assert load_study(write(tmp_path / "u.yaml", f"arms:\n  - {{name: dr-grpo_1.5e-4+x, config: {letter_config}}}\n"))
+
+
+def test_config_paths_are_found_next_to_the_study_file_then_in_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "studies" / "configs").mkdir(parents=True)
+    (tmp_path / "configs").mkdir()
+    write(tmp_path / "studies" / "configs" / "near.yaml", "seed: 1\n")
+    write(tmp_path / "configs" / "cwd.yaml", "seed: 2\n")
+    write(tmp_path / "configs" / "near.yaml", "seed: 3\n")  # the study folder's wins
+    path = write(tmp_path / "studies" / "s.yaml", "arms:\n  - {name: a, config: configs/near.yaml}\n"
+                                                 "  - {name: b, config: configs/cwd.yaml}\n")
+    monkeypatch.chdir(tmp_path)
+    study = load_study(Path("studies/s.yaml"))
+    assert [arm.config for arm in study.arms] == ["studies/configs/near.yaml", "configs/cwd.yaml"]
+    monkeypatch.chdir(tmp_path / "configs")  # next to the study file is found from anywhere
+    path.write_text("arms:\n  - {name: a, config: configs/near.yaml}\n")
+    assert load_study(path).arms[0].config == str(tmp_path / "studies" / "configs" / "near.yaml")
+    with pytest.raises(VlmrlError) as missing:
+        load_study(write(tmp_path / "studies" / "t.yaml", "arms:\n  - {name: a, config: nowhere.yaml}\n"))
+    assert str(missing.value) == (f"study config file 'nowhere.yaml' does not exist (looked in {tmp_path / 'studies'} "
+                                  "and in the working directory)")
+
+
+def test_every_runs_config_is_checked_before_the_first_run(tmp_path, letter_config, capsys):
+    arms = (f"  - {{name: grpo, config: {letter_config}, overrides: ['model.name_or_path={{warm_start}}']}}\n"
+            f"  - {{name: broken, config: {letter_config}, overrides: [train.lr=-1]}}\n")
+    warm = f"warm_start: {{command: sft, config: {letter_config}, overrides: [train.steps=1]}}\n"
+    assert main(["compare", str(study_file(tmp_path, letter_config, arms, warm))]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: arm 'broken' ({letter_config}): train.lr must be >= 0; got -1.0\n")
+    assert sorted(path.name for path in (tmp_path / "study").iterdir()) == [".lock"]  # no warm start, no run
+    assert main(["compare", str(study_file(tmp_path, letter_config, arms, warm.replace("steps=1", "stepz=1")))]) == 2
+    assert "error: the warm start (" in capsys.readouterr().err
+
+
+def test_parallel_times_threads_over_the_cores_is_said(tmp_path, letter_config, monkeypatch, capsys):
+    study = load_study(study_file(tmp_path, letter_config, "  - {name: a, config: %s}\n" % letter_config,
+                                  "threads: 3\n"))
+    monkeypatch.setattr(study_module, "usable_cores", lambda: 4)
+    study_module.warn_if_oversubscribed(study)
+    assert capsys.readouterr().err == ("warning: parallel 2 x threads 3 = 6 threads on 4 cores: the runs slow each other "
+                                       "down, and the table's training times with them; lower parallel or threads\n")
+    study.threads = 2
+    study_module.warn_if_oversubscribed(study)
+    assert capsys.readouterr().err == ""
+
+
+def finish(run) -> None:
+    """Make `run` look finished, as a run that ended leaves its folder."""
+    (run.folder / "final").mkdir(parents=True)
+    (run.folder / "metrics.jsonl").write_text('{"step": 1}\n')
+
+
+def test_an_edited_arm_or_warm_start_is_refused_never_reused(tmp_path, letter_config):
+    warm = f"warm_start: {{command: sft, config: {letter_config}, overrides: [train.steps=1]}}\n"
+    arms = f"  - {{name: grpo, config: {letter_config}, overrides: ['model.name_or_path={{warm_start}}', train.lr=0.01]}}\n"
+
+    def checked(arms_text: str = arms, warm_text: str = warm):
+        study = load_study(study_file(tmp_path, letter_config, arms_text, warm_text))
+        warm_run, grid = plan(study)
+        return warm_run, grid, check_runs(study, warm_run, grid)
+
+    warm_run, grid, specs = checked()
+    record_specs([warm_run, *grid], specs)
+    for run in [warm_run, *grid]:
+        finish(run)
+    assert checked()[2] == specs  # the same study again: nothing to refuse
+    root = tmp_path / "study"
+    remedy = f"to keep those runs, give the study another output_dir; to run it again, delete {root / 'grpo'}"
+    with pytest.raises(VlmrlError) as edited:
+        checked(arms.replace("train.lr=0.01", "train.lr=0.02"))
+    assert str(edited.value) == f"arm 'grpo' changed since {root / 'grpo' / 'seed_0'} was made (train.lr: 0.01 -> 0.02): {remedy}"
+    letter_config.write_text(letter_config.read_text().replace("max_new_tokens: 4}", "max_new_tokens: 5}"))
+    with pytest.raises(VlmrlError, match=r"^the warm start changed since .* \(eval.max_new_tokens: 4 -> 5; "
+                                         r"rollout.max_new_tokens: 4 -> 5\)"):  # the config file edited
+        checked()
+    letter_config.write_text(letter_config.read_text().replace("max_new_tokens: 5}", "max_new_tokens: 4}"))
+    with pytest.raises(VlmrlError) as warm_edited:
+        checked(warm_text=warm.replace("steps=1", "steps=2"))
+    assert str(warm_edited.value) == (
+        f"the warm start changed since {root / 'warm_start'} was made (train.steps: 1 -> 2): to keep those runs, give "
+        f"the study another output_dir; to run it again, delete {root / 'warm_start'} and the folders of the arms that "
+        "start from it")
+    shutil.rmtree(root / "warm_start")  # the warm start will be made again: the arm made from the old one is refused
+    with pytest.raises(VlmrlError, match=r"^arm 'grpo' changed since .* \(the warm start it starts from\)"):
+        checked(warm_text=warm.replace("steps=1", "steps=2"))
+    for seed in (0, 1):  # a run with no checkpoint and no final model starts anew
+        shutil.rmtree(root / "grpo" / f"seed_{seed}" / "final")
+    checked(warm_text=warm.replace("steps=1", "steps=2"))
+    (root / "grpo" / "seed_0" / "checkpoints" / "step_000001").mkdir(parents=True)
+    (root / "grpo" / "seed_0" / "study_spec.json").unlink()
+    with pytest.raises(VlmrlError, match=r"holds a run with no readable record of its spec \(study_spec.json; made by"):
+        checked(warm_text=warm.replace("steps=1", "steps=2"))
+    (root / "grpo" / "seed_0" / "study_spec.json").write_text("{not json")
+    with pytest.raises(VlmrlError, match=r"holds a run with no readable record of its spec"):
+        checked(warm_text=warm.replace("steps=1", "steps=2"))
+
+
+def test_what_changed_between_two_specs():
+    before = {"command": "sft", "config": {"train": {"lr": 0.1, "steps": 5}, "gone": 1}, "warm_start": "abc"}
+    after = {"command": "train", "config": {"train": {"lr": 0.2, "steps": 5}, "added": 2}, "warm_start": "abd"}
+    assert spec_changes(before, after) == ['command: "sft" -> "train"', "train.lr: 0.1 -> 0.2",
+                                           "the warm start it starts from"]  # keys only one spec has: no change
+
+
+def test_a_second_study_on_a_busy_folder_is_refused(tmp_path, letter_config, held_elsewhere, capsys):
+    path = study_file(tmp_path, letter_config, "  - {name: a, config: %s}\n" % letter_config)
+    with held_elsewhere(tmp_path / "study") as pid:
+        assert main(["compare", str(path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'study'} is in use by another vlmrl compare (process {pid}): "
+                                       "wait for it to end or stop it, or use another folder\n")
+    with held_elsewhere(tmp_path / "study" / "a" / "seed_1") as pid:  # a trainer left by a killed study
+        assert main(["compare", str(path)]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: {tmp_path / 'study' / 'a' / 'seed_1'} is in use by another vlmrl run (process {pid}), perhaps of an "
+        "earlier study that was killed: wait for it to end or stop it, then run the study again\n")
+
+
 def test_a_run_with_a_checkpoint_resumes_and_a_finished_one_is_done(tmp_path, letter_config):
     study = load_study(study_file(tmp_path, letter_config, "  - {name: grpo, config: %s}\n" % letter_config))
     _, grid = plan(study)
@@ -97,15 +245,15 @@ def test_a_small_study_runs_resumes_and_reports(tmp_path, letter_config, monkeyp
     def not_again(*args, **kwargs):
         raise AssertionError("a finished run was started again")
 
-    monkeypatch.setattr(study_module, "start", not_again)
+    monkeypatch.setattr(study_processes, "start", not_again)
     assert main(["compare", str(path)]) == 0  # everything finished: nothing runs, the report is rewritten
     monkeypatch.undo()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(SRC), os.environ.get("PYTHONPATH", "")]))
-    broken = arms + f"  - {{name: broken, config: {letter_config}, overrides: [train.lr=-1]}}\n"
+    broken = arms + f"  - {{name: broken, config: {letter_config}, overrides: [task.name=letter_task:Missing]}}\n"
     assert main(["compare", str(study_file(tmp_path, letter_config, broken, warm))]) == 2
     err = capsys.readouterr().err
-    assert "error: 2 of 6 runs failed: broken/seed_0 (exit 2; see" in err and "run.log" in err
-    assert "train.lr must be >= 0" in (root / "broken" / "seed_0" / "run.log").read_text()
+    assert "error: 2 of 6 runs did not finish: broken/seed_0 failed (exit 2; see" in err and "run.log" in err
+    assert "Missing" in (root / "broken" / "seed_0" / "run.log").read_text()
     assert "| broken | 0 (2 missing) | n/a |" in (root / "compare.md").read_text()
 
 
@@ -139,3 +287,94 @@ def test_the_shipped_study_plans_its_grid():
     assert [arm.name for arm in study.arms] == ["sft-equal-time", "sft-longer", "grpo", "dapo", "dr-grpo", "gspo",
                                                 "cispo"]
     assert all("seed=" in run.argv(study, "w")[-1] for run in grid)
+
+
+# --------------------------------------------------------------------------- a study stopped, then continued
+
+STOP_STEPS = 8
+TIMING = ("seconds", "tokens_per_s", "time/")
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def stop_config(tmp_path_factory, tiny_model_dir) -> Path:
+    """A tiny letter-task run of STOP_STEPS steps (evaluated at 4 and 8) whose only checkpoint is
+    the one a stop saves."""
+    return write(tmp_path_factory.mktemp("stop") / "letters.yaml", f"""
+model: {{name_or_path: {tiny_model_dir}, device: cpu}}
+task: {{name: "letter_task:LetterTask"}}
+rollout: {{prompts_per_step: 2, group_size: 2, generation_batch_size: 2, max_new_tokens: 4}}
+train: {{steps: {STOP_STEPS}, lr: 0.01, trackers: [], log_rollouts_every: 0, micro_batch_size: 4, save_every: 0}}
+eval: {{every: 4, n: 2, batch_size: 2, max_new_tokens: 4}}
+""")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(stop_config, tmp_path_factory) -> list[dict]:
+    """The metrics of the study's run never stopped (one thread, as the study's runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(TESTS))
+    try:
+        run = train(load_config(stop_config, [f"output_dir={tmp_path_factory.mktemp('straight')}", "seed=0"]))
+    finally:
+        sys.path.remove(str(TESTS))
+        torch.set_num_threads(threads)
+    return without_timing(read_metrics(run / "metrics.jsonl"))
+
+
+def stop_a_study(tmp_path: Path, way: str, study: Path, run: Path) -> tuple[subprocess.Popen, int, str]:
+    """Start `vlmrl compare STUDY` as a terminal would (its own process group), stop it `way` once
+    `run` has logged its first step; its process, the run's process id and the study's stderr."""
+    err_path = tmp_path / "stderr.txt"
+    with (tmp_path / "stdout.txt").open("w") as out, err_path.open("w") as err:  # files: a full pipe stalls
+        process = subprocess.Popen([sys.executable, "-m", "vlmrl", "compare", str(study)], stdout=out, stderr=err,
+                                   start_new_session=True)
+    metrics, deadline = run / "metrics.jsonl", time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert process.poll() is None and time.monotonic() < deadline, err_path.read_text()[-2000:]
+        time.sleep(0.02)
+    child = int((run / ".lock").read_text())  # the trainer that holds the run folder
+    if way == "ctrl-c":
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal does: the whole foreground group
+    elif way == "sigterm to the study":
+        process.send_signal(signal.SIGTERM)
+    else:
+        os.kill(child, signal.SIGTERM)
+    process.wait(timeout=180)
+    return process, child, err_path.read_text()
+
+
+@pytest.mark.parametrize("way", ["ctrl-c",  # the other two: 25 s each, like this one
+                                 pytest.param("sigterm to the study", marks=pytest.mark.slow),
+                                 pytest.param("sigterm to a run", marks=pytest.mark.slow)])
+def test_a_study_stopped_any_way_continues_exactly(tmp_path, stop_config, uninterrupted, way, monkeypatch, capsys):
+    """Ctrl-C, SIGTERM to the study, SIGTERM to one of its runs: the run saves a checkpoint after its
+    step, no process is left, the study says how to continue, and the same command continues the run
+    to exactly the metrics of a run never stopped."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(SRC), os.environ.get("PYTHONPATH", "")]))
+    study = write(tmp_path / "study.yaml", f"output_dir: {tmp_path / 'study'}\nseeds: [0]\n"
+                                           f"arms:\n  - {{name: a, config: {stop_config}}}\n")
+    run = tmp_path / "study" / "a" / "seed_0"
+    process, child, err = stop_a_study(tmp_path, way, study, run)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the trainer has ended: no orphan
+    done = len(read_metrics(run / "metrics.jsonl"))
+    assert 1 <= done < STOP_STEPS and read_checkpoint(run / "checkpoints" / f"step_{done:06d}")["step"] == done
+    name = "SIGTERM" if way.startswith("sigterm") else "SIGINT"
+    assert f"interrupted: {name} received: stopped after step {done} with a checkpoint" in (run / "run.log").read_text()
+    where = f"a/seed_0 stopped by {name}: continues from its checkpoint at step {done}"
+    if way == "sigterm to a run":  # the study goes on without it, and says so
+        assert process.returncode == 2
+        assert err.splitlines()[-1] == (f"error: 1 of 1 runs did not finish: {where}; the comparison in "
+                                        f"{tmp_path / 'study' / 'compare.html'} holds the others; run the same "
+                                        "command again to continue them")
+    else:
+        assert process.returncode == 128 + getattr(signal, name)
+        assert err.splitlines()[-1] == (f"interrupted: {name} received: the study stopped ({where}); to continue, run "
+                                        f"the same command again: vlmrl compare {study}")
+    assert main(["compare", str(study)]) == 0
+    assert without_timing(read_metrics(run / "metrics.jsonl")) == uninterrupted

@@ -1,7 +1,7 @@
 """The `vlmrl` command: parses arguments and calls one function per command; no logic of its own.
 
 A `VlmrlError` (bad input: a missing folder, a config mistake) prints one line and exits 2. A run
-stopped by SIGINT / SIGTERM after saving a checkpoint (`Interrupted`) exits 130 / 143.
+or a study stopped by SIGINT / SIGTERM after saving its checkpoints (`Stopped`) exits 130 / 143.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from vlmrl.errors import Interrupted, VlmrlError
+from vlmrl.errors import Stopped, VlmrlError
 
 
 def _tiny_model(args: argparse.Namespace) -> None:
@@ -260,7 +260,10 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         description="Run every arm of a study file with every seed (one process each, `parallel` at once; "
                     "finished runs are skipped, interrupted ones resume), then write OUTPUT_DIR/compare.html "
                     "(held-out accuracy mean +- std per arm, curves against step and wall clock with the seeds' "
-                    "spread) and compare.md. The study file format is in src/vlmrl/study.py and the README.",
+                    "spread) and compare.md. Every run's config is checked before the first starts; a run made "
+                    "with a spec since edited is refused, as is a folder another study uses. Ctrl-C or SIGTERM "
+                    "stops each run after its step with a checkpoint: the same command continues. The study "
+                    "file format is in src/vlmrl/study.py and docs/evaluation.md.",
         epilog="example:\n  vlmrl compare studies/shapes_rl_vs_sft.yaml\n"
                "  vlmrl compare studies/shapes_rl_vs_sft.yaml --report-only   # the report from what has run",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -483,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     except VlmrlError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except Interrupted as stop:
+    except Stopped as stop:
         print(f"interrupted: {stop}", file=sys.stderr)
         return stop.exit_code
     except KeyboardInterrupt:

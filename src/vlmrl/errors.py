@@ -2,7 +2,8 @@
 
 The CLI prints `error: <message>` and exits 2 for a `VlmrlError`; anything else is a bug in vlmrl
 and keeps its traceback. A run stopped by SIGINT or SIGTERM (after saving a checkpoint) ends in
-`Interrupted`, which the CLI turns into exit status 128 + the signal number.
+`Interrupted`, a study stopped by one (after its runs saved theirs) in `Stopped`: the CLI prints
+`interrupted: <message>` and exits with status 128 + the signal number.
 """
 
 from __future__ import annotations
@@ -22,14 +23,22 @@ def require(*rules: tuple[bool, str]) -> None:
             raise VlmrlError(message)
 
 
-class Interrupted(Exception):
-    """The run stopped at a signal after saving a checkpoint; `exit_code` is 128 + the signal."""
+class Stopped(Exception):
+    """Stopped at a signal, with what was done saved (the message says how to continue);
+    `exit_code` is 128 + the signal."""
+
+    def __init__(self, signum: int, message: str):
+        self.signum, self.exit_code = signum, 128 + signum
+        super().__init__(message)
+
+
+class Interrupted(Stopped):
+    """The run stopped at a signal after saving a checkpoint."""
 
     def __init__(self, signum: int, step: int, checkpoint):
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.exit_code = 128 + signum
-        super().__init__(f"{signal.Signals(signum).name} received: stopped after step {step} with a checkpoint "
-                         f"in {checkpoint}; continue with resume=true")
+        self.step, self.checkpoint = step, checkpoint
+        super().__init__(signum, f"{signal.Signals(signum).name} received: stopped after step {step} with a "
+                                 f"checkpoint in {checkpoint}; continue with resume=true")
 
 
 def warn(message: str) -> None:

@@ -17,32 +17,58 @@ the seeds, and where the runs go:
       - {name: grpo, config: configs/shapes_grpo_tiny.yaml, overrides: [model.name_or_path={warm_start}]}
       - {name: more-sft, command: sft, config: configs/shapes_sft_tiny.yaml, overrides: [train.steps=140]}
 
-Run `arm` with seed `s` lives in OUTPUT_DIR/arm/seed_s, with its own log (run.log). The grid is
-resumable: a run with its final model is skipped, one with a checkpoint continues from it
-(resume=true), the others start; a failed run is named with its log and the others go on. Then
-OUTPUT_DIR/compare.html (held-out accuracy mean +- std per arm, curves against step and wall clock
-with the seeds' spread as a band) and compare.md (the table) are written (report/compare.py).
+A `config:` path is looked up next to the study file first, then in the working directory (so a
+study file written for the working directory, like the shipped ones, works from there). The
+output_dir and every path inside an override belong to the runs, and are read from the working
+directory as `vlmrl train` reads them. An arm's name is a plain folder name, not one of the
+study's own (compare.html, compare.md, warm_start).
+
+Run `arm` with seed `s` lives in OUTPUT_DIR/arm/seed_s, with its own log (run.log). Before the
+first run starts, the study holds OUTPUT_DIR (a second study there is refused: folder_lock.py) and
+resolves every run's config (file, `common`, the arm's overrides, its seed) as `vlmrl config`
+does, so a bad override is one line before the warm start, not hours later. Each run's resolved
+spec is kept in RUN/study_spec.json; a run that has a checkpoint or its final model and whose spec
+has changed since (an edited override, config file, or the warm start it starts from) is refused
+with what changed: it is never reused silently. The grid is resumable: a run with its final model
+is skipped, one with a checkpoint continues from it (resume=true), the others start; a failed run
+is named with its log and the others go on. However the study is stopped (Ctrl-C, SIGTERM to it or
+to one of its runs), each run saves a checkpoint after its step and running the same command again
+continues it exactly (study_processes.py). Then OUTPUT_DIR/compare.html (held-out accuracy mean +-
+std per arm, curves against step and wall clock with the seeds' spread as a band) and compare.md
+(the table) are written (report/compare.py).
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import json
 import os
-import subprocess
+import re
+import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
-from vlmrl.config import read_yaml
-from vlmrl.errors import VlmrlError, require
+from vlmrl.config import load_config, read_yaml, to_dict
+from vlmrl.disk import writing
+from vlmrl.errors import Stopped, VlmrlError, require, warn
 from vlmrl.fields import Naming, build
 from vlmrl.report.compare import write_comparison
+from vlmrl.safety.folder_lock import hold, holder
+from vlmrl.study_processes import Job, Outcome, StopForwarder, checkpoint_step, execute, finished
 
 WARM_START = "{warm_start}"
 """Written in an override, stands for the warm-start run's final model folder."""
+
+WARM_FOLDER = "warm_start"
+RESERVED_NAMES = ("compare.html", "compare.md", WARM_FOLDER)
+"""What the study itself writes in OUTPUT_DIR: no arm may be named so (compared without case)."""
+
+SPEC_FILE = "study_spec.json"
+"""In each run folder: the spec the run was made with (`Run.resolve`)."""
+
+_PLAIN_NAME = re.compile(r"[\w+=@,-][\w.+=@,-]{0,99}")
+"""A folder name that is one path component anywhere: no separator, not hidden, '.' or '..'."""
 
 
 @dataclass
@@ -50,7 +76,7 @@ class RunSpec:
     """One training command of the study."""
 
     config: str = ""
-    """The config file of the run."""
+    """The config file of the run (next to the study file, or in the working directory)."""
     command: str = "train"
     """train (RL) or sft."""
     overrides: list[str] = field(default_factory=list)
@@ -67,11 +93,15 @@ class Arm(RunSpec):
     """A row of the comparison: a run spec with a name."""
 
     name: str = ""
-    """The arm's name (its folder and its row)."""
+    """The arm's name (its folder and its row): a plain folder name."""
 
     def validate(self) -> None:
         super().validate()
-        require((bool(self.name) and "/" not in self.name, f"every arm needs a name without '/'; got {self.name!r}"))
+        require((_PLAIN_NAME.fullmatch(self.name) is not None,
+                 f"an arm's name must be a plain folder name (letters, digits, . _ - + = @ ,; at most 100, not "
+                 f"starting with '.'); got {self.name!r}"),
+                (self.name.lower() not in RESERVED_NAMES,
+                 f"arm name {self.name!r} is taken by the study's own output ({', '.join(RESERVED_NAMES)}): rename it"))
 
 
 @dataclass
@@ -98,14 +128,30 @@ class Study:
     def validate(self) -> None:
         names = [arm.name for arm in self.arms]
         require((bool(self.arms), "a study needs at least one arm"),
-                (len(set(names)) == len(names), f"arm names must differ; got {names}"),
+                (len({name.lower() for name in names}) == len(names),
+                 f"arm names must differ (also in case: some disks ignore it); got {names}"),
                 (bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), f"seeds must differ; got {self.seeds}"),
                 (self.parallel >= 1 and self.threads >= 1, "parallel and threads must be >= 1"))
 
 
 def load_study(path: str | Path) -> Study:
-    """The study in a YAML file: every key and type checked, config files present."""
-    return build(Study, read_yaml(path), Naming(noun="study key"))
+    """The study in a YAML file: every key and type checked, config files found (module doc)."""
+    data = read_yaml(path)
+    arms = data.get("arms") if isinstance(data.get("arms"), list) else []
+    for spec in [data.get("warm_start"), *arms]:
+        if isinstance(spec, dict) and isinstance(spec.get("config"), str) and spec["config"]:
+            spec["config"] = find_config(spec["config"], Path(path).parent)
+    return build(Study, data, Naming(noun="study key"))
+
+
+def find_config(text: str, study_folder: Path) -> str:
+    """A study's config path: next to the study file if there, else from the working directory."""
+    given = Path(text).expanduser()
+    for candidate in ([given] if given.is_absolute() else [study_folder / given, given]):
+        if candidate.is_file():
+            return str(candidate)
+    raise VlmrlError(f"study config file {text!r} does not exist (looked in {study_folder} and in the working "
+                     "directory)")
 
 
 @dataclass
@@ -121,97 +167,199 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        return (self.folder / "final").is_dir() and (self.folder / "metrics.jsonl").is_file()
+        return finished(self.folder)
 
     @property
     def resumable(self) -> bool:
-        return any((self.folder / "checkpoints").glob("step_*"))
+        return checkpoint_step(self.folder) is not None
+
+    @property
+    def who(self) -> str:
+        """The run's part of the study, in messages."""
+        return f"arm {self.spec.name!r}" if isinstance(self.spec, Arm) else "the warm start"
+
+    def uses_warm_start(self, study: Study) -> bool:
+        return any(WARM_START in item for item in [*study.common, *self.spec.overrides])
+
+    def overrides(self, study: Study, warm_model: str) -> list[str]:
+        """`common`, the run's own overrides ({warm_start} filled in), its folder and its seed."""
+        overrides = [item.replace(WARM_START, warm_model) for item in [*study.common, *self.spec.overrides]]
+        return overrides + [f"output_dir={self.folder}"] + ([f"seed={self.seed}"] if self.seed is not None else [])
 
     def argv(self, study: Study, warm_model: str) -> list[str]:
-        overrides = [item.replace(WARM_START, warm_model) for item in [*study.common, *self.spec.overrides]]
-        overrides += [f"output_dir={self.folder}"] + ([f"seed={self.seed}"] if self.seed is not None else [])
-        return [sys.executable, "-m", "vlmrl", self.spec.command, self.spec.config, *overrides,
+        return [sys.executable, "-m", "vlmrl", self.spec.command, self.spec.config, *self.overrides(study, warm_model),
                 *(["resume=true"] if self.resumable and not self.finished else [])]
+
+    def resolve(self, study: Study, warm_model: str, warm_digest: str | None) -> dict:
+        """The run's spec: its command, its config resolved and checked as `vlmrl config` does (less
+        output_dir and resume), and the warm start's spec digest when it starts from it."""
+        try:
+            config = to_dict(load_config(self.spec.config, self.overrides(study, warm_model)))
+        except VlmrlError as error:
+            raise VlmrlError(f"{self.who} ({self.spec.config}): {error}") from error
+        config.pop("output_dir"), config.pop("resume")
+        spec = {"command": self.spec.command, "config": config,
+                "warm_start": warm_digest if self.uses_warm_start(study) else None}
+        return json.loads(json.dumps(spec))  # as it reads back from SPEC_FILE (tuples become lists)
 
 
 def plan(study: Study) -> tuple[Run | None, list[Run]]:
     """The warm-start run (or None) and the grid's runs, arm by arm, seed by seed."""
     root = Path(study.output_dir)
-    warm = Run("warm_start", study.warm_start, root / "warm_start", None) if study.warm_start else None
+    warm = Run(WARM_FOLDER, study.warm_start, root / WARM_FOLDER, None) if study.warm_start else None
     grid = [Run(f"{arm.name}/seed_{seed}", arm, root / arm.name / f"seed_{seed}", seed)
             for arm in study.arms for seed in study.seeds]
-    uses_warm = any(WARM_START in item for run in grid for item in [*study.common, *run.spec.overrides])
-    if uses_warm and warm is None:
+    if warm is None and any(run.uses_warm_start(study) for run in grid):
         raise VlmrlError(f"an override uses {WARM_START} but the study has no warm_start")
-    if warm is not None and any(WARM_START in item for item in [*study.common, *warm.spec.overrides]):
+    if warm is not None and warm.uses_warm_start(study):
         raise VlmrlError(f"{WARM_START} is the warm start's final model: it cannot be in common or in the "
                          "warm start's own overrides (both apply to the warm start); put it in the arms' overrides")
     return warm, grid
 
 
-def start(run: Run, study: Study, warm_model: str, threads: int) -> subprocess.Popen:
-    """The run's process (`threads` torch threads), its output going to FOLDER/run.log."""
-    run.folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    argv = run.argv(study, warm_model)
-    with (run.folder / "run.log").open("a") as log:  # the child keeps its own copy of the file
-        log.write(f"$ {' '.join(argv)}\n")
-        log.flush()
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+def every_run(warm: Run | None, grid: list[Run]) -> list[Run]:
+    """The warm start (when there is one), then the grid."""
+    return [warm, *grid] if warm is not None else grid
 
 
-@contextlib.contextmanager
-def stopping(active: dict):
-    """Within: if the study stops (Ctrl-C, an error), its running processes are asked to stop too
-    (SIGTERM: each saves a checkpoint after its step, so the next `vlmrl compare` resumes them)."""
+def warm_model(warm: Run | None) -> str:
+    """What {warm_start} stands for."""
+    return str(warm.folder / "final") if warm is not None else ""
+
+
+def check_runs(study: Study, warm: Run | None, grid: list[Run]) -> dict[str, dict]:
+    """Before anything runs: every run's spec resolved (a bad config or override is a VlmrlError
+    naming the arm), no run folder in use by a live process, and no run with progress made with
+    another spec (`refuse_changed`). Returns each run's spec by name."""
+    specs: dict[str, dict] = {}
+    digest = None
+    for run in every_run(warm, grid):
+        specs[run.name] = run.resolve(study, warm_model(warm), digest)
+        if run is warm:
+            digest = hashlib.sha256(json.dumps(specs[run.name], sort_keys=True).encode()).hexdigest()[:16]
+    for run in every_run(warm, grid):
+        if (pid := holder(run.folder)) is not None:
+            raise VlmrlError(f"{run.folder} is in use by another vlmrl run (process {pid}), perhaps of an earlier "
+                             "study that was killed: wait for it to end or stop it, then run the study again")
+        refuse_changed(run, specs[run.name])
+    return specs
+
+
+def refuse_changed(run: Run, spec: dict) -> None:
+    """VlmrlError when the run has a checkpoint or its final model and SPEC_FILE says it was made
+    with another spec (or cannot say: none, made by an older vlmrl, or unreadable); saying what
+    changed and what to do."""
+    if not (run.finished or run.resumable):
+        return  # nothing to reuse: it starts from step 0 with the new spec
+    folder = run.folder.parent if isinstance(run.spec, Arm) else run.folder
+    remedy = (f"to keep those runs, give the study another output_dir; to run it again, delete {folder}"
+              + (" and the folders of the arms that start from it" if run.name == WARM_FOLDER else ""))
     try:
-        yield
-    except BaseException:
-        for _, process in active.values():
-            process.terminate()
-        for _, process in active.values():
-            process.wait()
-        raise
+        recorded = json.loads((run.folder / SPEC_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise VlmrlError(f"{run.folder} holds a run with no readable record of its spec ({SPEC_FILE}; made by an "
+                         f"older vlmrl?), which cannot be reused unchecked: {remedy}")
+    changes = spec_changes(recorded, spec)
+    if changes:
+        shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+        raise VlmrlError(f"{run.who} changed since {run.folder} was made ({shown}): {remedy}")
 
 
-def execute(runs: list[Run], study: Study, warm_model: str, label: str, parallel: int, threads: int) -> list[str]:
-    """Run the unfinished `runs`, `parallel` at a time with `threads` threads each, with one progress
-    bar; returns the failures as "name (exit N; see LOG)", in the order of `runs`."""
-    pending = [run for run in runs if not run.finished]
-    failed: dict[str, str] = {}
-    active: dict[str, tuple[Run, subprocess.Popen]] = {}
-    with tqdm(total=len(runs), initial=len(runs) - len(pending), desc=label, unit="run", dynamic_ncols=True) as bar, \
-            stopping(active):
-        while pending or active:
-            while pending and len(active) < parallel:
-                run = pending.pop(0)
-                active[run.name] = (run, start(run, study, warm_model, threads))
-                bar.set_postfix_str(", ".join(active))  # which runs are going
-            time.sleep(0.5)
-            for name, (run, process) in list(active.items()):
-                if process.poll() is None:
-                    continue
-                del active[name]
-                bar.update(1)
-                if process.returncode != 0 or not run.finished:
-                    failed[name] = f"{name} (exit {process.returncode}; see {run.folder / 'run.log'})"
-    return [failed[run.name] for run in runs if run.name in failed]  # not in the order they ended
+def spec_changes(before: dict, after: dict) -> list[str]:
+    """`key: old -> new` for every setting that differs between two specs (`Run.resolve`). A key
+    only one of them has (a setting a later vlmrl added or removed) is no change of the user's."""
+    old, new = flatten(before), flatten(after)
+    changes = []
+    for key in sorted(old.keys() & new.keys()):
+        if key == "warm_start" and old.get(key) != new.get(key):
+            changes.append("the warm start it starts from")
+        elif json.dumps(old.get(key)) != json.dumps(new.get(key)):
+            changes.append(f"{key.removeprefix('config.')}: {json.dumps(old.get(key))} -> {json.dumps(new.get(key))}")
+    return changes
+
+
+def flatten(spec: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for key, value in spec.items():
+        if isinstance(value, dict) and value:
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def record_specs(runs: list[Run], specs: dict[str, dict]) -> None:
+    """Each unfinished run's spec into its SPEC_FILE (checked by `check_runs` on the next start)."""
+    for run in runs:
+        if not run.finished:
+            with writing("the run's spec", run.folder / SPEC_FILE):
+                run.folder.mkdir(parents=True, exist_ok=True)
+                (run.folder / SPEC_FILE).write_text(json.dumps(specs[run.name], indent=1) + "\n")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def warn_if_oversubscribed(study: Study) -> None:
+    """One line when parallel x threads is more than the cores: the runs would slow each other and
+    the table's training times would say so."""
+    cores, wanted = usable_cores(), study.parallel * study.threads
+    if wanted > cores:
+        warn(f"parallel {study.parallel} x threads {study.threads} = {wanted} threads on {cores} core"
+             f"{'s' if cores > 1 else ''}: the runs slow each other down, and the table's training times with them; "
+             "lower parallel or threads")
 
 
 def run_study(path: str | Path, report_only: bool = False) -> Path:
     """Run the study's unfinished runs (unless `report_only`), then write its comparison; returns
-    compare.html. VlmrlError naming the runs that failed (the report holds the others)."""
+    compare.html. VlmrlError naming the runs that failed or were stopped (the report holds the
+    others); Stopped when the study itself was stopped by a signal."""
     study = load_study(path)
     warm, grid = plan(study)
-    failed: list[str] = []
-    if not report_only:
-        if warm is not None:
-            failed = execute([warm], study, "", "warm start", 1, study.parallel * study.threads)  # alone: every core
-            if failed:
-                raise VlmrlError(f"the warm-start run failed: {failed[0]}")
-        failed = execute(grid, study, str(warm.folder / "final") if warm else "", "study", study.parallel, study.threads)
-    page = write_comparison(study, grid)
-    if failed:
-        raise VlmrlError(f"{len(failed)} of {len(grid)} runs failed: {'; '.join(failed)}; the comparison in {page} "
-                         "holds the others, and the command resumes the failed ones")
+    if report_only:
+        return write_comparison(study, grid)
+    folder_lock = hold(study.output_dir, "another vlmrl compare")
+    try:
+        specs = check_runs(study, warm, grid)
+        warn_if_oversubscribed(study)
+        record_specs(every_run(warm, grid), specs)
+        unfinished = [outcome for outcome in run_all(study, warm, grid, path) if not outcome.done]
+        page = write_comparison(study, grid)
+    finally:
+        folder_lock.release()
+    if unfinished:
+        raise VlmrlError(f"{len(unfinished)} of {len(grid)} runs did not finish: "
+                         f"{'; '.join(outcome.describe() for outcome in unfinished)}; the comparison in {page} holds "
+                         "the others; run the same command again to continue them")
     return page
+
+
+def run_all(study: Study, warm: Run | None, grid: list[Run], path: str | Path) -> list[Outcome]:
+    """The warm start (alone, with every thread), then the grid; the grid's outcomes. Stopped when a
+    stop signal came, once the running runs have saved their checkpoints and ended."""
+    with StopForwarder() as stops:
+        if warm is not None:
+            outcomes = execute([Job(warm.name, warm.folder, warm.argv(study, ""))], 1, study.parallel * study.threads,
+                               "warm start", stops)
+            stop_if_asked(stops, outcomes, path)
+            if outcomes and not outcomes[0].done:
+                raise VlmrlError(f"the warm-start run did not finish: {outcomes[0].describe()}; run the same "
+                                 "command again to continue it")
+        jobs = [Job(run.name, run.folder, run.argv(study, warm_model(warm))) for run in grid]
+        outcomes = execute(jobs, study.parallel, study.threads, "study", stops)
+        stop_if_asked(stops, outcomes, path)
+    return outcomes
+
+
+def stop_if_asked(stops: StopForwarder, outcomes: list[Outcome], path: str | Path) -> None:
+    """Stopped (one line: where each run continues, and how) when the study received a stop signal."""
+    if not stops.received:
+        return
+    runs = "; ".join(outcome.describe() for outcome in outcomes if not outcome.done) or "no run was going"
+    raise Stopped(stops.received[0], f"{signal.Signals(stops.received[0]).name} received: the study stopped ({runs}); "
+                                     f"to continue, run the same command again: vlmrl compare {path}")

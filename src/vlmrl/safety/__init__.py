@@ -5,6 +5,7 @@
     activation_memory.py  the training pass's activation memory, measured on a small probe
     faults.py             NaN/inf updates skipped, stop signals turned into a checkpoint
     checkpoint.py         checkpoints written whole or not at all, and the exact resume
+    folder_lock.py        one process at a time in a run (or study) folder
     alarms.py             warnings a person should read while the run goes on
 
 May import: rollout, models, report, tasks, config, disk, errors. Nothing from training or

@@ -14,7 +14,11 @@ Stop signals. `StopSignals` turns the first SIGINT (Ctrl-C) or SIGTERM (a schedu
 the job) into a request: the step in progress finishes, a checkpoint is saved and the run ends
 with `Interrupted` (exit status 130 for SIGINT, 143 for SIGTERM from the CLI). A second signal
 acts as it would without vlmrl (KeyboardInterrupt, or the default kill) and saves nothing; the
-last checkpoint stays whole, since checkpoints are renamed into place.
+last checkpoint stays whole, since checkpoints are renamed into place. Signals within SAME_STOP_S
+of the first are not a second one: one stop often comes from several senders at once (a terminal's
+Ctrl-C to a process group, a scheduler that signals every process of a job, and the `vlmrl compare`
+that passes it on), and must not cost the checkpoint. `vlmrl compare` also starts its runs in their
+own process group, so a terminal's Ctrl-C reaches a run only through the study (study_processes.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import math
 import os
 import signal
 import threading
+import time
 import warnings
 import weakref
 
@@ -32,6 +37,9 @@ import torch
 from vlmrl.errors import warn
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+SAME_STOP_S = 1.0
+"""Stop signals this many seconds or less after the first are the same request (see the module doc)."""
 
 
 class NumericGuard:
@@ -91,6 +99,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: int | None = None
+        self.received_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
         if threading.current_thread() is not threading.main_thread():
             return
@@ -110,10 +119,12 @@ class StopSignals:
 def _on_signal(stops_ref, previous, signum, frame) -> None:
     stops = stops_ref()
     if stops is not None and stops._previous and stops.received is None:
-        stops.received = signum
+        stops.received, stops.received_at = signum, time.monotonic()
         warn(f"{signal.Signals(signum).name} received: stopping after this step with a checkpoint "
              "(send it again to stop at once, without one)")
         return
+    if stops is not None and stops._previous and time.monotonic() - stops.received_at <= SAME_STOP_S:
+        return  # the same stop, from another sender
     if stops is not None:
         stops.restore()
     if callable(previous):

@@ -8,7 +8,8 @@ launch`); on one process everything works the same.
 Faults (faults.py): optimizer updates go through `session.guard`, which skips a NaN/inf update;
 after each step `check_stop` ends the run with a checkpoint when a stop signal came (SIGINT,
 SIGTERM) or too many updates in a row were skipped. Resume starts from the newest whole
-checkpoint, passing over damaged ones with a warning.
+checkpoint, passing over damaged ones with a warning. The run folder is held (folder_lock.py) from
+before anything in it is read until `close()`: a second trainer started in it is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.safety.checkpoint import find_resumable, restore_trainer_state, save_checkpoint, save_model
 from vlmrl.safety.faults import NumericGuard, StopSignals
+from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.tasks import Task
 from vlmrl.training.optim import build_optimizer, build_scheduler
 from vlmrl.training.reference import ReferencePolicy, build_reference
@@ -48,6 +50,7 @@ class TrainingSession:
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.main = self.accelerator.is_main_process
         self.run_dir = Path(config.output_dir)
+        self.folder_lock = self.hold_run_folder()
         found = find_resumable(self.run_dir) if config.resume else None
         if config.resume and found is None:
             raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
@@ -77,6 +80,19 @@ class TrainingSession:
         self.saved_step = self.start_step if checkpoint is not None else None
         self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
         self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
+
+    def hold_run_folder(self):
+        """The main process's hold on run_dir (None elsewhere); FolderBusy on every process when
+        another trainer is in it, before this one reads or writes anything there."""
+        folder_lock, busy = None, None
+        if self.main:
+            try:
+                folder_lock = hold(self.run_dir, "another vlmrl run")
+            except FolderBusy as error:
+                busy = error
+        if self.any_process(busy is not None):
+            raise busy or FolderBusy(f"{self.run_dir} is in use by another vlmrl run")
+        return folder_lock
 
     def any_process(self, flag: bool) -> bool:
         """True when `flag` is True on any process."""
@@ -129,10 +145,11 @@ class TrainingSession:
             "train.lr, or fp16 overflow (try model.dtype=bfloat16); resume=true continues from it")
 
     def close(self) -> None:
-        """Close the logs and give the signal handlers back (the model is not saved)."""
+        """Close the logs, give the signal handlers and the run folder back (the model is not saved)."""
         self.signals.restore()
         if self.main:
             self.log.close()
+            self.folder_lock.release()
         release_process_group(self.model)
         self.accelerator.end_training()
 
