@@ -13,6 +13,10 @@ including the first end-of-turn token: exactly what `generate` must produce, sto
 With `rollout.tools`, an example whose `meta["reference_turns"]` holds a tool-using trajectory (the
 model's turns as text) is learnt as that trajectory: its calls are run as in a rollout, the tools'
 results are context, and the loss covers the model's turns only (tool_rollout.reference_rollout).
+
+A train example the task cannot make mid-run (a bad image past the preflight's first batch) follows
+the task's on_bad_row as in `vlmrl train` (safety/bad_rows.py); an image the processor refuses is
+found by the preflight's first batch only (the RL trainer also finds it later, at no cost).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.generation import stop_token_ids
 from vlmrl.rollout.prompts import chat_messages
 from vlmrl.rollout.tool_rollout import ToolBox, reference_rollout
+from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
@@ -79,6 +84,7 @@ def sft(config: Config) -> Path:
     scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
                            config.train.block_attention)
     toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
+    rows = RowGuard(task, session.processor)
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="sft", unit="step", disable=not session.main,
@@ -86,11 +92,16 @@ def sft(config: Config) -> Path:
     for step in progress:
         started = time.perf_counter()
         first = step * batch + session.rank * per_process
-        examples = [task.example(i, split="train") for i in range(first, first + per_process)]
+        wanted = list(range(first, first + per_process))
+        used, examples = rows.draw(wanted)  # a bad example replaced (on_bad_row=skip) or noted (error)
+        session.stop_at_bad_row(rows, step, step * batch)
         references = reference_batch(session, examples, toolbox, stop_ids)
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
         metrics = sft_update(session, scorer, references.to(device))
+        skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(used, wanted))],
+                                                          device=device), "sum")
+        metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
         metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
                     "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
                     "seconds": time.perf_counter() - started}
