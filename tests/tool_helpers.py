@@ -7,6 +7,8 @@ import threading
 
 from PIL import Image
 
+from vlmrl.tasks.tools import ToolContext
+
 CALLS: list[str] = []
 """The arguments `counted_tool` was called with (to show a call with bad arguments never runs)."""
 RELEASE = threading.Event()
@@ -77,3 +79,13 @@ def zoom(context, box) -> str:
 def no_context() -> str:
     """Takes no context: not a tool."""
     return "nothing"
+
+
+def argument_first(box: list) -> str:
+    """Its one parameter is an argument the model gives: the context would land in it."""
+    return f"{box}"
+
+
+def annotated_context(view: ToolContext, box: list) -> str:
+    """The context under another name, told by its annotation: a tool."""
+    return f"{box}"
