@@ -90,3 +90,24 @@ def test_sft_stops_at_a_bad_row_with_a_checkpoint_or_skips_it(tmp_path, tiny_mod
     assert (tmp_path / "a" / "checkpoints" / "step_000002").is_dir()
     assert main([*args, f"output_dir={tmp_path / 'b'}", "task.params.on_bad_row=skip"]) == 0
     assert [row.get("bad_rows_skipped", 0) for row in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 0, 1, 0]
+
+
+def test_a_bad_held_out_row_past_the_first_eval_batch_stops_before_step_1_or_is_replaced(tmp_path, tiny_model_dir,
+                                                                                        capfd):
+    data = tmp_path / "data"
+    geometry_file(data, "thin")
+    (data / "test.jsonl").write_text((data / "train.jsonl").read_text())  # row 5 of test is the thin image too
+    args = ["train", "task.name=geometry", f"task.params.source={data}", f"model.name_or_path={tiny_model_dir}",
+            "model.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+            "train.steps=2", "train.micro_batch_size=4", "train.save_every=0", "eval.every=1", "eval.n=6",
+            "eval.batch_size=2", "eval.max_new_tokens=2"]  # the preflight sees test rows 0 and 1 only
+    assert main([*args, f"output_dir={tmp_path / 'a'}"]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 1
+    assert ("error: bad held-out data: the processor cannot encode test example 5 (row 5 of split 'test'), image "
+            "2x1000 RGB: ValueError: absolute aspect ratio must be smaller than 200, got 500.0; fix the data, or set "
+            "task.params.on_bad_row=skip") in err
+    assert not (tmp_path / "a" / "metrics.jsonl").exists() or not (tmp_path / "a" / "metrics.jsonl").read_text()
+    assert main([*args, f"output_dir={tmp_path / 'b'}", "task.params.on_bad_row=skip"]) == 0
+    evaluated = json.loads((tmp_path / "b" / "evals" / "step_000001_test.json").read_text())
+    assert [record["idx"] for record in evaluated["examples"]] == [0, 1, 2, 3, 4, 6]  # 5 replaced by 6

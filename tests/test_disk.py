@@ -166,9 +166,10 @@ def test_an_unwritable_folder_is_one_line(tmp_path, monkeypatch):
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
 
     monkeypatch.setattr(type(tmp_path), "write_bytes", refused)  # as root, chmod refuses nothing
-    with pytest.raises(disk.VlmrlError, match=rf"^cannot write the things to {tmp_path / 'out'}: permission denied on "
-                                              rf"{tmp_path / 'out'}/.vlmrl-write-check.\d+; choose another path$"):
+    with pytest.raises(disk.VlmrlError) as error:
         disk.output_folder(tmp_path / "out", "the things")
+    assert str(error.value) == (f"cannot write the things to {tmp_path / 'out'}: permission denied on "
+                                f"{tmp_path / 'out'}; choose another path")
 
 
 def half_then_full(path, *args, **kwargs):
@@ -217,7 +218,7 @@ def test_data_geometry_out_and_bounds_are_one_line_and_a_full_disk_leaves_no_dat
     assert cli_error(["data", "geometry", "/proc/geo", "--n", "2"], capsys).startswith(
         "error: cannot write the geometry data to /proc/geo: /proc is the kernel's virtual filesystem")
     assert cli_error(["data", "geometry", str(tmp_path / "g"), "image_size=100000"], capsys) == (
-        "error: image_size must be in [64, 4096] pixels, got 100000")
+        "error: image_size must be in 64..4096, got 100000")
     assert cli_error(["data", "geometry", str(tmp_path / "g"), "--n", "1000001"], capsys) == (
         "error: --n must be in [1, 1,000,000] and --test in [0, 1,000,000]; got 1000001 and 100")
     assert not (tmp_path / "g").exists()  # refused before anything was written

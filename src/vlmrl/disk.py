@@ -99,7 +99,7 @@ def cannot_write(what: str, path: Path, error: Exception) -> VlmrlError:
         reason = f"/{Path(path).absolute().parts[1]} is the kernel's virtual filesystem, not a place for files"
     elif isinstance(error, (FileExistsError, NotADirectoryError)) and in_the_way and not in_the_way.is_dir():
         reason = f"{in_the_way} is a file, not a folder"
-    elif isinstance(error, IsADirectoryError) or (culprit == path and path.is_dir()):
+    elif isinstance(error, IsADirectoryError):
         reason = f"{culprit} is a folder, not a file"
     elif isinstance(error, PermissionError):
         reason = f"permission denied on {culprit}"
@@ -114,8 +114,11 @@ def _writable_folder(folder: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(folder))
     folder.mkdir(parents=True, exist_ok=True)
     probe = folder / f".vlmrl-write-check.{os.getpid()}"
-    probe.write_bytes(b"")
-    probe.unlink()
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:  # said of the folder: the probe's name means nothing to the user
+        raise type(error)(error.errno, error.strerror, str(folder)) from error
 
 
 def output_folder(path: str | Path, what: str) -> Path:

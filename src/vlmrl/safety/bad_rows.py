@@ -5,13 +5,15 @@ Without this, a bad image at row 50 of a data file (one the loader could not cat
 with `check_images=false`, or one that decodes but that the processor refuses, such as a 2 x 1000
 strip past Qwen's aspect-ratio limit) crashed the run at the step that reached it, with no
 checkpoint. `RowGuard` follows the task's `on_bad_row` (tasks without one: "error"):
-- "skip": the bad example is replaced by the next good one of the split (index + 1, + 2, ...),
-  with a warning the first time; the count of replaced examples is each step's `bad_rows_skipped`
+- "skip": the bad example is replaced by the next good one of the split not already drawn with
+  it (index + 1, + 2, ...), with a warning the first time; the count of replaced examples is each step's `bad_rows_skipped`
   metric. The replacement depends only on the data, so a resumed run draws what an uninterrupted
   one does;
 - "error": the step still completes its draw (every process reaches the same collectives), then
   the trainer saves a checkpoint of the last finished step and stops with one line naming the row.
 
+The fixed held-out set of each eval split is made and encoded once before step 1 (`checked`), so
+a bad held-out example stops the run before it starts, or is replaced, never met at an evaluation.
 Task errors are caught when an example is made. Processor errors are found lazily: a batch whose
 encoding fails has each of its examples encoded alone, so the happy path costs nothing; a failure
 that no single example reproduces is not the data's and keeps its traceback.
@@ -79,11 +81,12 @@ class RowGuard:
     def draw(self, indices: list[int]) -> tuple[list[int], list[Example]]:
         """The examples at `indices`, a bad one replaced by the next good one; (indices used, examples):
         where the two lists of indices differ, a bad example was replaced."""
-        used, examples = [], []
+        used, examples, taken = [], [], set(indices)
         for idx in indices:
             made = self._made(idx)
             if made is None:
-                idx, made = self._replacement(idx)
+                idx, made = self._replacement(idx, taken)
+                taken.add(idx)
             used.append(idx)
             examples.append(made)
         return used, examples
@@ -122,9 +125,12 @@ class RowGuard:
             self._mark(idx, f"{self.split} example {idx}: {error}")
             return None
 
-    def _replacement(self, bad_idx: int) -> tuple[int, Example]:
-        """The next example after `bad_idx` that the task makes and the processor encodes."""
-        for idx in range(bad_idx + 1, bad_idx + 1 + MAX_REPLACEMENTS):
+    def _replacement(self, bad_idx: int, taken: set[int]) -> tuple[int, Example]:
+        """The next example after `bad_idx`, not in `taken` (the draw's), that the task makes and the
+        processor encodes."""
+        for idx in range(bad_idx + 1, bad_idx + 1 + MAX_REPLACEMENTS + len(taken)):
+            if idx in taken:
+                continue
             made = self._made(idx)
             if made is None:
                 continue

@@ -160,7 +160,7 @@ class GeometryParams(TaskParams):
         check(bool(self.source.strip()), "geometry needs source=procedural or a PATH_OR_HUB_ID (a "
               ".json/.jsonl/.parquet file, a folder of them, or a hub dataset id)")
         check(64 <= self.image_size <= MAX_IMAGE_SIZE,
-              f"image_size must be in [64, {MAX_IMAGE_SIZE}] pixels, got {self.image_size}")
+              f"image_size must be in 64..{MAX_IMAGE_SIZE}, got {self.image_size}")
         check(bool(self.kinds) and set(self.kinds) <= set(KINDS),
               f"kinds must be some of {', '.join(KINDS)}, got {list(self.kinds)}")
         check(0.0 <= self.choice_share <= 1.0, f"choice_share must be in [0, 1], got {self.choice_share}")

@@ -130,6 +130,22 @@ class TrainingSession:
             "holding the last good weights. Look for a reward or advantage that is not finite, too high a "
             "train.lr, or fp16 overflow (try model.dtype=bfloat16); resume=true continues from it")
 
+    def make_held_out(self, task: Task) -> None:
+        """The fixed held-out set of every eval split (when eval.every > 0), made on the main process
+        before step 1 with each example encoded once: a bad one follows the task's on_bad_row
+        (bad_rows.py), replaced by the next good one, or the run stops here in one line, before any
+        work (it used to crash at the first evaluation)."""
+        settings, stop = self.config.eval, None
+        if self.main and settings.every:
+            for split in settings.splits:
+                guard = RowGuard(task, self.processor, split)
+                _, self.held_out[split] = guard.checked(list(range(settings.n)))
+                stop = stop or guard.stop
+        if self.any_process(stop is not None):
+            self.close()
+            raise VlmrlError(f"bad held-out data: {stop or 'the main process met a bad eval example'}; fix the data, "
+                             "or set task.params.on_bad_row=skip to replace bad rows by the next good ones")
+
     def stop_at_bad_row(self, rows: RowGuard, steps_done: int, cursor: int) -> None:
         """When any process met a bad train example and the task's on_bad_row is "error": save a
         checkpoint of the last finished step (`cursor`: its data cursor, before this step's draw),

@@ -81,6 +81,7 @@ def sft(config: Config) -> Path:
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device
     run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
+    session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
     scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
                            config.train.block_attention)
     toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None

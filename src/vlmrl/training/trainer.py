@@ -44,6 +44,7 @@ def train(config: Config) -> Path:
                               with_reference=True)
     config.rollout.check_layout(session.world)
     run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
+    session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                            config.train.logprob_chunk, config.train.block_attention)
     sampler = GroupSampler.for_run(session, task)
