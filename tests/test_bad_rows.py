@@ -78,15 +78,18 @@ def test_a_bad_row_after_the_first_batch_stops_with_a_checkpoint_or_is_skipped(
     shutil.rmtree(tmp_path / "data")
 
 
-def test_sft_stops_at_a_bad_row_with_a_checkpoint_or_skips_it(tmp_path, tiny_model_dir, capfd):
-    data = geometry_file(tmp_path / "data", "text")
+@pytest.mark.parametrize("bad_image, params", [("thin", []), ("text", ["task.params.check_images=false"])])
+def test_sft_stops_at_a_bad_row_with_a_checkpoint_or_skips_it(tmp_path, tiny_model_dir, capfd, bad_image, params):
+    data = geometry_file(tmp_path / "data", bad_image)
     args = ["sft", "task.name=geometry", f"task.params.source={data}", "task.params.test_fraction=0",
-            "task.params.check_images=false", f"model.name_or_path={tiny_model_dir}", "model.device=cpu",
-            "sft.batch_size=2", "train.steps=4", "train.micro_batch_size=4", "train.save_every=0"]
+            f"model.name_or_path={tiny_model_dir}", "model.device=cpu", *params,
+            "sft.batch_size=2", "train.steps=4", "train.micro_batch_size=1", "train.save_every=0"]
     assert main([*args, f"output_dir={tmp_path / 'a'}"]) == 2
     err = capfd.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 1
-    assert "error: bad data at step 3: train example 5: row 5 of split 'train': " in err
+    assert ("error: bad data at step 3: the processor cannot encode train example 5 (row 5 of split 'train'), image "
+            "2x1000 RGB" if bad_image == "thin" else "error: bad data at step 3: train example 5: row 5 of split "
+            "'train': ") in err
     assert (tmp_path / "a" / "checkpoints" / "step_000002").is_dir()
     assert main([*args, f"output_dir={tmp_path / 'b'}", "task.params.on_bad_row=skip"]) == 0
     assert [row.get("bad_rows_skipped", 0) for row in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 0, 1, 0]

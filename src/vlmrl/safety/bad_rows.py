@@ -14,9 +14,11 @@ checkpoint. `RowGuard` follows the task's `on_bad_row` (tasks without one: "erro
 
 The fixed held-out set of each eval split is made and encoded once before step 1 (`checked`), so
 a bad held-out example stops the run before it starts, or is replaced, never met at an evaluation.
-Task errors are caught when an example is made. Processor errors are found lazily: a batch whose
-encoding fails has each of its examples encoded alone, so the happy path costs nothing; a failure
-that no single example reproduces is not the data's and keeps its traceback.
+Task errors are caught when an example is made. In RL, processor errors are found lazily: a batch
+whose encoding fails (before anything is computed) has each of its examples encoded alone, so the
+happy path costs nothing; a failure that no single example reproduces is not the data's and keeps
+its traceback. SFT cannot redo an update once a micro-batch has run, so it encodes each data-file
+row alone the first time it is drawn (procedural examples, drawn by vlmrl's own tasks, are not).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class RowGuard:
     split: str = "train"
     bad: dict[int, str] = field(default_factory=dict)
     """Example index -> what is wrong with it: every bad example met so far on this process."""
+    screened: set = field(default_factory=set)
+    """(source split, row) of the data-file rows `checked(data_rows_only=True)` has encoded."""
     stop: str | None = None
     """With on_bad_row=error: the first bad example met, as the one-line reason to stop."""
 
@@ -91,11 +95,14 @@ class RowGuard:
             examples.append(made)
         return used, examples
 
-    def checked(self, indices: list[int]) -> tuple[list[int], list[Example]]:
-        """`draw`, with each example also encoded alone first (the preflight's first batch, where the
-        cost is nothing next to loading the model)."""
+    def checked(self, indices: list[int], data_rows_only: bool = False) -> tuple[list[int], list[Example]]:
+        """`draw`, with each example also encoded alone first: every one (the preflight's first batch,
+        the held-out sets: nothing next to loading the model), or with `data_rows_only` each row of a
+        data file (meta "row") the first time it is drawn (SFT, whose update cannot be redone once a
+        micro-batch has run: one extra processor call per row, in the first epoch only)."""
         used, examples = self.draw(indices)
-        problems = [encoding_problem(self.processor, example) for example in examples]
+        problems = [encoding_problem(self.processor, example) if not data_rows_only or self._first_time(example)
+                    else None for example in examples]
         if not any(problems):
             return used, examples
         for idx, example, problem in zip(used, examples, problems):
@@ -114,6 +121,15 @@ class RowGuard:
             if problem:
                 self._mark(idx, f"the processor cannot encode {describe(example, idx, self.split)}: {problem}")
         return self.draw(indices)
+
+    def _first_time(self, example: Example) -> bool:
+        """Whether `example` is a data-file row not screened before (and remember it)."""
+        if "row" not in example.meta:
+            return False
+        key = (example.meta.get("source_split"), example.meta["row"])
+        fresh = key not in self.screened
+        self.screened.add(key)
+        return fresh
 
     def _made(self, idx: int) -> Example | None:
         """Example `idx`, or None when it is bad (known, or the task fails to make it now)."""

@@ -14,9 +14,9 @@ With `rollout.tools`, an example whose `meta["reference_turns"]` holds a tool-us
 model's turns as text) is learnt as that trajectory: its calls are run as in a rollout, the tools'
 results are context, and the loss covers the model's turns only (tool_rollout.reference_rollout).
 
-A train example the task cannot make mid-run (a bad image past the preflight's first batch) follows
-the task's on_bad_row as in `vlmrl train` (safety/bad_rows.py); an image the processor refuses is
-found by the preflight's first batch only (the RL trainer also finds it later, at no cost).
+A train example the task cannot make, or a data-file row whose image the processor refuses, met
+past the preflight's first batch follows the task's on_bad_row as in `vlmrl train`
+(safety/bad_rows.py): each data-file row is encoded alone the first time it is drawn.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def sft(config: Config) -> Path:
         started = time.perf_counter()
         first = step * batch + session.rank * per_process
         wanted = list(range(first, first + per_process))
-        used, examples = rows.draw(wanted)  # a bad example replaced (on_bad_row=skip) or noted (error)
+        used, examples = rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
         session.stop_at_bad_row(rows, step, step * batch)
         references = reference_batch(session, examples, toolbox, stop_ids)
         session.policy.train()
