@@ -240,3 +240,19 @@ def test_data_geometry_out_and_bounds_are_one_line_and_a_full_disk_leaves_no_dat
         f"error: the disk is full: writing a diagram to {out / 'images' / 'train_000002.png'} failed")
     assert sorted(p.name for p in out.iterdir()) == ["images"]  # no JSONL: nothing reads the folder as data
     assert no_leftovers(out) == []
+
+
+@pytest.mark.parametrize("command, what, kind", [
+    (["tasks", "show", "shapes", "--n", "1", "--out", "{out}"], "the example images", "folder"),
+    (["config", "--save", "{out}"], "the config", "file"),
+    (["tiny-model", "{out}"], "the model", "folder"),
+])
+def test_the_other_outputs_of_the_wrong_kind_or_under_proc_are_one_line(tmp_path, capsys, command, what, kind):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    wrong = tmp_path / ("a_file" if kind == "folder" else "a_folder")
+    reason = f"{wrong} is a file, not a folder" if kind == "folder" else f"{wrong} is a folder, not a file"
+    for out, why in [(wrong, reason), ("/proc/vlmrl-out", "/proc is the kernel's virtual filesystem, not a place for "
+                                                          "files")]:
+        assert cli_error([part.format(out=out) for part in command], capsys) == (
+            f"error: cannot write {what} to {out}: {why}; choose another path")

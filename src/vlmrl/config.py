@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, require
 from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
 
@@ -537,8 +538,9 @@ def to_dict(config) -> dict[str, Any]:
 
 
 def save_config(config, path: str | Path) -> None:
-    """Write `config` as YAML that `load_config` reads back to an equal config."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write `config` as YAML that `load_config` reads back to an equal config (whole or not at all;
+    a bad path or a full disk is one line, disk.py)."""
+    write_text(path, "the config", yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 # --------------------------------------------------------------------------- describing
