@@ -83,7 +83,7 @@ def test_sft_stops_at_a_bad_row_with_a_checkpoint_or_skips_it(tmp_path, tiny_mod
     data = geometry_file(tmp_path / "data", bad_image)
     args = ["sft", "task.name=geometry", f"task.params.source={data}", "task.params.test_fraction=0",
             f"model.name_or_path={tiny_model_dir}", "model.device=cpu", *params,
-            "sft.batch_size=2", "train.steps=4", "train.micro_batch_size=1", "train.save_every=0"]
+            "sft.batch_size=2", "train.steps=8", "train.micro_batch_size=1", "train.save_every=0"]
     assert main([*args, f"output_dir={tmp_path / 'a'}"]) == 2
     err = capfd.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 1
@@ -92,7 +92,9 @@ def test_sft_stops_at_a_bad_row_with_a_checkpoint_or_skips_it(tmp_path, tiny_mod
             "'train': ") in err
     assert (tmp_path / "a" / "checkpoints" / "step_000002").is_dir()
     assert main([*args, f"output_dir={tmp_path / 'b'}", "task.params.on_bad_row=skip"]) == 0
-    assert [row.get("bad_rows_skipped", 0) for row in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 0, 1, 0]
+    # eight rows, two a step: row 5 comes again at step 7, in the second epoch
+    assert [row.get("bad_rows_skipped", 0) for row in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [
+        0, 0, 1, 0, 0, 0, 1, 0]
 
 
 def test_a_bad_held_out_row_past_the_first_eval_batch_stops_before_step_1_or_is_replaced(tmp_path, tiny_model_dir,

@@ -73,8 +73,8 @@ class RowGuard:
     split: str = "train"
     bad: dict[int, str] = field(default_factory=dict)
     """Example index -> what is wrong with it: every bad example met so far on this process."""
-    screened: set = field(default_factory=set)
-    """(source split, row) of the data-file rows `checked(data_rows_only=True)` has encoded."""
+    screened: dict = field(default_factory=dict)
+    """(source split, row) -> what `checked(data_rows_only=True)` found encoding it (None: fine)."""
     stop: str | None = None
     """With on_bad_row=error: the first bad example met, as the one-line reason to stop."""
 
@@ -101,8 +101,8 @@ class RowGuard:
         data file (meta "row") the first time it is drawn (SFT, whose update cannot be redone once a
         micro-batch has run: one extra processor call per row, in the first epoch only)."""
         used, examples = self.draw(indices)
-        problems = [encoding_problem(self.processor, example) if not data_rows_only or self._first_time(example)
-                    else None for example in examples]
+        problems = [self._screened(example) if data_rows_only else encoding_problem(self.processor, example)
+                    for example in examples]
         if not any(problems):
             return used, examples
         for idx, example, problem in zip(used, examples, problems):
@@ -122,14 +122,15 @@ class RowGuard:
                 self._mark(idx, f"the processor cannot encode {describe(example, idx, self.split)}: {problem}")
         return self.draw(indices)
 
-    def _first_time(self, example: Example) -> bool:
-        """Whether `example` is a data-file row not screened before (and remember it)."""
+    def _screened(self, example: Example) -> str | None:
+        """Why the processor cannot encode `example`, a data-file row, encoded the first time its row
+        is drawn and remembered after (None for a good row, and for an example that is no data row)."""
         if "row" not in example.meta:
-            return False
+            return None
         key = (example.meta.get("source_split"), example.meta["row"])
-        fresh = key not in self.screened
-        self.screened.add(key)
-        return fresh
+        if key not in self.screened:
+            self.screened[key] = encoding_problem(self.processor, example)
+        return self.screened[key]
 
     def _made(self, idx: int) -> Example | None:
         """Example `idx`, or None when it is bad (known, or the task fails to make it now)."""
