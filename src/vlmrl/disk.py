@@ -8,12 +8,12 @@ before step 1 whether the run's writes fit. `writing(what, path)` turns a full d
 a checkpoint, the final model, metrics, rollouts or the report into a `DiskFull` error that names
 what was written, where, and how much is free, instead of a traceback from safetensors or torch.
 
-What a command writes for a person (`vlmrl data geometry`, `vlmrl attention`, `vlmrl report`, `vlmrl
-eval`) goes through `output_folder` (or `output_file`) and `write_file`: a folder that is a file, a file name that is a
-folder, a path under /proc, one the user cannot write, or a full disk is one line (a VlmrlError,
-exit 2) before the work or at the write, and a file is written under a temporary name in its own
-folder and renamed over its place once whole, so a failed write never leaves a half-written file
-that later reads as data.
+What a command writes for a person (`vlmrl data geometry`, `attention`, `report`, `eval`, `tasks
+show`, `config --save`, `tiny-model`) goes through `output_folder` (or `output_file`), checked
+before the work, and `write_file`: a folder that is a file, a file name that is a folder, a path
+under /proc, one the user cannot write, or a full disk is one line (a VlmrlError, exit 2), and a
+file is written under a temporary name in its own folder and renamed over its place once whole, so
+a failed write never leaves a half-written file that later reads as data.
 """
 
 from __future__ import annotations
@@ -79,10 +79,7 @@ def writing(what: str, path: Path):
     except Exception as error:
         if not is_disk_full(error):
             raise
-        free, folder = free_space(path)
-        left = "unknown" if free is None else gib(free)
-        raise DiskFull(f"the disk is full: writing {what} to {path} failed ({left} free on the filesystem of "
-                       f"{folder})") from error
+        raise cannot_write(what, path, error) from error
 
 
 def cannot_write(what: str, path: Path, error: Exception) -> VlmrlError:

@@ -197,9 +197,10 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
+    rows = RowGuard(task, processor)
     for split, indices in first_batches(config, task, mode, world, start).items():
-        if split == "train" and RowGuard(task, processor).skips:  # on_bad_row=skip: replaced, as in the run
-            indices, examples = RowGuard(task, processor).checked(indices)
+        if split == "train" and rows.skips:  # on_bad_row=skip: a bad example replaced, as in the run
+            indices, examples = rows.checked(indices)
         else:
             examples = [make_example(task, i, split) for i in indices]
         checks.append(check_prompts(processor, examples, indices, split, limit, hf_model(policy).config))
