@@ -4,6 +4,7 @@ writes on the tiny models, the trainer's share-on-image number, and one-line err
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -142,10 +143,30 @@ def test_qwen2_vl_family_works_too(tiny_model_factory, circle_image, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--image", "missing.png"], "error: image file 'missing.png' does not exist"),
     (["--layer", "7"], "error: layer 7 is out of range: the model has 2 layers (use 0..1 or -2..-1)"),
+    (["--image", "{tmp}/huge.png"], "error: image '{tmp}/huge.png' is too large to decode safely (Image size "
+                                    "(400000000 pixels) exceeds limit of 178956970 pixels, could be decompression "
+                                    "bomb DOS attack.); downscale it first"),
+    (["--image", "{tmp}/big.png"], "error: image '{tmp}/big.png' is 10000x10000 (100 megapixels), more than the 89 "
+                                   "megapixels PIL decodes safely; downscale it first"),
+    (["--image", "{tmp}/thin.png"], "error: the model's processor cannot take the image (2x1000): ValueError: "
+                                    "absolute aspect ratio must be smaller than 200, got 500.0"),
+    (["--prompt", "<|image_pad|> how many?"], "error: the prompt contains the model's special token '<|image_pad|>': "
+                                              "image tokens would no longer match the image; remove it (the image "
+                                              "is placed by --image)"),
+    (["--out", "{tmp}/a_file"], "error: cannot write the attention maps to {tmp}/a_file: {tmp}/a_file is a file, "
+                                "not a folder; choose another path"),
+    (["--out", "/proc/attention"], "error: cannot write the attention maps to /proc/attention: /proc is the kernel's "
+                                   "virtual filesystem, not a place for files; choose another path"),
 ])
 def test_bad_input_is_one_line(args, message, tiny_model_dir, circle_image, tmp_path, capsys):
     image = tmp_path / "circles.png"
     circle_image.save(image)
+    if "huge.png" in args[1] or "big.png" in args[1]:  # 1-bit, so quick to write; only the header is read
+        side = 20000 if "huge" in args[1] else 10000
+        Image.new("1", (side, side)).save(tmp_path / ("huge.png" if side == 20000 else "big.png"))
+    Image.new("RGB", (2, 1000), "white").save(tmp_path / "thin.png")
+    (tmp_path / "a_file").write_text("x")
+    args, message = [a.format(tmp=tmp_path) for a in args], message.format(tmp=tmp_path)
     options = {"--image": str(image), "--prompt": "hi", "--device": "cpu", "--out": str(tmp_path / "a"),
                **dict(zip(args[::2], args[1::2]))}
     assert main(["attention", tiny_model_dir, *[x for pair in options.items() for x in pair]]) == 2
@@ -167,3 +188,29 @@ def test_attention_on_a_prompt_of_two_images_draws_a_panel_each(tiny_model_dir, 
         assert token["image_share"] == pytest.approx(min(sum(token["image_shares"]), 1.0))
         assert Image.open(out / token["file"]).size == (320 + 160, 352)  # two panels side by side
     assert "image grid 4x4, 4x2 tokens" in capsys.readouterr().out
+
+
+def test_a_full_disk_leaves_no_index(tiny_model_dir, circle_image, tmp_path, capsys, monkeypatch):
+    """The frames are written whole or not at all, and index.json (what makes the folder a result)
+    last: a disk that fills up half-way leaves no index.json and no half-written file."""
+    import errno
+
+    image = tmp_path / "circles.png"
+    circle_image.save(image)
+    out = tmp_path / "attn"
+    real_save, saves = Image.Image.save, []
+
+    def fills_up(self, fp, *args, **kwargs):
+        saves.append(fp)
+        if len(saves) == 2:
+            Path(fp).write_bytes(b"half a PNG")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "save", fills_up)
+    assert main(["attention", tiny_model_dir, "--image", str(image), "--prompt", "hi", "--device", "cpu",
+                 "--out", str(out), "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("error:")][0].startswith(
+        f"error: the disk is full: writing a heatmap to {out}/001_")
+    assert not (out / "index.json").exists() and not list(out.glob(".*")) and len(list(out.glob("*.png"))) == 1

@@ -112,6 +112,15 @@ def test_missing_file_and_bad_override_are_clear(tmp_path):
         load_config(None, ["model.dtype"])
 
 
+@pytest.mark.parametrize("side", [0, 27, 1025, 100000])
+def test_a_tool_image_side_that_cannot_work_is_refused_when_the_config_is_read(side):
+    with pytest.raises(VlmrlError) as error:
+        load_config(None, [f"rollout.tool_image_side={side}"])
+    assert str(error.value) == ("rollout.tool_image_side must be in [28, 1024] pixels (the longest side of a zoomed "
+                                f"image; a tool returns at most 1024 x 1024 pixels); got {side}")
+    assert load_config(None, ["rollout.tool_image_side=1024"]).rollout.tool_image_side == 1024
+
+
 def test_save_then_load_round_trips(tmp_path):
     config = load_config(None, ["model.lora.enabled=true", "task.name=cryptogram", "seed=7"])
     save_config(config, tmp_path / "saved.yaml")

@@ -55,7 +55,7 @@ VALUES: dict[str, list] = {
     "rollout.max_turns": [0, 1, 2],
     "rollout.max_trajectory_tokens": [0, 8, 64],
     "rollout.tool_timeout_s": [0.0, 1.0, NAN],
-    "rollout.tool_image_side": [0, 56],
+    "rollout.tool_image_side": [0, 56, 100000],
     "algorithm.advantage_scale": ["group", "batch", "none", "std"],
     "algorithm.advantage_shaping": ["none", "cubic", "cubic_rescaled"],
     "algorithm.eps_low": [0.0, 0.2, 1.0, -0.1],

@@ -125,3 +125,134 @@ def test_the_preflight_says_what_the_run_writes(tmp_path, tiny_model_dir, letter
     assert main(["check", str(config_file)]) == 0
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "ok, but this run may fill its disk" in out
+
+
+# --------------------------------------------------------------------------- what commands write for a person
+
+
+def cli_error(args: list[str], capsys) -> str:
+    """Run `vlmrl ARGS` in-process: it must exit 2 with one `error:` line and no traceback; that line."""
+    from vlmrl.cli import main
+
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def no_leftovers(folder) -> list[str]:
+    """Temporary files a write left behind under `folder` (none, when writes clean up)."""
+    return [p.name for p in folder.rglob(".*.tmp")] if folder.exists() else []
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("a_file", "{a_file} is a file, not a folder"),
+    ("a_file/sub", "{a_file} is a file, not a folder"),
+    ("/proc/vlmrl-out", "/proc is the kernel's virtual filesystem, not a place for files"),
+])
+def test_an_output_folder_that_cannot_be_is_one_line(tmp_path, where, reason):
+    (tmp_path / "a_file").write_text("x")
+    path = tmp_path / where
+    with pytest.raises(disk.VlmrlError) as error:
+        disk.output_folder(path, "the things")
+    assert str(error.value) == (f"cannot write the things to {path}: {reason.format(a_file=tmp_path / 'a_file')}; "
+                                "choose another path")
+
+
+def test_an_unwritable_folder_is_one_line(tmp_path, monkeypatch):
+    def refused(self, data):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(tmp_path), "write_bytes", refused)  # as root, chmod refuses nothing
+    with pytest.raises(disk.VlmrlError) as error:
+        disk.output_folder(tmp_path / "out", "the things")
+    assert str(error.value) == (f"cannot write the things to {tmp_path / 'out'}: permission denied on "
+                                f"{tmp_path / 'out'}; choose another path")
+
+
+def half_then_full(path, *args, **kwargs):
+    """A write that puts half a file down, then finds the disk full."""
+    with open(path, "wb") as f:
+        f.write(b"half a file")
+    raise full()
+
+
+def test_write_file_is_whole_or_absent_and_keeps_the_old_file(tmp_path):
+    target = tmp_path / "report.html"
+    disk.write_text(target, "the report", "old, whole")
+    with pytest.raises(DiskFull, match=rf"^the disk is full: writing the report to {target} failed \(.* free on the "
+                                       rf"filesystem of {tmp_path}\)$"):
+        disk.write_file(target, "the report", half_then_full)
+    assert target.read_text() == "old, whole" and no_leftovers(tmp_path) == []
+    (tmp_path / "folder.html").mkdir()
+    with pytest.raises(disk.VlmrlError, match="folder.html is a folder, not a file; choose another path$"):
+        disk.write_text(tmp_path / "folder.html", "the report", "x")
+
+
+def test_report_out_of_every_wrong_kind_is_one_line(tmp_path, monkeypatch, capsys):
+    from test_report import make_run_dir
+
+    run = make_run_dir(tmp_path / "r")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    for out, reason in [(tmp_path / "a_folder", f"{tmp_path / 'a_folder'} is a folder, not a file"),
+                        (tmp_path / "a_file" / "r.html", f"{tmp_path / 'a_file'} is a file, not a folder"),
+                        ("/proc/r.html", "/proc is the kernel's virtual filesystem, not a place for files")]:
+        assert cli_error(["report", str(run), "--out", str(out)], capsys) == (
+            f"error: cannot write the report to {out}: {reason}; choose another path")
+    monkeypatch.setattr(type(tmp_path), "write_text", half_then_full)
+    assert cli_error(["report", str(run)], capsys).startswith(
+        f"error: the disk is full: writing the report to {run / 'report.html'} failed")
+    assert not (run / "report.html").exists() and no_leftovers(run) == []
+
+
+def test_data_geometry_out_and_bounds_are_one_line_and_a_full_disk_leaves_no_data(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    (tmp_path / "a_file").write_text("x")
+    assert cli_error(["data", "geometry", str(tmp_path / "a_file"), "--n", "2"], capsys) == (
+        f"error: cannot write the geometry data to {tmp_path / 'a_file'}: {tmp_path / 'a_file'} is a file, not a "
+        "folder; choose another path")
+    assert cli_error(["data", "geometry", "/proc/geo", "--n", "2"], capsys).startswith(
+        "error: cannot write the geometry data to /proc/geo: /proc is the kernel's virtual filesystem")
+    assert cli_error(["data", "geometry", str(tmp_path / "g"), "image_size=100000"], capsys) == (
+        "error: image_size must be in 64..4096, got 100000")
+    assert cli_error(["data", "geometry", str(tmp_path / "g"), "--n", "1000001"], capsys) == (
+        "error: --n must be in [1, 1,000,000] and --test in [0, 1,000,000]; got 1000001 and 100")
+    assert not (tmp_path / "g").exists()  # refused before anything was written
+    out = tmp_path / "data"
+    from vlmrl.cli import main
+
+    assert main(["data", "geometry", str(out), "--n", "3", "--test", "1"]) == 0  # an earlier, whole export
+    saves = []
+    real_save = Image.Image.save
+
+    def fills_up(self, fp, *args, **kwargs):
+        saves.append(fp)
+        if len(saves) == 3:  # the third diagram finds the disk full half-way
+            return half_then_full(fp)
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "save", fills_up)
+    assert cli_error(["data", "geometry", str(out), "--n", "3", "--test", "1", "image_size=96"], capsys).startswith(
+        f"error: the disk is full: writing a diagram to {out / 'images' / 'train_000002.png'} failed")
+    assert sorted(p.name for p in out.iterdir()) == ["images"]  # no JSONL: nothing reads the folder as data
+    assert no_leftovers(out) == []
+
+
+@pytest.mark.parametrize("command, what, kind", [
+    (["tasks", "show", "shapes", "--n", "1", "--out", "{out}"], "the example images", "folder"),
+    (["config", "--save", "{out}"], "the config", "file"),
+    (["tiny-model", "{out}"], "the model", "folder"),
+])
+def test_the_other_outputs_of_the_wrong_kind_or_under_proc_are_one_line(tmp_path, capsys, command, what, kind):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    wrong = tmp_path / ("a_file" if kind == "folder" else "a_folder")
+    reason = f"{wrong} is a file, not a folder" if kind == "folder" else f"{wrong} is a folder, not a file"
+    for out, why in [(wrong, reason), ("/proc/vlmrl-out", "/proc is the kernel's virtual filesystem, not a place for "
+                                                          "files")]:
+        assert cli_error([part.format(out=out) for part in command], capsys) == (
+            f"error: cannot write {what} to {out}: {why}; choose another path")

@@ -312,11 +312,49 @@ def test_eval_command_prints_the_table_and_writes_json(tiny_model_dir, tmp_path,
     (["--task", "shapes", "--n", "0"], "error: the number of examples must be >= 1"),
     (["--task", "shapes", "--k", "-1"], "error: k must be >= 0"),
     (["--task", "shapes", "colour=red"], "error: unknown parameter 'colour' of task 'shapes'"),
+    (["--task", "shapes", "--tools", "zoom", "--tool-image-side", "0"],
+     "error: --tool-image-side must be in [28, 1024] pixels (the longest side of a zoomed image; a tool returns at "
+     "most 1024 x 1024 pixels); got 0"),
+    (["--task", "shapes", "--tools", "zoom", "--tool-image-side", "100000"],
+     "error: --tool-image-side must be in [28, 1024] pixels"),
+    (["--task", "shapes", "--out", "{tmp}/a_file"],
+     "error: cannot write the evaluation to {tmp}/a_file: {tmp}/a_file is a file, not a folder; choose another path"),
+    (["--task", "shapes", "--out", "{tmp}/a_file/sub"],
+     "error: cannot write the evaluation to {tmp}/a_file/sub: {tmp}/a_file is a file, not a folder"),
+    (["--task", "shapes", "--out", "/proc/eval"],
+     "error: cannot write the evaluation to /proc/eval: /proc is the kernel's virtual filesystem, not a place for "
+     "files; choose another path"),
 ])
-def test_eval_command_bad_input_is_one_line_and_exit_2(tiny_model_dir, args, message, capsys):
+def test_eval_command_bad_input_is_one_line_and_exit_2(tiny_model_dir, args, message, capsys, tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    args, message = [a.format(tmp=tmp_path) for a in args], message.format(tmp=tmp_path)
     assert main(["eval", tiny_model_dir, *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+def test_eval_on_a_full_disk_is_one_line_and_keeps_the_earlier_file(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import errno
+
+    out = tmp_path / "eval"
+    args = ["eval", tiny_model_dir, "--task", "shapes", "--n", "2", "--k", "0", "--no-blind", "--max-new-tokens", "2",
+            "--out", str(out), "--device", "cpu", "image_size=112"]
+    assert main(args) == 0
+    earlier = (out / "eval.json").read_text()
+
+    def half_then_full(self, text, *rest, **options):
+        open(self, "w").write(text[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(out), "write_text", half_then_full)
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # after the weight-loading bar
+    assert len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith(f"error: the disk is full: writing the evaluation to {out / 'eval.json'} failed")
+    monkeypatch.undo()
+    assert (out / "eval.json").read_text() == earlier and sorted(p.name for p in out.iterdir()) == ["eval.json"]
 
 
 def test_eval_command_missing_model_folder(tmp_path, capsys):

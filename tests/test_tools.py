@@ -214,6 +214,7 @@ def test_built_in_names_resolve_to_zoom():
 def test_an_import_path_is_known_by_its_function_name(helpers):
     assert resolve_tools(["zoom", "tool_helpers:slow_tool", "tool_helpers:echo_tool"]) == {
         "zoom": zoom, "slow_tool": helpers.slow_tool, "echo_tool": helpers.echo_tool}
+    assert resolve_tools(["tool_helpers:annotated_context"]) == {"annotated_context": helpers.annotated_context}
 
 
 @pytest.mark.parametrize("names, message", [
@@ -228,6 +229,9 @@ def test_an_import_path_is_known_by_its_function_name(helpers):
     (["tool_helpers:NOT_A_TOOL"], "tool 'tool_helpers:NOT_A_TOOL' must name a function in tool_helpers; got 3"),
     (["tool_helpers:no_context"], "tool 'tool_helpers:no_context' must take the context as its first parameter: "
                                   "too many positional arguments"),
+    (["tool_helpers:argument_first"], "tool 'tool_helpers:argument_first' must take the context as its first "
+                                      "parameter (def f(context, ...)); its first parameter is 'box', which would "
+                                      "receive the context instead of the model's argument"),
     (["zoom", "tool_helpers:zoom"], "two tools are named 'zoom' ('zoom' and 'tool_helpers:zoom'); "
                                     "each needs its own name"),
     (["crop", "crop"], "two tools are named 'crop' ('crop' and 'crop'); each needs its own name"),

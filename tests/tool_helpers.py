@@ -10,6 +10,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from vlmrl.tasks.tools import ToolContext
+
 NOT_A_TOOL = 3
 MARKERS = ("<image> <|image_pad|> <start_of_image> <end_of_image> <image_soft_token> <fake_token_around_image> "
            "<global-img> <row_1_col_1> <end_of_utterance> <end_of_turn> <start_of_turn> <|im_end|> </s> <bos>")
@@ -133,3 +135,13 @@ def zoom(context, box) -> str:
 def no_context() -> str:
     """Takes no context: not a tool."""
     return "nothing"
+
+
+def argument_first(box: list) -> str:
+    """Its one parameter is an argument the model gives: the context would land in it."""
+    return f"{box}"
+
+
+def annotated_context(view: ToolContext, box: list) -> str:
+    """The context under another name, told by its annotation: a tool."""
+    return f"{box}"

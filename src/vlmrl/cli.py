@@ -245,11 +245,12 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
         epilog="example:\n  vlmrl data geometry data/geometry --n 2000 --test 200 image_size=336 choice_share=0.5",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     geometry.add_argument("out", help="folder to write (created)")
-    geometry.add_argument("--n", type=int, default=1000, help="train problems (default 1000)")
-    geometry.add_argument("--test", type=int, default=100, help="test problems (default 100)")
+    geometry.add_argument("--n", type=int, default=1000, help="train problems, at most 1,000,000 (default 1000)")
+    geometry.add_argument("--test", type=int, default=100, help="test problems, at most 1,000,000 (default 100)")
     geometry.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     geometry.add_argument("params", nargs="*", metavar="KEY=VALUE",
-                          help="generator parameters: image_size (224), kinds (all), choice_share (0.25)")
+                          help="generator parameters: image_size (224, at most 4096), kinds (all), "
+                               "choice_share (0.25)")
     geometry.set_defaults(func=_data_geometry)
 
 
@@ -373,7 +374,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--max-turns", type=int, default=default["max_turns"],
                           help=f"with --tools: most model turns per answer (default {default['max_turns']})")
     evaluate.add_argument("--tool-image-side", type=int, default=default["tool_image_side"],
-                          help="with --tools: longest side of a zoomed image in pixels "
+                          help="with --tools: longest side of a zoomed image in pixels, 28 to 1024 "
                                f"(default {default['tool_image_side']})")
     evaluate.add_argument("--decode", default=default["decode"], choices=DECODES,
                           help="how generation decodes, as rollout.decode: a growing or a static KV cache, "
@@ -417,7 +418,7 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("run_dir", metavar="RUN_DIR", help="run directory (the config's output_dir)")
     report.add_argument("--out", default=None, metavar="FILE",
-                        help="where to write the page (default RUN_DIR/report.html)")
+                        help="where to write the page (default RUN_DIR/report.html); written whole or not at all")
     report.set_defaults(func=_report)
 
 

@@ -19,8 +19,23 @@ from typing import Any, Literal
 
 import yaml
 
+from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, require
 from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
+
+TOOL_IMAGE_SIDES = (28, 1024)
+"""Smallest and largest `tool_image_side` (rollout.tool_image_side, `vlmrl eval --tool-image-side`):
+28 pixels is one merged vision patch of Qwen2-VL-style models (a zoom smaller than that shows
+nothing); 1024 x 1024 is the most pixels a tool may return (tasks/tools.py ToolLimits), so a larger
+side only builds an image to refuse (a side of 100000 made the zoom draw 114 megapixels first)."""
+
+
+def tool_image_side_rule(name: str, side: int) -> str:
+    """The one-line complaint about a tool image side (given as `name`) out of TOOL_IMAGE_SIDES."""
+    low, high = TOOL_IMAGE_SIDES
+    return (f"{name} must be in [{low}, {high}] pixels (the longest side of a zoomed image; a tool returns "
+            f"at most {high} x {high} pixels); got {side}")
+
 
 RENAMED_KEYS: dict[str, str] = {
     "rollout.shared_prefill": "rollout.share_prompt_cache",
@@ -172,7 +187,8 @@ class RolloutConfig(GenerationSettings):
     process killed and replaced) and answers with an error; the built-in tools are not timed."""
     tool_image_side: int = 448
     """With tools: longest side in pixels of an image a built-in tool returns (a zoomed crop is
-    resized to it, small crops enlarged). Each returned image costs image tokens of the budget."""
+    resized to it, small crops enlarged), 28 to 1024. Each returned image costs image tokens of the
+    budget."""
 
     def validate(self) -> None:
         require((math.isfinite(self.temperature) and self.temperature > 0,  # stricter than generation's rule: first
@@ -183,9 +199,11 @@ class RolloutConfig(GenerationSettings):
             super().validate()
         except VlmrlError as error:
             raise VlmrlError(f"rollout.{error}") from None
-        require((self.max_turns >= 1 and self.max_trajectory_tokens >= 1 and self.tool_image_side >= 1
+        require((self.max_turns >= 1 and self.max_trajectory_tokens >= 1
                  and math.isfinite(self.tool_timeout_s) and self.tool_timeout_s > 0,
-                 "rollout.max_turns, max_trajectory_tokens and tool_image_side must be >= 1, tool_timeout_s > 0"),
+                 "rollout.max_turns and max_trajectory_tokens must be >= 1, tool_timeout_s > 0"),
+                (TOOL_IMAGE_SIDES[0] <= self.tool_image_side <= TOOL_IMAGE_SIDES[1],
+                 tool_image_side_rule("rollout.tool_image_side", self.tool_image_side)),
                 (min(self.prompts_per_step, self.generation_batch_size, self.max_prompt_length) >= 1,
                  "rollout.prompts_per_step, generation_batch_size and max_prompt_length must be >= 1"))
 
@@ -521,8 +539,9 @@ def to_dict(config) -> dict[str, Any]:
 
 
 def save_config(config, path: str | Path) -> None:
-    """Write `config` as YAML that `load_config` reads back to an equal config."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write `config` as YAML that `load_config` reads back to an equal config (whole or not at all;
+    a bad path or a full disk is one line, disk.py)."""
+    write_text(path, "the config", yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 # --------------------------------------------------------------------------- describing

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +28,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
+from vlmrl.disk import output_folder, write_file, write_text
 from vlmrl.errors import VlmrlError
 from vlmrl.evaluation.attention import attention_forward, resolve_layer
-from vlmrl.rollout.prompts import image_token_id
+from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.tasks import Example
 
 # Anchor colours of matplotlib's "inferno" (dark = little attention, bright yellow = most).
@@ -179,15 +181,42 @@ class AttentionMaps:
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """An RGB image from disk, or a one-line VlmrlError."""
+    """An RGB image from disk, or a one-line VlmrlError: its size is read (lazily, from the header)
+    and refused over PIL's decompression-bomb limit before any pixel is decoded."""
     path = Path(path)
     if not path.is_file():
         raise VlmrlError(f"image file {str(path)!r} does not exist")
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as error:
-        raise VlmrlError(f"cannot read image {str(path)!r}: {error}")
+        with warnings.catch_warnings():  # the size is checked below, against the limit itself
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                limit = Image.MAX_IMAGE_PIXELS
+                if limit and width * height > limit:
+                    raise VlmrlError(f"image {str(path)!r} is {width}x{height} ({width * height / 1e6:.0f} "
+                                     f"megapixels), more than the {limit / 1e6:.0f} megapixels PIL decodes safely; "
+                                     "downscale it first")
+                return image.convert("RGB")
+    except Image.DecompressionBombError as error:  # PIL refuses at open beyond twice its limit
+        raise VlmrlError(f"image {str(path)!r} is too large to decode safely ({error}); downscale it first") from error
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as error:
+        raise VlmrlError(f"cannot read image {str(path)!r}: {type(error).__name__}: {error}") from error
+
+
+def check_prompt(processor, example: Example) -> None:
+    """One line when the prompt writes a special token (an image placeholder: image tokens would no
+    longer match image features) or the processor refuses the image (too thin, too small)."""
+    specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
+    written = [token for token in specials if token in example.prompt]
+    if written:
+        raise VlmrlError(f"the prompt contains the model's special token {written[0]!r}: image tokens would no "
+                         "longer match the image; remove it (the image is placed by --image)")
+    try:
+        encode_prompts(processor, [example], torch.device("cpu"))
+    except Exception as error:  # noqa: BLE001 - the processor's own reason, in one line
+        sizes = ", ".join(f"{image.width}x{image.height}" for image in example.images)
+        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        raise VlmrlError(f"the model's processor cannot take the image ({sizes}): {reason}") from error
 
 
 def attention_maps(model_path: str, image: str | Path | list, prompt: str, *, layer: int = -1,
@@ -203,20 +232,22 @@ def attention_maps(model_path: str, image: str | Path | list, prompt: str, *, la
 
     if max_new_tokens < 1:
         raise VlmrlError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    output_folder(out_dir, "the attention maps")  # a bad --out in one line, before any work
     pictures = [load_image(path) for path in (image if isinstance(image, (list, tuple)) else [image])]
     model, processor = load_policy(model_path, device=device, attn_implementation="eager")
     model.eval()
     n_layers = model.config.get_text_config().num_hidden_layers
     layer_index = resolve_layer(layer, n_layers)
     example = Example(prompt=prompt, answer="", images=pictures)
+    check_prompt(processor, example)
     ids, text, heats, grids = _heats(model, processor, example, layer_index, max_new_tokens)
     tokens = _write_frames(processor, pictures, ids, heats, Path(out_dir))
-    (Path(out_dir) / "index.json").write_text(json.dumps({
+    write_text(Path(out_dir) / "index.json", "the attention index", json.dumps({
         "model": str(model_path), "prompt": prompt, "completion": text,
         "layer": layer_index, "layers": n_layers, "grid": list(grids[0]), "grids": [list(g) for g in grids],
         "gif": "attention.gif", "query": "attention of the position that produced each token, averaged over heads",
         "tokens": [vars(token) for token in tokens],
-    }, indent=2, ensure_ascii=False))
+    }, indent=2, ensure_ascii=False))  # last: a folder with an index.json is a whole one
     return AttentionMaps(tokens=tokens, completion=text, layer=layer_index, layers=n_layers, grid=grids[0],
                          out_dir=Path(out_dir), grids=grids)
 
@@ -244,9 +275,8 @@ def _heats(model, processor, example: Example, layer: int, max_new_tokens: int):
 def _write_frames(processor, pictures: list[Image.Image], ids: torch.Tensor, heats: list[torch.Tensor],
                   out: Path) -> list[TokenAttention]:
     """One PNG per token (the images' heatmaps side by side) and the GIF; returns the tokens."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("[0-9][0-9][0-9]*_*.png"):
-        stale.unlink()
+    for stale in [*out.glob("[0-9][0-9][0-9]*_*.png"), out / "index.json"]:  # an earlier run's, if any
+        stale.unlink(missing_ok=True)
     length = len(ids)
     width = max(3, len(str(length - 1)))
     tokens, frames = [], []
@@ -260,11 +290,12 @@ def _write_frames(processor, pictures: list[Image.Image], ids: torch.Tensor, hea
         panels = [heatmap_frame(picture, heat[t].numpy(), caption if i == 0 else f"image {i + 1}: {s:.0%}")
                   for i, (picture, heat, s) in enumerate(zip(pictures, heats, shares))]
         frame = side_by_side(panels)
-        frame.save(out / name)
+        write_file(out / name, "a heatmap", lambda temporary, frame=frame: frame.save(temporary, format="PNG"))
         frames.append(frame)
         tokens.append(TokenAttention(index=t, token=text, token_id=token_id, image_share=share, file=name,
                                      image_shares=shares))
-    frames[0].save(out / "attention.gif", save_all=True, append_images=frames[1:], duration=FRAME_MS, loop=0)
+    write_file(out / "attention.gif", "the attention GIF", lambda temporary: frames[0].save(
+        temporary, format="GIF", save_all=True, append_images=frames[1:], duration=FRAME_MS, loop=0))
     return tokens
 
 

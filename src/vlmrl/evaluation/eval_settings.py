@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlmrl.config import TOOL_IMAGE_SIDES, tool_image_side_rule
 from vlmrl.errors import require
 
 
@@ -56,5 +57,7 @@ class EvalSettings:
                   (self.length_buckets >= 1, f"length buckets must be >= 1, got {self.length_buckets}"),
                   (self.max_turns >= 1, f"max turns must be >= 1, got {self.max_turns}"),
                   (self.max_trajectory_tokens >= 1,
-                   f"max trajectory tokens must be >= 1, got {self.max_trajectory_tokens}")]
+                   f"max trajectory tokens must be >= 1, got {self.max_trajectory_tokens}"),
+                  (TOOL_IMAGE_SIDES[0] <= self.tool_image_side <= TOOL_IMAGE_SIDES[1],
+                   tool_image_side_rule("--tool-image-side", self.tool_image_side))]
         require(*checks)

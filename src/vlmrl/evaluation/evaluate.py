@@ -34,6 +34,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from vlmrl.config import GenerationSettings, RolloutConfig
+from vlmrl.disk import output_folder, write_text
 from vlmrl.errors import VlmrlError
 from vlmrl.evaluation.eval_settings import (
     EvalSettings,  # re-exported: `from vlmrl.evaluation.evaluate import EvalSettings`
@@ -424,12 +425,10 @@ def safe_filename(text: str) -> str:
 
 
 def save_evaluation(evaluation: Evaluation, folder: str | Path, filename: str = "eval.json") -> Path:
-    """Write {"results", "settings", "examples"} as JSON to folder/filename; returns the path."""
-    path = Path(folder) / filename
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write {"results", "settings", "examples"} as JSON to folder/filename, whole or not at all (a
+    bad path or a full disk is one line, disk.py); returns the path."""
     document = {"results": evaluation.results, "settings": evaluation.settings, "examples": evaluation.records}
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    return path
+    return write_text(Path(folder) / filename, "the evaluation", json.dumps(document, indent=2, default=str) + "\n")
 
 
 def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "test", n: int = 64,
@@ -448,6 +447,8 @@ def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "te
     settings.validate()
     task = get_task(task_name, **task_params)
     examples = held_out_examples(task, split, n)
+    if out_dir is not None or Path(model_dir).is_dir():  # a bad output path in one line, before the model loads
+        output_folder(out_dir if out_dir is not None else model_dir, "the evaluation")
     model, processor = load_policy(model_dir, dtype=dtype, device=device)
     use_batched_vision_attention(model, True)  # the same numbers, far fewer kernel launches
     evaluation = evaluate(model, processor, task, examples, settings)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from vlmrl.disk import output_folder, write_text, writing
 from vlmrl.errors import VlmrlError
 from vlmrl.models.tiny_families import FAMILIES
 
@@ -127,6 +128,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
         raise VlmrlError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     if arch not in ARCHES:
         raise VlmrlError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHES)}")
+    out = output_folder(out_dir, "the model")  # a bad OUT in one line, before the model is built
     spec = SPECS[size]
     tok = build_tokenizer(spec.vocab, arch)
     family = FAMILIES[arch]
@@ -136,11 +138,10 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
     wake_zero_parameters(model, family.wake)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    family.processor(tok, spec.image).save_pretrained(out)
-    (out / "vlmrl_tiny.json").write_text(json.dumps(
+    with writing("the model", out):  # a full disk: one line
+        model.save_pretrained(out)
+        family.processor(tok, spec.image).save_pretrained(out)
+    write_text(out / "vlmrl_tiny.json", "the model", json.dumps(
         {"size": size, "arch": arch, "seed": seed, "version": TINY_MODEL_VERSION,
          "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
     return out

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from vlmrl import __version__
-from vlmrl.disk import writing
+from vlmrl.disk import output_file, write_text
 from vlmrl.report.charts import build_charts, constant_metrics, final_value, is_accuracy_like, is_heldout_accuracy
 from vlmrl.report.rollouts import MAX_GROUPS, MAX_STEPS, rollout_data
 from vlmrl.report.rundir import RunDir, read_run_dir
@@ -36,11 +36,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the HTML report of `run_dir` to `out` (default RUN_DIR/report.html); returns its path."""
     run = read_run_dir(run_dir)
     path = Path(out) if out is not None else run.path / "report.html"
-    page = render_page(run)
-    with writing("the report", path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8", errors="replace")
-    return path
+    output_file(path, "the report")  # a bad --out in one line, before the page is made
+    return write_text(path, "the report", render_page(run))  # whole or not at all
 
 
 def render_page(run: RunDir) -> str:

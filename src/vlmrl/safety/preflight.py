@@ -6,7 +6,8 @@ alone and prints the report. They:
 - make the first batch of every split the run uses (train, and eval.splits when eval.every > 0)
   and encode each prompt with the model's own processor, so a task error, a bad image or a
   processor error shows now, naming the split and the example (the geometry task checks
-  every row of its dataset when it loads: see its on_bad_row);
+  every row of its dataset when it loads: see its on_bad_row; with on_bad_row=skip a bad train
+  example is replaced here as in the run, safety/bad_rows.py);
 - check each prompt: no special token (an image placeholder) written into the question, which
   breaks the match between image tokens and image features, and prompt plus image tokens within
   rollout.max_prompt_length. Image tokens are never truncated: a longer prompt is an error that
@@ -54,6 +55,7 @@ from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
+from vlmrl.safety.bad_rows import RowGuard, make_example
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.tasks import Example, Task
 
@@ -195,8 +197,12 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
+    rows = RowGuard(task, processor)
     for split, indices in first_batches(config, task, mode, world, start).items():
-        examples = [make_example(task, i, split) for i in indices]
+        if split == "train" and rows.skips:  # on_bad_row=skip: a bad example replaced, as in the run
+            indices, examples = rows.checked(indices)
+        else:
+            examples = [make_example(task, i, split) for i in indices]
         checks.append(check_prompts(processor, examples, indices, split, limit, hf_model(policy).config))
         if mode == "sft" and split == "train":
             completion = max(len(processor.tokenizer(ex.reference_completion, add_special_tokens=False).input_ids)
@@ -359,17 +365,6 @@ def first_batches(config: Config, task: Task, mode: str, world: int, start: int)
         for split in config.eval.splits:  # each one the task has (early_checks.py)
             batches[split] = list(range(min(config.eval.n, config.eval.batch_size)))
     return batches
-
-
-def make_example(task: Task, idx: int, split: str) -> Example:
-    """task.example(idx, split); a failure other than a VlmrlError is told with the split and index."""
-    try:
-        return task.example(idx, split)
-    except VlmrlError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a task of the user's own: say where it failed
-        raise VlmrlError(f"task {task.name!r} cannot make {split} example {idx}: "
-                         f"{type(error).__name__}: {error}") from error
 
 
 def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int,

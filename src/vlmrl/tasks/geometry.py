@@ -63,6 +63,9 @@ from vlmrl.tasks.rewards import Rubric, extract_tag, math_equal, think_answer_fo
 PROCEDURAL = "procedural"
 SCHEMAS = ("auto", "open_r1", "geometry3k", "geoqa")
 ON_BAD_ROW = ("error", "skip")
+MAX_IMAGE_SIZE = 4096
+"""Largest side of a generated diagram: 16 megapixels, past what any model's processor keeps (a
+side of 100000 drew for minutes before the first problem)."""
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 INSTRUCTION = "Think step by step inside <think> </think>, then give the final answer inside <answer> </answer>."
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -145,7 +148,7 @@ class GeometryParams(TaskParams):
     format_weight: float = 0.5
     """Weight of the format component in the total."""
     image_size: int = 224
-    """source=procedural: side of the square diagram in pixels."""
+    """source=procedural: side of the square diagram in pixels (64 to 4096)."""
     kinds: tuple[str, ...] = KINDS
     """source=procedural: the kinds of problem drawn from (triangle, isosceles, parallel,
     pythagoras, area, arc)."""
@@ -156,7 +159,8 @@ class GeometryParams(TaskParams):
         super().validate()
         check(bool(self.source.strip()), "geometry needs source=procedural or a PATH_OR_HUB_ID (a "
               ".json/.jsonl/.parquet file, a folder of them, or a hub dataset id)")
-        check(self.image_size >= 64, f"image_size must be >= 64, got {self.image_size}")
+        check(64 <= self.image_size <= MAX_IMAGE_SIZE,
+              f"image_size must be in 64..{MAX_IMAGE_SIZE}, got {self.image_size}")
         check(bool(self.kinds) and set(self.kinds) <= set(KINDS),
               f"kinds must be some of {', '.join(KINDS)}, got {list(self.kinds)}")
         check(0.0 <= self.choice_share <= 1.0, f"choice_share must be in [0, 1], got {self.choice_share}")

@@ -14,6 +14,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmrl.disk import output_folder, write_file
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, get_task, list_tasks, param_table, task_class
 
@@ -44,9 +45,7 @@ def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 
         raise VlmrlError(f"--n must be >= 0, got {n}")
     task = get_task(name, **params)
     task.check_split(split)
-    folder = Path(out_dir) if out_dir else None
-    if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(out_dir, "the example images") if out_dir else None  # a bad --out: one line, now
     shown = ", ".join(f"{k}={v!r}" for k, v in params.items()) or "defaults"
     lines = [f"task {name} ({shown}), split {split}, splits: {', '.join(task.splits)}"]
     for i in range(n):
@@ -82,7 +81,7 @@ def _image_lines(example: Example, folder: Path | None, stem: str) -> list[str]:
         where = ""
         if folder is not None:
             path = folder / f"{file_stem}.png"
-            image.save(path)
+            write_file(path, "an example image", lambda temporary, image=image: image.save(temporary, format="PNG"))
             where = f" -> {path}"
         lines.append(f"{label}: {image.size[0]}x{image.size[1]}{where}")
     return lines

@@ -321,13 +321,26 @@ def _unknown_tool(name: str) -> VlmrlError:
 
 
 def _check_takes_context(name: str, function: Callable[..., Any]) -> None:
-    """VlmrlError unless `function` can be called with the context as its one positional argument."""
+    """VlmrlError unless `function` can be called with the context as its one positional argument,
+    and its first parameter is the context: annotated ToolContext, or named so (`context`, `ctx`,
+    `tool_context`, `_`...). A first parameter named for an argument (`def zoom(box)`) would take
+    the context in its place and every call would fail as bad arguments, silently."""
     try:
-        inspect.signature(function).bind_partial(None)
+        signature = inspect.signature(function)
+        signature.bind_partial(None)
     except ValueError:  # no signature to read (some builtins): trust it
         return
     except TypeError as error:
         raise VlmrlError(f"tool {name!r} must take the context as its first parameter: {error}") from error
+    first = next(iter(signature.parameters.values()))
+    if first.kind is inspect.Parameter.VAR_POSITIONAL:
+        return
+    annotation = first.annotation if isinstance(first.annotation, str) else getattr(first.annotation, "__name__", "")
+    if annotation.endswith("ToolContext") or first.name.strip("_") in ("", "c") or any(
+            word in first.name.lower() for word in ("context", "ctx")):
+        return
+    raise VlmrlError(f"tool {name!r} must take the context as its first parameter (def f(context, ...)); its first "
+                     f"parameter is {first.name!r}, which would receive the context instead of the model's argument")
 
 
 def resolve_tools(names: list[str]) -> dict[str, Callable[..., Any]]:

@@ -9,7 +9,8 @@ drawn, for at most `max_sampling_rounds` rounds (all processes draw the same num
 batch still short is filled with set-aside groups, which carry no policy gradient. Advantages are
 computed over the whole batch of all processes (grpo.group_advantages), then each keeps its rows.
 With `rollout.tools`, each completion is a multi-turn trajectory in which the model calls visual
-tools (tool_rollout.py); the rest of the step is the same.
+tools (tool_rollout.py); the rest of the step is the same. A bad example met mid-run (one the task
+cannot make, or whose image the processor refuses) follows the task's on_bad_row (safety/bad_rows.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import torch
 
 from vlmrl import grpo
 from vlmrl.config import Config
+from vlmrl.errors import VlmrlError
 from vlmrl.rollout.generation import Rollout, generate_groups
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
+from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
 
@@ -38,6 +41,7 @@ class Experience:
     advantages: torch.Tensor  # (N,)
     groups_drawn: int  # groups generated this step, on this process
     groups_with_signal: int  # of those, groups whose rewards were not all equal
+    bad_rows_skipped: int = 0  # bad train examples replaced by the next good one this step, on this process
     seconds: dict[str, float] = field(default_factory=dict)  # "generate", "score": wall time, this process
 
 
@@ -72,14 +76,17 @@ class GroupSampler:
 
     session: object  # a TrainingSession
     task: Task
+    rows: RowGuard
     toolbox: ToolBox | None = None  # rollout.tools resolved (tool_rollout.py); None: single-turn
     seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "score": 0.0})
+    replaced: int = 0  # bad examples replaced since the step began
 
     @classmethod
     def for_run(cls, session, task: Task) -> GroupSampler:
         """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
         settings = session.config.rollout
-        return cls(session, task, ToolBox.from_config(settings) if settings.tools else None)
+        return cls(session, task, RowGuard(task, session.processor),
+                   ToolBox.from_config(settings) if settings.tools else None)
 
     def generate(self, examples: list[Example], seed: int) -> Rollout:
         """G completions (or trajectories) of each example, rows grouped by example."""
@@ -88,15 +95,28 @@ class GroupSampler:
             return generate_groups(policy, processor, examples, settings, seed=seed)
         return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
 
+    def draw_and_generate(self, indices: list[int], seed: int) -> tuple[list[Example], Rollout]:
+        """The examples at `indices` (bad ones replaced, bad_rows.py) and their completions."""
+        used, examples = self.rows.draw(indices)
+        try:
+            rollout = self.generate(examples, seed)
+        except VlmrlError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a bad image the processor refuses; else re-raised
+            used, examples = self.rows.after_encoding_failure(used, examples, error)
+            rollout = self.generate(examples, seed)
+        self.replaced += sum(u != i for u, i in zip(used, indices))
+        return examples, rollout
+
     def round(self, step: int, first: int) -> list[ScoredGroup]:
         """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""
         config = self.session.config
         per_call, group = config.rollout.per_call(self.session.world), config.rollout.group_size
         groups = []
         for start in range(first, first + config.rollout.per_process(self.session.world), per_call):
-            examples = [self.task.example(i, split="train") for i in range(start, start + per_call)]
             started = time.perf_counter()
-            rollout = self.generate(examples, derive_seed(config.seed, step, start))
+            examples, rollout = self.draw_and_generate(list(range(start, start + per_call)),
+                                                       derive_seed(config.seed, step, start))
             scored = time.perf_counter()
             scores = score_completions(self.task, rollout)  # name -> (B*G,)
             self.seconds["generate"] += scored - started
@@ -126,6 +146,7 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
     with_signal: list[ScoredGroup] = []
     without_signal: list[ScoredGroup] = []
     sampler.seconds = {"generate": 0.0, "score": 0.0}
+    sampler.replaced = 0
     rounds = 0
     while True:
         first = cursor + rounds * settings.prompts_per_step + session.rank * per_process
@@ -142,5 +163,6 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
         rollout, rewards={name: torch.cat([g.scores[name] for g in kept]) for name in kept[0].scores},
         reward=reward, advantages=batch_advantages(session, reward),
         groups_drawn=rounds * per_process,
-        groups_with_signal=sum(g.has_signal for g in with_signal + without_signal), seconds=dict(sampler.seconds))
+        groups_with_signal=sum(g.has_signal for g in with_signal + without_signal),
+        bad_rows_skipped=sampler.replaced, seconds=dict(sampler.seconds))
     return experience, cursor + rounds * settings.prompts_per_step

@@ -7,7 +7,8 @@ launch`); on one process everything works the same.
 
 Faults (faults.py): optimizer updates go through `session.guard`, which skips a NaN/inf update;
 after each step `check_stop` ends the run with a checkpoint when a stop signal came (SIGINT,
-SIGTERM) or too many updates in a row were skipped. Resume starts from the newest whole
+SIGTERM) or too many updates in a row were skipped, and `stop_at_bad_row` when a bad train example
+was met mid-run with on_bad_row=error (bad_rows.py). Resume starts from the newest whole
 checkpoint, passing over damaged ones with a warning. The run folder is held (folder_lock.py) from
 before anything in it is read until `close()`: a second trainer started in it is refused.
 """
@@ -26,6 +27,7 @@ from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.evaluation.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
 from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
+from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.checkpoint import find_resumable, restore_trainer_state, save_checkpoint, save_model
 from vlmrl.safety.faults import NumericGuard, StopSignals
 from vlmrl.safety.folder_lock import FolderBusy, hold
@@ -143,6 +145,37 @@ class TrainingSession:
             f"{self.config.train.max_bad_steps}); stopped after step {steps_done} with a checkpoint in {folder} "
             "holding the last good weights. Look for a reward or advantage that is not finite, too high a "
             "train.lr, or fp16 overflow (try model.dtype=bfloat16); resume=true continues from it")
+
+    def make_held_out(self, task: Task) -> None:
+        """The fixed held-out set of every eval split (when eval.every > 0), made on the main process
+        before step 1 with each example encoded once: a bad one follows the task's on_bad_row
+        (bad_rows.py), replaced by the next good one, or the run stops here in one line, before any
+        work (it used to crash at the first evaluation)."""
+        settings, stop = self.config.eval, None
+        if self.main and settings.every:
+            for split in settings.splits:
+                guard = RowGuard(task, self.processor, split)
+                _, self.held_out[split] = guard.checked(list(range(settings.n)))
+                stop = stop or guard.stop
+        if self.any_process(stop is not None):
+            self.close()
+            raise VlmrlError(f"bad held-out data: {stop or 'the main process met a bad eval example'}; fix the data, "
+                             "or set task.params.on_bad_row=skip to replace bad rows by the next good ones")
+
+    def stop_at_bad_row(self, rows: RowGuard, steps_done: int, cursor: int) -> None:
+        """When any process met a bad train example and the task's on_bad_row is "error": save a
+        checkpoint of the last finished step (`cursor`: its data cursor, before this step's draw),
+        close, and stop in one line naming the example (bad_rows.py)."""
+        if not self.any_process(rows.stop is not None):
+            return
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        if self.saved_step != steps_done:
+            folder = self.save(steps_done, cursor)
+        self.close()
+        reason = rows.stop or "another process met a bad train example"
+        raise VlmrlError(f"bad data at step {steps_done + 1}: {reason}; stopped with a checkpoint of step {steps_done} "
+                         f"in {folder}. Fix the data, or set task.params.on_bad_row=skip to replace bad rows by the "
+                         "next good ones, then resume=true")
 
     def close(self) -> None:
         """Close the logs, give the signal handlers and the run folder back (the model is not saved)."""

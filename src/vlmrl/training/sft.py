@@ -16,6 +16,10 @@ results are context, and the loss covers the model's turns only (tool_rollout.re
 Each step then logs the tools' statistics as GRPO does (`tools/calls`, `tools/invalid_calls`,
 `tools/turns`, `tools/cut`), and a step whose every reference call failed (a tool missing from
 `rollout.tools`, a tool that raises) says so once, on one line: the model would learn from errors.
+
+A train example the task cannot make, or a data-file row whose image the processor refuses, met
+past the preflight's first batch follows the task's on_bad_row as in `vlmrl train`
+(safety/bad_rows.py): each data-file row is encoded alone the first time it is drawn.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.generation import stop_token_ids
 from vlmrl.rollout.prompts import chat_messages
 from vlmrl.rollout.tool_rollout import ToolBox, ToolRollout, reference_rollout, trajectory_statistics
+from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
@@ -80,10 +85,12 @@ def sft(config: Config) -> Path:
     stop_ids = stop_token_ids(session.processor, session.policy)
     device = session.accelerator.device
     run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
+    session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
     scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
                            config.train.block_attention)
     toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
     warned = False  # about reference calls that all failed: once a run
+    rows = RowGuard(task, session.processor)
 
     progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                     total=config.train.steps, desc="sft", unit="step", disable=not session.main,
@@ -91,12 +98,17 @@ def sft(config: Config) -> Path:
     for step in progress:
         started = time.perf_counter()
         first = step * batch + session.rank * per_process
-        examples = [task.example(i, split="train") for i in range(first, first + per_process)]
+        wanted = list(range(first, first + per_process))
+        used, examples = rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
+        session.stop_at_bad_row(rows, step, step * batch)
         references = reference_batch(session, examples, toolbox, stop_ids)
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
         metrics = sft_update(session, scorer, references.to(device)) | tool_statistics(session, references)
         warned = warned or warn_if_every_call_failed(session, metrics, references, step + 1)
+        skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(used, wanted))],
+                                                          device=device), "sum")
+        metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
         metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
                     "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
                     "seconds": time.perf_counter() - started}

@@ -44,6 +44,7 @@ def train(config: Config) -> Path:
                               with_reference=True)
     config.rollout.check_layout(session.world)
     run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
+    session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
     scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                            config.train.logprob_chunk, config.train.block_attention)
     sampler = GroupSampler.for_run(session, task)
@@ -56,7 +57,9 @@ def train(config: Config) -> Path:
     for step in progress:
         started = time.perf_counter()
         session.policy.eval()
-        experience, cursor = collect_experience(sampler, step, cursor)
+        experience, next_cursor = collect_experience(sampler, step, cursor)
+        session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
+        cursor = next_cursor
         session.policy.train()
         torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
         update_started = time.perf_counter()
@@ -133,9 +136,11 @@ def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, 
     advantages = accelerator.gather(experience.advantages.to(accelerator.device))  # (N * processes,)
     metrics |= {"advantage/abs_mean": float(advantages.abs().mean()), "advantage/std": float(advantages.std()),
                 "advantage/min": float(advantages.min()), "advantage/max": float(advantages.max())}
-    counts = accelerator.reduce(torch.tensor([experience.groups_drawn, experience.groups_with_signal],
-                                             device=accelerator.device), "sum")
+    counts = accelerator.reduce(torch.tensor([experience.groups_drawn, experience.groups_with_signal,
+                                              experience.bad_rows_skipped], device=accelerator.device), "sum")
     metrics["groups_drawn"], metrics["groups_with_signal"] = int(counts[0]), int(counts[1])
+    if int(counts[2]):  # on_bad_row=skip: bad train examples replaced this step (bad_rows.py)
+        metrics["bad_rows_skipped"] = int(counts[2])
     metrics["zero_variance_groups"] = 1.0 - metrics["groups_with_signal"] / max(metrics["groups_drawn"], 1)
     metrics["time/generate"] = experience.seconds["generate"]
     metrics["time/score"] = experience.seconds["score"]
