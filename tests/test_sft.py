@@ -54,6 +54,8 @@ def test_sft_learns_an_answer_that_only_the_image_holds(tmp_path, tiny_model_dir
     config = load_config(None, [
         f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:ColorTask",
         f"output_dir={tmp_path / 'run'}", "sft.batch_size=8", "train.micro_batch_size=8", "train.steps=40",
-        "train.lr=1e-2", "eval.every=40", "eval.n=16", "rollout.max_new_tokens=4", "train.trackers=[]"])
+        "train.lr=1e-2", "eval.every=40", "eval.n=16", "rollout.max_new_tokens=4", "train.trackers=[]",
+        "eval.blind_check=true"])
     rows = read_metrics(sft(config) / "metrics.jsonl")
     assert rows[-1]["eval/test/accuracy"] == 1.0  # the prompt is the same for both answers
+    assert rows[-1]["eval/test/blank/accuracy"] == rows[-1]["eval/test/shuffled/accuracy"] == 0.375  # eval.blind_check

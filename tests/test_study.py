@@ -21,7 +21,7 @@ from vlmrl import study_processes
 from vlmrl.cli import main
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
-from vlmrl.report.compare import ArmResult, SeedRun, markdown, table_rows
+from vlmrl.report.compare import ArmResult, SeedRun, header, markdown, table_rows
 from vlmrl.report.tracking import read_metrics
 from vlmrl.safety.checkpoint import read_checkpoint
 from vlmrl.study import check_runs, load_study, plan, record_specs, spec_changes
@@ -271,13 +271,26 @@ def test_the_comparison_numbers_by_hand():
     arm = ArmResult("grpo", [SeedRun(0, rows([None, 0.5], [0.1, 0.3], 2.0)),
                              SeedRun(1, rows([None, 0.7], [0.2, 0.5], 4.0))], missing=[2])
     # accuracy at the last evaluation: 0.5 and 0.7 -> mean 60.0%, sample std 14.1%
-    line = markdown(table_rows([arm], "test")).splitlines()[2]
+    line = markdown(header([arm], "test"), table_rows([arm], "test")).splitlines()[2]
     assert line == "| grpo | 2 (1 missing) | 60.0% ± 14.1% | 0: 50.0%, 1: 70.0% | 0.400 | 2 | 6 s |"
     by_step = arm.curve("reward", against_clock=False)
     assert (by_step.steps, by_step.values, by_step.low, by_step.high) == ([1.0, 2.0], [0.15000000000000002, 0.4],
                                                                           [0.1, 0.3], [0.2, 0.5])
     by_clock = arm.curve("reward", against_clock=True)
     assert by_clock.steps == [3.0, 6.0]  # the seeds' mean cumulative seconds: (2 + 4) / 2, (4 + 8) / 2
+
+
+def test_the_comparison_has_a_column_for_every_other_accuracy_logged():
+    first, second = rows([None, 0.5], [0.1, 0.3], 2.0), rows([None, 0.7], [0.2, 0.5], 4.0)
+    first[1] |= {"eval/ood/accuracy": 0.25, "eval/test/blank/accuracy": 0.2}
+    second[1] |= {"eval/ood/accuracy": 0.35, "eval/test/blank/accuracy": 0.2}
+    arm = ArmResult("grpo", [SeedRun(0, first), SeedRun(1, second)], missing=[])
+    columns = header([arm], "test")
+    assert columns == ["arm", "runs", "held-out accuracy (mean ± std)", "ood/accuracy", "test/blank/accuracy",
+                       "per seed", "final reward", "steps", "training time"]
+    # ood: 0.25 and 0.35 -> 30.0% ± 7.1%; blank: 20.0% both -> ± 0.0%
+    assert markdown(columns, table_rows([arm], "test")).splitlines()[2] == (
+        "| grpo | 2 | 60.0% ± 14.1% | 30.0% ± 7.1% | 20.0% ± 0.0% | 0: 50.0%, 1: 70.0% | 0.400 | 2 | 6 s |")
 
 
 def test_the_shipped_study_plans_its_grid():

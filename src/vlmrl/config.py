@@ -398,7 +398,7 @@ class TrainConfig:
 class EvalConfig:
     """Held-out evaluation while training (`vlmrl train` and `vlmrl sft`): greedy accuracy and the
     mean reward components on a fixed set, logged as eval/<split>/<metric> in metrics.jsonl. Seeded
-    with the run's seed; other settings are EvalSettings' defaults (no pass@k, no blind check)."""
+    with the run's seed; other settings are EvalSettings' defaults (no pass@k)."""
 
     every: int = 0
     """Evaluate every N steps and after the last one (0 = never)."""
@@ -410,6 +410,9 @@ class EvalConfig:
     """Longest completion; 0 = rollout.max_new_tokens."""
     batch_size: int = 32
     """Prompts per generate call; the same default as EvalSettings.batch_size and `vlmrl eval --batch-size`."""
+    blind_check: bool = False
+    """Also answer each split with blank and with shuffled images (logged as eval/<split>/blank/accuracy
+    and eval/<split>/shuffled/accuracy): does the model read the image? Triples the evaluation's cost."""
 
     def validate(self) -> None:
         require((self.every >= 0 and self.n >= 1 and self.batch_size >= 1 and self.max_new_tokens >= 0,

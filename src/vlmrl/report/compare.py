@@ -3,6 +3,8 @@
 Per arm, over its seeds' runs (each run's metrics.jsonl):
 - held-out accuracy: eval/<split>/accuracy at the run's last evaluation; mean +- the sample std over
   the seeds that have one (0 with one seed), and each seed's value;
+- every other accuracy the runs logged at their evaluations (other splits, `eval/ood/accuracy`; the
+  blind-image check, `eval/test/blank/accuracy`), mean +- std, one column each;
 - the training wall clock: the sum of the steps' `seconds` (evaluation not counted), mean over seeds;
 - curves of held-out accuracy, reward, KL, completion length and entropy against the step and against
   the wall clock (the seeds' mean cumulative seconds at that step): the mean over the seeds that
@@ -119,16 +121,31 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def other_accuracies(results: list[ArmResult], split: str) -> list[str]:
+    """The held-out accuracies the runs logged besides eval/<split>/accuracy, sorted: other splits'
+    and the blind-image check's (`eval/<split>/<kind>/accuracy`)."""
+    keys = {key for arm in results for run in arm.runs for row in run.rows for key in row
+            if key.startswith("eval/") and key.endswith("/accuracy")}
+    return sorted(keys - {f"eval/{split}/accuracy"})
+
+
+def header(results: list[ArmResult], split: str) -> list[str]:
+    """The table's columns (`table_rows`)."""
+    return HEADER[:3] + [key.removeprefix("eval/") for key in other_accuracies(results, split)] + HEADER[3:]
+
+
 def table_rows(results: list[ArmResult], split: str) -> list[list[str]]:
-    """The table: arm, runs, held-out accuracy mean ± std, per seed, final reward, steps, wall clock."""
-    rows = []
+    """The table: arm, runs, held-out accuracy mean ± std, the other accuracies' mean ± std, per seed,
+    final reward, steps, wall clock."""
+    rows, others = [], other_accuracies(results, split)
     for arm in results:
         per_seed = ", ".join(f"{run.seed}: {a:.1%}" for run in arm.runs if (a := run.final_accuracy(split)) is not None)
         rewards = [r for r in (run.last("reward") for run in arm.runs) if r is not None]
         ends = [max(run.clock().items()) for run in arm.runs]  # (last step, training seconds) per run
         clocks, steps = [seconds for _, seconds in ends], sorted({step for step, _ in ends})
+        more = [_mean_std([a for a in (run.last(key) for run in arm.runs) if a is not None]) for key in others]
         rows.append([arm.name, f"{len(arm.runs)}" + (f" ({len(arm.missing)} missing)" if arm.missing else ""),
-                     _mean_std(arm.accuracies(split)), per_seed or "n/a",
+                     _mean_std(arm.accuracies(split)), *more, per_seed or "n/a",
                      f"{statistics.fmean(rewards):.3f}" if rewards else "n/a",
                      "/".join(map(str, steps)) or "n/a",
                      _duration(statistics.fmean(clocks)) if clocks else "n/a"])
@@ -138,9 +155,9 @@ def table_rows(results: list[ArmResult], split: str) -> list[list[str]]:
 HEADER = ["arm", "runs", "held-out accuracy (mean ± std)", "per seed", "final reward", "steps", "training time"]
 
 
-def markdown(rows: list[list[str]]) -> str:
-    """The table (`table_rows`) in Markdown."""
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def markdown(columns: list[str], rows: list[list[str]]) -> str:
+    """The table (`header`, `table_rows`) in Markdown."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
@@ -164,7 +181,7 @@ def render(study, results: list[ArmResult], rows: list[list[str]]) -> str:
     """The comparison page as one string; `rows`: the table (`table_rows`)."""
     split, name = study.eval_split, Path(study.output_dir).name
     style = static_text("report.css")
-    columns = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
+    columns = "".join(f"<th>{escape(h)}</th>" for h in header(results, split))
     body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
                    for row in rows)
     figures = "".join(render_chart(chart) for chart in charts(results, split)) or '<p class="empty">no metrics yet</p>'
@@ -200,5 +217,5 @@ def write_comparison(study, grid) -> Path:
     with writing("the comparison", page):
         root.mkdir(parents=True, exist_ok=True)
         page.write_text(render(study, results, rows), encoding="utf-8")
-        table.write_text(markdown(rows), encoding="utf-8")
+        table.write_text(markdown(header(results, study.eval_split), rows), encoding="utf-8")
     return page
