@@ -302,6 +302,16 @@ def test_the_shipped_study_plans_its_grid():
     assert all("seed=" in run.argv(study, "w")[-1] for run in grid)
 
 
+def test_the_weak_teacher_study_plans_its_grid():
+    study = load_study(TESTS.parent / "studies" / "shapes_weak_teacher.yaml")
+    warm, grid = plan(study)
+    assert warm is not None and len(grid) == 6 * 3
+    assert [arm.name for arm in study.arms] == ["sft-equal-time", "sft-longer", "grpo", "dapo", "dr-grpo", "gspo"]
+    assert "task.params.teacher_error=0.3" in study.common and "eval.blind_check=true" in study.common
+    specs = check_runs(study, warm, grid)  # every run's config resolves and validates
+    assert len(specs) == 1 + 6 * 3
+
+
 # --------------------------------------------------------------------------- a study stopped, then continued
 
 STOP_STEPS = 8
