@@ -165,57 +165,49 @@ def qwen2_family(kind: str) -> Family:
 IDEFICS3_TILE = 112  # pixels per image tile of the tiny Idefics3; real SmolVLM uses 384-512
 
 
-def idefics3_config(spec, tok, side):
-    from transformers import Idefics3Config
-
-    vision = vit_fields(spec, IDEFICS3_TILE)
-    return Idefics3Config(text_config=dict(model_type="llama", **text_fields(spec, tok)), vision_config=vision,
-                          scale_factor=2, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
-                          **ids(tok, image_token_id="<image>"))
+IDEFICS = {"idefics3": ("Idefics3Config", "Idefics3ImageProcessorPil", "Idefics3Processor"),
+           "smolvlm": ("SmolVLMConfig", "SmolVLMImageProcessorPil", "SmolVLMProcessor")}
+"""Idefics3 and SmolVLM (the same layout and code): their config, PIL image processor and processor."""
 
 
-def idefics3_processor(tok, side):
-    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+def idefics_config(kind: str):
+    def build(spec, tok, side):
+        import transformers
 
-    images = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IDEFICS3_TILE},
-                                       max_image_size={"longest_edge": IDEFICS3_TILE}, do_image_splitting=False)
-    seq_len = (IDEFICS3_TILE // 14) ** 2 // 4  # patches after the 2x2 pixel shuffle
-    return Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=seq_len,
-                             chat_template=tok.chat_template)
+        config = getattr(transformers, IDEFICS[kind][0])
+        return config(text_config=dict(model_type="llama", **text_fields(spec, tok)),
+                      vision_config=vit_fields(spec, IDEFICS3_TILE), scale_factor=2, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=True, **ids(tok, image_token_id="<image>"))
+
+    return build
 
 
-IDEFICS3_SPECIALS = CHATML[:2] + ("<end_of_utterance>", "<image>", "<fake_token_around_image>", "<global-img>") + tuple(
-    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))
+def idefics_processor(kind: str):
+    def build(tok, side):
+        import transformers
+
+        from vlmrl.models.processing import image_text_processor_class
+
+        _, image_processor, processor = IDEFICS[kind]
+        images = getattr(transformers, image_processor)(
+            size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE},
+            do_image_splitting=False)
+        seq_len = (IDEFICS3_TILE // 14) ** 2 // 4  # patches after the 2x2 pixel shuffle
+        return image_text_processor_class(getattr(transformers, processor))(
+            image_processor=images, tokenizer=tok, image_seq_len=seq_len, chat_template=tok.chat_template)
+
+    return build
+
+
 IDEFICS3_CHAT = ChatShape(opening="'<|im_start|>' + (role | capitalize) + ':'", closing="'<end_of_utterance>\\n'",
                           image="<image>", generation="Assistant:")
-IDEFICS3 = Family(specials=IDEFICS3_SPECIALS, eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>",
-                  chat=IDEFICS3_CHAT, config=idefics3_config, processor=idefics3_processor)
 
 
-def smolvlm_config(spec, tok, side):
-    from transformers import SmolVLMConfig
-
-    vision = vit_fields(spec, IDEFICS3_TILE)
-    return SmolVLMConfig(text_config=dict(model_type="llama", **text_fields(spec, tok)), vision_config=vision,
-                         scale_factor=2, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
-                         **ids(tok, image_token_id="<image>"))
-
-
-def smolvlm_processor(tok, side):
-    from transformers import SmolVLMImageProcessorPil
-    from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor
-
-    from vlmrl.models.processing import image_text_processor_class
-
-    images = SmolVLMImageProcessorPil(size={"longest_edge": 2 * IDEFICS3_TILE},
-                                      max_image_size={"longest_edge": IDEFICS3_TILE}, do_image_splitting=False)
-    return image_text_processor_class(SmolVLMProcessor)(
-        image_processor=images, tokenizer=tok, image_seq_len=(IDEFICS3_TILE // 14) ** 2 // 4,
-        chat_template=tok.chat_template)
-
-
-SMOLVLM = Family(specials=IDEFICS3_SPECIALS, eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>",
-                 chat=IDEFICS3_CHAT, config=smolvlm_config, processor=smolvlm_processor)
+def idefics_family(kind: str) -> Family:
+    return Family(specials=CHATML[:2] + ("<end_of_utterance>", "<image>", "<fake_token_around_image>", "<global-img>")
+                  + tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+                  eos="<end_of_utterance>", pad="<|endoftext|>", bos="<|im_start|>", chat=IDEFICS3_CHAT,
+                  config=idefics_config(kind), processor=idefics_processor(kind))
 
 
 # --------------------------------------------------------------------------- Qwen3-VL, Qwen3.5
@@ -557,8 +549,8 @@ MLLAMA = Family(
 FAMILIES: dict[str, Family] = {
     "qwen2_5_vl": qwen2_family("qwen2_5_vl"),
     "qwen2_vl": qwen2_family("qwen2_vl"),
-    "idefics3": IDEFICS3,
-    "smolvlm": SMOLVLM,
+    "idefics3": idefics_family("idefics3"),
+    "smolvlm": idefics_family("smolvlm"),
     "qwen3_vl": qwen3_family("qwen3_vl"),
     "qwen3_vl_moe": qwen3_family("qwen3_vl_moe"),
     "qwen3_5": qwen3_family("qwen3_5"),
