@@ -141,6 +141,8 @@ class PreflightReport:
     """Which speedups the run takes (see `speed_line`)."""
     costs: ActivationCosts | None = None
     """What the model keeps for backward per token, as the preflight measured it."""
+    processes: str = ""
+    """What runs (training/strategy.py): `processes: 2, strategy: FSDP2, backend: gloo`; the first line."""
 
     def advice(self) -> list[str]:
         """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
@@ -149,7 +151,8 @@ class PreflightReport:
 
     def lines(self) -> list[str]:
         m = self.memory
-        out = [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
+        out = [self.processes] if self.processes else []
+        out += [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
                f"{self.dtype}"]
         for s in self.splits:
             label = s.split if s.split == "train" else f"eval/{s.split}"
@@ -506,12 +509,14 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     loaded = sum(p.numel() * p.element_size() for p in session.policy.parameters())
     if reference is not None:
         loaded += sum(p.numel() * p.element_size() for p in reference.parameters())
-    report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
+    with session.gathered():  # a sharded policy whole for the measuring forwards and self-checks
+        report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
     if session.world > 1:  # every process trains with the main process's choice
         from accelerate.utils import broadcast_object_list
 
         report.settled = broadcast_object_list([report.settled])[0]
     report.settled.apply(config, session.policy)
+    report.processes = session.strategy.line()
     if session.main:
         for line in report.lines():
             print(f"preflight: {line}", flush=True)

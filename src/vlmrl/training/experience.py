@@ -26,6 +26,7 @@ from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
+from vlmrl.training.sharding import gathered
 
 
 @dataclass
@@ -84,9 +85,10 @@ class GroupSampler:
     def generate(self, examples: list[Example], seed: int) -> Rollout:
         """G completions (or trajectories) of each example, rows grouped by example."""
         policy, processor, settings = self.session.policy, self.session.processor, self.session.config.rollout
-        if self.toolbox is None:
-            return generate_groups(policy, processor, examples, settings, seed=seed)
-        return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
+        with gathered(policy):  # a sharded policy gathered once for the whole call (sharding.py)
+            if self.toolbox is None:
+                return generate_groups(policy, processor, examples, settings, seed=seed)
+            return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
 
     def round(self, step: int, first: int) -> list[ScoredGroup]:
         """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""
