@@ -148,6 +148,30 @@ def test_the_compiled_decode_path_counts_the_cache_it_keeps_into_the_training_ph
     assert "rollout.decode" not in preflight_module.memory_advice(static)
 
 
+def test_under_fsdp2_each_process_holds_its_part_plus_what_it_gathers(tiny_model_dir, letter_task):
+    """Two shards: weights, gradients, AdamW and the reference halved; generation adds the other
+    half of the weights (gathered whole per call); training adds the other half of the root unit
+    and of two decoder layers (the one computing, the next prefetched)."""
+    policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, in_layers=800.0, in_blocks=200.0, layers=2,
+                            layer_input=8, vision_layers=1, vision_layer_input=4)
+    config = load_config(None, overrides(tiny_model_dir, "eval.every=0"))
+    whole = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs)
+    split = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs, shards=2)
+    weights = sum(p.numel() * 4 for p in policy.parameters())
+    layer = sum(p.numel() * 4 for p in policy.model.language_model.layers[0].parameters())
+    block = sum(p.numel() * 4 for p in policy.model.visual.blocks[0].parameters())
+    root = weights - 2 * layer - 2 * block
+    assert (whole.weights, whole.gathered_generation, whole.gathered_training) == (weights, 0, 0)
+    assert (split.weights, split.gradients, split.optimizer) == (weights // 2, weights // 2, weights)
+    assert split.reference == weights // 2 and split.gathered_generation == weights - weights // 2
+    assert split.gathered_training == (root + 2 * max(layer, block)) // 2
+    assert split.peak == (split.weights + split.gradients + split.optimizer + split.reference
+                          + max(split.generation + split.gathered_generation,
+                                split.activations + split.gathered_training))
+    assert split.peak < whole.peak
+
+
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():
     """configs/shapes_grpo_3b.yaml's batch (micro-batches of one group of 8, 256 new tokens) with
     the issues' benchmark images (~1100-token prompts of 1024 image tokens) on the Qwen2.5-VL-3B

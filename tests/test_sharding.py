@@ -59,6 +59,7 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
     assert (tmp_path / "two" / "checkpoints" / "step_000002" / "reference.safetensors").is_file()
 
 
+@pytest.mark.slow  # two 4-step launches: about 30 s on 2 cores
 def test_fsdp2_stopped_at_step_2_and_resumed_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
     """The optimizer state is saved whole and put back after sharding; the reference copy too."""
     more = ("train.steps=4", "train.save_every=2", "train.schedule=cosine", "train.warmup_steps=1")
@@ -76,3 +77,54 @@ def test_fsdp2_stopped_at_step_2_and_resumed_matches_an_uninterrupted_run(tmp_pa
     assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
     a, b = _params(straight / "final"), _params(resumed / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    """A gloo process group of one process (FSDP2 shards over it: each unit held whole)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("share_prompt_cache", [True, False])
+def test_a_sharded_model_generates_what_the_whole_one_does_gathered_once(tiny_model_dir, one_process_group,
+                                                                        share_prompt_cache):
+    """Without `gathered`, the plain path fails (generate calls the vision tower outside the root's
+    forward: a DTensor meets a Tensor). Gathered: the same tokens, no all-gather during the call,
+    and after it every parameter a shard again and each unit resharding as before."""
+    from torch.distributed.tensor import DTensor
+
+    from vlmrl.config import GenerationSettings
+    from vlmrl.models import load_policy
+    from vlmrl.rollout.generation import generate_groups
+    from vlmrl.tasks import Example
+    from vlmrl.training.sharding import gathered, shard
+    from PIL import Image
+
+    examples = [Example(Image.new("RGB", (56, 84), (200, 10, 10)), "Count.", "1"),
+                Example(Image.new("RGB", (112, 112), (20, 100, 10)), "How many circles are there?", "2")]
+    settings = GenerationSettings(group_size=2, max_new_tokens=8, temperature=1.0,
+                                  share_prompt_cache=share_prompt_cache)
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    whole = generate_groups(model, processor, examples, settings, seed=3)
+    assert shard(model, 1, torch.device("cpu")) == 1 + 2 + 2  # two decoder layers, two vision blocks, the root
+    gathers = []
+    real = torch.distributed.all_gather_into_tensor
+    torch.distributed.all_gather_into_tensor = lambda *args, **kwargs: gathers.append(1) or real(*args, **kwargs)
+    try:
+        with gathered(model):
+            before = len(gathers)
+            sharded = generate_groups(model, processor, examples, settings, seed=3)
+            during = len(gathers) - before
+    finally:
+        torch.distributed.all_gather_into_tensor = real
+    assert torch.equal(sharded.completion_ids, whole.completion_ids) and sharded.texts == whole.texts
+    assert during == 0
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    units = [m for m in model.modules() if hasattr(m, "reshard")]
+    flags = [any(g.post_forward_mesh_info is not None for g in m._get_fsdp_state()._fsdp_param_groups) for m in units]
+    assert flags == [False] + [True] * (len(units) - 1)  # the root (first) keeps the output layer through backward
+    if not share_prompt_cache:
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            generate_groups(model, processor, examples, settings, seed=3)

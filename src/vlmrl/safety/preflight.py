@@ -106,12 +106,20 @@ class MemoryEstimate:
     kept_cache: int = 0
     """The static KV cache the compiled decode path keeps from one step's generation to the next
     (decoding.py): alive through the training phase too."""
+    shards: int = 1
+    """Processes the parameters are split over (FSDP2): weights, gradients, AdamW and the reference
+    above are each process's part."""
+    gathered_generation: int = 0
+    """Sharded: the rest of the weights, gathered whole for each generate call (in `generation`)."""
+    gathered_training: int = 0
+    """Sharded: the units gathered at once in training (the root, the layer computing and the next)."""
 
     @property
     def peak(self) -> int:
         # Generation runs before the update, under no_grad: the two are never alive together.
         return (self.weights + self.gradients + self.optimizer + self.reference
-                + max(self.generation, self.activations + self.kept_cache))
+                + max(self.generation + self.gathered_generation,
+                      self.activations + self.kept_cache + self.gathered_training))
 
     @property
     def needed(self) -> int:
@@ -162,8 +170,14 @@ class PreflightReport:
         if m.reference:
             parts.append(f"reference {gib(m.reference)}")
         kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
-        parts.append(f"then the larger of generation {gib(m.generation)} and training activations "
-                     f"{gib(m.activations)}{kept}")
+        if m.shards > 1:
+            parts[0] = f"1/{m.shards} of the weights {gib(m.weights)}"
+            parts.append(f"then the larger of generation {gib(m.generation)} + the weights gathered whole "
+                         f"{gib(m.gathered_generation)} and training activations {gib(m.activations)}{kept} + units "
+                         f"gathered {gib(m.gathered_training)}")
+        else:
+            parts.append(f"then the larger of generation {gib(m.generation)} and training activations "
+                         f"{gib(m.activations)}{kept}")
         if m.free is None:
             verdict = "free memory unknown"
         else:
@@ -187,11 +201,12 @@ class PreflightReport:
 
 
 def preflight(config: Config, policy, processor, task: Task, mode: str, world: int = 1, start: int = 0,
-              loaded: int | None = None) -> PreflightReport:
+              loaded: int | None = None, shards: int = 1) -> PreflightReport:
     """Check the first batches and estimate memory; VlmrlError on a problem that would crash the run.
 
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
+    `shards`: processes the parameters are split over (FSDP2; the policy is passed gathered whole).
     """
     if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
         raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
@@ -207,7 +222,8 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     longest = max(check.longest for check in checks)
     image_tokens = max(check.image_tokens for check in checks)
     costs = measure_activation_costs(policy, processor)
-    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded)
+    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded,
+                             shards)
     params = list(policy.parameters())
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
     trainable = sum(p.numel() for name, p in policy.named_parameters()
@@ -289,7 +305,7 @@ def micro_batch_candidates(config: Config, mode: str, world: int) -> list[int]:
 
 
 def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, int, int],
-           costs: ActivationCosts, loaded: int | None) -> tuple[Settled, MemoryEstimate]:
+           costs: ActivationCosts, loaded: int | None, shards: int = 1) -> tuple[Settled, MemoryEstimate]:
     """The memory settings to train with, and their estimate. `lengths`: the longest prompt, the
     completion and the image tokens. Without a free-memory figure, auto means no checkpointing and
     a micro-batch of about 16 rows."""
@@ -303,7 +319,7 @@ def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, in
     def estimate(micro: int, recompute: bool) -> MemoryEstimate:  # each option estimated once
         trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
                                     train=dataclasses.replace(train, micro_batch_size=micro))
-        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded)
+        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded, shards)
 
     options = [(micro, recompute) for recompute in checkpointing for micro in micros]
     if estimate(*options[0]).fits is None:  # free memory unknown: no checkpointing, about 16 rows
@@ -433,10 +449,13 @@ def generation_memory(config: Config, policy, mode: str, world: int, lengths: tu
 
 
 def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
-                    image_tokens: int, costs: ActivationCosts, loaded: int | None = None) -> MemoryEstimate:
+                    image_tokens: int, costs: ActivationCosts, loaded: int | None = None,
+                    shards: int = 1) -> MemoryEstimate:
     """A per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate): the
     activations from `costs` (measured on the model) for the tokens and images a micro-batch's
-    forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it)."""
+    forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it).
+    `shards` > 1 (FSDP2): weights, gradients, AdamW and the reference divided over the processes,
+    the weights gathered whole for generation and unit by unit for training added (`gathered_units`)."""
     params = list(policy.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
@@ -472,11 +491,25 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         activations += layers * (packs or micro) * heads * length * length * size * 2
 
     device = next(iter(params)).device
+    part = weights // shards
     return MemoryEstimate(
-        device=str(device), weights=weights, gradients=gradients, optimizer=2 * gradients,
-        reference=weights if copy_reference else 0, generation=generation, activations=activations,
-        loaded=weights if loaded is None else loaded, free=free_memory(device),
-        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache)
+        device=str(device), weights=part, gradients=gradients // shards, optimizer=2 * gradients // shards,
+        reference=part if copy_reference else 0, generation=generation, activations=activations,
+        loaded=part if loaded is None else loaded, free=free_memory(device),
+        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache, shards=shards,
+        gathered_generation=weights - part if shards > 1 else 0,
+        gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0)
+
+
+def gathered_units(policy) -> int:
+    """Bytes of the FSDP2 units gathered at once in training: the root (embeddings, output layer,
+    norms, merger: kept gathered from its forward through its backward), the block computing and the
+    next one prefetched. The blocks are the model's `_no_split_modules` (training/sharding.py)."""
+    names = set(getattr(hf_model(policy), "_no_split_modules", None) or ())
+    blocks = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in policy.modules()
+              if type(m).__name__ in names]
+    total = sum(p.numel() * p.element_size() for p in policy.parameters())
+    return total - sum(blocks) + 2 * max(blocks, default=0)
 
 
 def free_memory(device: torch.device) -> int | None:
@@ -506,11 +539,13 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
         per_process = config.sft.batch_size // session.world
         start = session.start_step * config.sft.batch_size + session.rank * per_process
     reference = getattr(session.reference, "copy", None)
-    loaded = sum(p.numel() * p.element_size() for p in session.policy.parameters())
+    loaded = sum(local_bytes(p) for p in session.policy.parameters())
     if reference is not None:
-        loaded += sum(p.numel() * p.element_size() for p in reference.parameters())
+        loaded += sum(local_bytes(p) for p in reference.parameters())
+    shards = session.world if session.strategy.sharded else 1
     with session.gathered():  # a sharded policy whole for the measuring forwards and self-checks
-        report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
+        report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded,
+                           shards)
     if session.world > 1:  # every process trains with the main process's choice
         from accelerate.utils import broadcast_object_list
 
@@ -523,6 +558,12 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
         for advice in report.advice():
             warn(advice)
     return report
+
+
+def local_bytes(parameter: torch.Tensor) -> int:
+    """Bytes of this process's part of a parameter (all of it unless FSDP2 shards it)."""
+    part = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+    return part.numel() * part.element_size()
 
 
 def memory_advice(memory: MemoryEstimate) -> str:

@@ -75,6 +75,9 @@ def gathered(model: torch.nn.Module):
     if not is_sharded(model):
         yield model
         return
+    # FSDP2 settles which unit is the root at the first forward; generate may run a vision block
+    # before the root's forward, which would make that block a root of its own: settle it now.
+    model._get_fsdp_state()._lazy_init()  # noqa: SLF001 - a no-op once settled
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     resharding = [unit for unit in units if _reshards_after_forward(unit)]
     for unit in units:
