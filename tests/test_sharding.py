@@ -79,6 +79,28 @@ def test_fsdp2_stopped_at_step_2_and_resumed_matches_an_uninterrupted_run(tmp_pa
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # two 2-step launches: about 25 s on 2 cores
+def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_path, tiny_model_dir):
+    """The reference is the base model with the adapter switched off; only the adapter trains."""
+    from safetensors.torch import load_file
+
+    more = ("train.steps=2", "model.lora.enabled=true", "model.lora.r=4", "model.gradient_checkpointing=true",
+            "algorithm.ref_refresh_steps=0")
+    ddp = launcher("--config_file", str(ROOT / "configs" / "accelerate" / "ddp.yaml"))
+    _run(ddp, _overrides(tiny_model_dir, tmp_path / "ddp", *more))
+    _run(FSDP2, _overrides(tiny_model_dir, tmp_path / "fsdp2", *more))
+    one, two = read_metrics(tmp_path / "ddp" / "metrics.jsonl"), read_metrics(tmp_path / "fsdp2" / "metrics.jsonl")
+    for a, b in zip(one, two):
+        for key in ("loss", "kl", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-8), key
+    assert two[1]["kl"] > 0
+    a = load_file(tmp_path / "ddp" / "final" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "fsdp2" / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all("lora_" in k for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
+
+
 @pytest.fixture
 def one_process_group(tmp_path):
     """A gloo process group of one process (FSDP2 shards over it: each unit held whole)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from launching import CLI, run_all_or_kill
 from vlmrl.errors import VlmrlError
@@ -72,3 +73,26 @@ def test_the_refusal_comes_before_the_model_loads_in_one_line(tmp_path, tiny_mod
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert returncode == 2 and len(lines) == 1, stderr
     assert lines[0].startswith("error: DeepSpeed ZeRO-3 was asked for; vlmrl does not run it yet"), lines
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, r"^mixed_precision: bf16 in the accelerate config is not applied"),
+    ({"FSDP_OFFLOAD_PARAMS": "true"}, r"^fsdp_offload_params: true asks to move parameters to the CPU"),
+])
+def test_an_fsdp_setting_vlmrl_would_not_apply_on_cpu_processes_is_refused(setting, message):
+    fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    with pytest.raises(VlmrlError, match=message):
+        settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2 | setting)
+    kept = settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2 | {"FSDP_RESHARD_AFTER_FORWARD": "false"})
+    assert kept.reshard_after_forward is False
+
+
+def test_a_model_without_blocks_to_shard_is_refused(tmp_path):
+    from vlmrl.training.sharding import shard
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(VlmrlError, match=r"^FSDP2: Linear names no blocks to shard"):
+            shard(torch.nn.Linear(2, 2), 1, torch.device("cpu"))
+    finally:
+        torch.distributed.destroy_process_group()

@@ -67,9 +67,9 @@ class TrainingSession:
         if checkpoint is not None and self.reference is not None:
             self.reference.load(checkpoint)
         if self.strategy.self_sharded:  # accelerate would have run DDP: FSDP2 by vlmrl (sharding.py)
-            shard(self.policy, self.world, self.accelerator.device)
-            if self.reference is not None and self.reference.copy is not None:
-                shard(self.reference.copy, self.world, self.accelerator.device)
+            for model in (self.policy, getattr(self.reference, "copy", None)):
+                if model is not None:
+                    shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward)
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
+from vlmrl.errors import VlmrlError
 from vlmrl.models.support import hf_model
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -46,14 +47,19 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(model: torch.nn.Module, world: int, device: torch.device) -> int:
-    """Apply FSDP2 to `model` in place: each block of `shard_units`, then the root, which stays
+def shard(model: torch.nn.Module, world: int, device: torch.device, reshard_after_forward: bool = True) -> int:
+    """Apply FSDP2 to `model` in place: each block of `shard_units` (freeing its gathered
+    parameters after its forward unless `reshard_after_forward` is False), then the root, which stays
     gathered from its forward through its backward (it holds the output layer). Returns the number
-    of units (the root included)."""
+    of units (the root included); VlmrlError when the model names no blocks to shard."""
     mesh = init_device_mesh(device.type, (world,))
     units = shard_units(model)
+    if not units:
+        raise VlmrlError(f"FSDP2: {type(hf_model(model)).__name__} names no blocks to shard (_no_split_modules is "
+                         "empty), so each process would gather the whole model for every forward: launch with "
+                         "configs/accelerate/ddp.yaml instead")
     for unit in units:
-        fully_shard(unit, mesh=mesh)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
     return len(units) + 1
 

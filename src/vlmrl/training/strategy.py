@@ -34,6 +34,9 @@ class Strategy:
     """The process group's backend (gloo, nccl), "none" on one process."""
     self_sharded: bool = False
     """True where vlmrl applies FSDP2 itself (accelerate would have run DDP: CPU processes)."""
+    reshard_after_forward: bool = True
+    """FSDP2: each block frees its gathered parameters after its forward (fsdp_reshard_after_forward;
+    false keeps them to backward: less communication, more memory)."""
 
     def line(self) -> str:
         return f"processes: {self.processes}, strategy: {self.name}, backend: {self.backend}"
@@ -85,6 +88,18 @@ def refuse_unrunnable(env: Mapping[str, str]) -> None:
                          "or launch without it (configs/accelerate/ddp.yaml)")
 
 
+def refuse_unapplied_fsdp_settings(env: Mapping[str, str]) -> None:
+    """FSDP2 on CPU processes (vlmrl shards, not accelerate): an accelerate setting it would not
+    apply, one line, rather than a run that quietly differs from its config."""
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if precision not in ("no", ""):
+        raise VlmrlError(f"mixed_precision: {precision} in the accelerate config is not applied to CPU processes "
+                         f"under FSDP2: set mixed_precision: 'no' there and model.dtype=bfloat16 (or float32) in vlmrl")
+    if _on(env, "FSDP_OFFLOAD_PARAMS"):
+        raise VlmrlError("fsdp_offload_params: true asks to move parameters to the CPU, where CPU processes already "
+                         "keep them: set fsdp_offload_params: false")
+
+
 def settle_strategy(engaged: str, processes: int, backend: str | None, device: str,
                     env: Mapping[str, str]) -> Strategy:
     """The strategy of this run from what accelerate engaged (`engaged`: its DistributedType's
@@ -103,7 +118,9 @@ def settle_strategy(engaged: str, processes: int, backend: str | None, device: s
         if engaged == "FSDP":
             return Strategy(processes, "FSDP2", backend)
         if engaged == "MULTI_CPU":
-            return Strategy(processes, "FSDP2", backend, self_sharded=True)
+            refuse_unapplied_fsdp_settings(env)
+            reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() not in ("false", "0", "no")
+            return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard)
     if asked == "ZeRO-2" and engaged == "DEEPSPEED":
         return Strategy(processes, asked, backend)
     raise VlmrlError(f"{asked} was asked for but accelerate engaged {engaged} on {processes} process(es) "
