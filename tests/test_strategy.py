@@ -29,12 +29,12 @@ def test_what_accelerate_launch_asked_for(env, asked):
     assert requested_strategy(env) == asked
 
 
-def test_fsdp2_on_cpu_processes_is_engaged_by_vlmrl_and_on_gpus_by_accelerate():
+def test_fsdp2_is_applied_by_vlmrl_on_cpu_processes_and_on_gpus():
     fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
     on_cpu = settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2)
     assert (on_cpu.name, on_cpu.self_sharded, on_cpu.sharded) == ("FSDP2", True, True)
-    on_gpus = settle_strategy("FSDP", 8, "nccl", "cuda", fsdp2)
-    assert (on_gpus.line(), on_gpus.self_sharded) == ("processes: 8, strategy: FSDP2, backend: nccl", False)
+    on_gpus = settle_strategy("FSDP", 8, "nccl", "cuda", fsdp2)  # vlmrl shards there too: one code path
+    assert (on_gpus.line(), on_gpus.self_sharded) == ("processes: 8, strategy: FSDP2, backend: nccl", True)
 
 
 @pytest.mark.parametrize(("engaged", "env", "message"), [
@@ -76,8 +76,8 @@ def test_the_refusal_comes_before_the_model_loads_in_one_line(tmp_path, tiny_mod
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, r"^mixed_precision: bf16 in the accelerate config is not applied"),
-    ({"FSDP_OFFLOAD_PARAMS": "true"}, r"^fsdp_offload_params: true asks to move parameters to the CPU"),
+    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, r"^mixed_precision: bf16 in the accelerate config is not applied under vlmrl's FSDP2"),
+    ({"FSDP_OFFLOAD_PARAMS": "true"}, r"^fsdp_offload_params: true is not applied"),
 ])
 def test_an_fsdp_setting_vlmrl_would_not_apply_on_cpu_processes_is_refused(setting, message):
     fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}

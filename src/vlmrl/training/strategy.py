@@ -5,8 +5,9 @@ FSDP_VERSION, ACCELERATE_USE_DEEPSPEED with ACCELERATE_DEEPSPEED_ZERO_STAGE), th
 decides what runs; accelerate 1.15 quietly runs plain DDP where it will not engage the strategy
 (FSDP on CPU processes, DeepSpeed whenever `cpu=True`), and `accelerate launch --num_processes 2`
 without `--multi_gpu` starts one process on a machine without GPUs. `settle_strategy` reads both
-sides before the model loads: the strategy that will run (vlmrl shards with FSDP2 itself where
-accelerate will not: sharding.py), or one line saying what was asked and why it cannot run.
+sides before the model loads: the strategy that will run, or one line saying what was asked and
+why it cannot run. FSDP2 is applied by vlmrl itself (sharding.py), on GPUs as on CPU processes,
+not by accelerate's plugin: one code path, the one the CPU tests run.
 ZeRO-3 is refused for now (its generation needs the parameters gathered without DeepSpeed's hooks).
 
 The preflight's first line is `Strategy.line()`: `processes: 2, strategy: FSDP2, backend: gloo`.
@@ -33,7 +34,8 @@ class Strategy:
     backend: str
     """The process group's backend (gloo, nccl), "none" on one process."""
     self_sharded: bool = False
-    """True where vlmrl applies FSDP2 itself (accelerate would have run DDP: CPU processes)."""
+    """True where vlmrl applies FSDP2 itself (always for FSDP2: the same units, gathering and
+    checkpoints on GPUs as on CPU processes, where accelerate 1.15 would have run DDP)."""
     reshard_after_forward: bool = True
     """FSDP2: each block frees its gathered parameters after its forward (fsdp_reshard_after_forward;
     false keeps them to backward: less communication, more memory)."""
@@ -89,15 +91,15 @@ def refuse_unrunnable(env: Mapping[str, str]) -> None:
 
 
 def refuse_unapplied_fsdp_settings(env: Mapping[str, str]) -> None:
-    """FSDP2 on CPU processes (vlmrl shards, not accelerate): an accelerate setting it would not
-    apply, one line, rather than a run that quietly differs from its config."""
+    """FSDP2 (vlmrl shards, not accelerate's plugin): an accelerate setting it would not apply, one
+    line, rather than a run that quietly differs from its config."""
     precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     if precision not in ("no", ""):
-        raise VlmrlError(f"mixed_precision: {precision} in the accelerate config is not applied to CPU processes "
-                         f"under FSDP2: set mixed_precision: 'no' there and model.dtype=bfloat16 (or float32) in vlmrl")
+        raise VlmrlError(f"mixed_precision: {precision} in the accelerate config is not applied under vlmrl's FSDP2: "
+                         "set mixed_precision: 'no' there and model.dtype=bfloat16 (or float32) in vlmrl")
     if _on(env, "FSDP_OFFLOAD_PARAMS"):
-        raise VlmrlError("fsdp_offload_params: true asks to move parameters to the CPU, where CPU processes already "
-                         "keep them: set fsdp_offload_params: false")
+        raise VlmrlError("fsdp_offload_params: true is not applied under vlmrl's FSDP2 (the parameters stay on the "
+                         "device): set fsdp_offload_params: false, or shard over more GPUs")
 
 
 def settle_strategy(engaged: str, processes: int, backend: str | None, device: str,
@@ -114,13 +116,10 @@ def settle_strategy(engaged: str, processes: int, backend: str | None, device: s
     if asked is None:
         return Strategy(processes, "DDP" if processes > 1 else "single", backend)
     refuse_unrunnable(env)
-    if asked == "FSDP2":
-        if engaged == "FSDP":
-            return Strategy(processes, "FSDP2", backend)
-        if engaged == "MULTI_CPU":
-            refuse_unapplied_fsdp_settings(env)
-            reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() not in ("false", "0", "no")
-            return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard)
+    if asked == "FSDP2" and engaged in ("FSDP", "MULTI_CPU"):  # GPUs; CPU processes (accelerate runs DDP)
+        refuse_unapplied_fsdp_settings(env)
+        reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() not in ("false", "0", "no")
+        return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard)
     if asked == "ZeRO-2" and engaged == "DEEPSPEED":
         return Strategy(processes, asked, backend)
     raise VlmrlError(f"{asked} was asked for but accelerate engaged {engaged} on {processes} process(es) "
