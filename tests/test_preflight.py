@@ -3,6 +3,7 @@ whose parts add up, and `vlmrl check`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -170,6 +171,10 @@ def test_under_fsdp2_each_process_holds_its_part_plus_what_it_gathers(tiny_model
                           + max(split.generation + split.gathered_generation,
                                 split.activations + split.gathered_training))
     assert split.peak < whole.peak
+    short = dataclasses.replace(split, free=weights)  # the model whole fits, not with 10% spare
+    assert preflight_module.memory_advice(short).startswith(
+        "this model cannot generate here: FSDP2 gathers the whole model")
+    assert preflight_module.memory_advice(dataclasses.replace(short, shards=1)).startswith("this run may not fit")
 
 
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():

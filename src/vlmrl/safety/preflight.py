@@ -567,6 +567,12 @@ def local_bytes(parameter: torch.Tensor) -> int:
 
 
 def memory_advice(memory: MemoryEstimate) -> str:
+    whole = memory.weights + memory.gathered_generation
+    if memory.shards > 1 and memory.free is not None and whole > memory.free * (1 - HEADROOM):
+        return (f"this model cannot generate here: FSDP2 gathers the whole model ({gib(whole)}) on each device for "
+                f"every generate call, more than the {gib(memory.free)} free on {memory.device} ({HEADROOM:.0%} of "
+                "it kept spare), however many processes share it; vlmrl has no tensor-parallel generation: train "
+                "a smaller model, or one whose weights fit one device")
     kept = (f", decode with rollout.decode=static (the compiled path keeps its {gib(memory.kept_cache)} KV cache "
             "through the training phase)") if memory.kept_cache else ""
     return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "

@@ -69,7 +69,7 @@ class TrainingSession:
             build_reference(self.policy, config.algorithm) if with_reference else None)
         if checkpoint is not None and self.reference is not None:
             self.reference.load(checkpoint)
-        if self.strategy.self_sharded:  # accelerate would have run DDP: FSDP2 by vlmrl (sharding.py)
+        if self.strategy.self_sharded:  # FSDP2, applied by vlmrl (sharding.py): policy and reference alike
             for model in (self.policy, getattr(self.reference, "copy", None)):
                 if model is not None:
                     shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward)
@@ -83,7 +83,7 @@ class TrainingSession:
             self.start_step, self.cursor = restored["step"], restored["data_position"]
             self.guard.load_state_dict(restored["extra"].get("faults", {}))
         if self.strategy.self_sharded:
-            self.model = self.policy  # sharded in place; accelerate would wrap it in DDP
+            self.model = self.policy  # sharded in place (accelerate would wrap it in DDP on CPU processes)
         else:
             self.model, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
 
