@@ -56,6 +56,7 @@ VALUES: dict[str, list] = {
     "rollout.max_trajectory_tokens": [0, 8, 64],
     "rollout.tool_timeout_s": [0.0, 1.0, NAN],
     "rollout.tool_image_side": [0, 56],
+    "rollout.fsdp_generation": ["whole", "layers", "layer"],
     "algorithm.advantage_scale": ["group", "batch", "none", "std"],
     "algorithm.advantage_shaping": ["none", "cubic", "cubic_rescaled"],
     "algorithm.eps_low": [0.0, 0.2, 1.0, -0.1],

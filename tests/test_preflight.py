@@ -173,7 +173,13 @@ def test_under_fsdp2_each_process_holds_its_part_plus_what_it_gathers(tiny_model
     assert split.peak < whole.peak
     short = dataclasses.replace(split, free=weights)  # the model whole fits, not with 10% spare
     assert preflight_module.memory_advice(short).startswith(
-        "this model cannot generate here: FSDP2 gathers the whole model")
+        "this model cannot generate here gathered whole: FSDP2 gathers it")
+    assert preflight_module.memory_advice(short).endswith("set rollout.fsdp_generation=layers (one block at a time)")
+    by_layers = estimate_memory(load_config(None, overrides(tiny_model_dir, "eval.every=0", "rollout.fsdp_generation=layers")),
+                                policy, "train", 2, 50, 8, 10, costs, shards=2)
+    assert by_layers.gathered_generation == split.gathered_training and not by_layers.whole_generation
+    tiny = dataclasses.replace(by_layers, free=weights // 2)
+    assert preflight_module.memory_advice(tiny).startswith("this model cannot generate here even layer by layer")
     assert preflight_module.memory_advice(dataclasses.replace(short, shards=1)).startswith("this run may not fit")
 
 

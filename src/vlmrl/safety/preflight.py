@@ -110,7 +110,10 @@ class MemoryEstimate:
     """Processes the parameters are split over (FSDP2): weights, gradients, AdamW and the reference
     above are each process's part."""
     gathered_generation: int = 0
-    """Sharded: the rest of the weights, gathered whole for each generate call (in `generation`)."""
+    """Sharded: what generation gathers beyond the shards: the rest of the weights
+    (rollout.fsdp_generation=whole), or of the root and two blocks (layers)."""
+    whole_generation: bool = True
+    """Sharded: generation gathers the whole model (rollout.fsdp_generation=whole), else by layers."""
     gathered_training: int = 0
     """Sharded: the units gathered at once in training (the root, the layer computing and the next)."""
 
@@ -172,7 +175,7 @@ class PreflightReport:
         kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
         if m.shards > 1:
             parts[0] = f"1/{m.shards} of the weights {gib(m.weights)}"
-            parts.append(f"then the larger of generation {gib(m.generation)} + the weights gathered whole "
+            parts.append(f"then the larger of generation {gib(m.generation)} + the weights it gathers "
                          f"{gib(m.gathered_generation)} and training activations {gib(m.activations)}{kept} + units "
                          f"gathered {gib(m.gathered_training)}")
         else:
@@ -497,8 +500,10 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         reference=part if copy_reference else 0, generation=generation, activations=activations,
         loaded=part if loaded is None else loaded, free=free_memory(device),
         sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache, shards=shards,
-        gathered_generation=weights - part if shards > 1 else 0,
-        gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0)
+        gathered_generation=((weights - part if config.rollout.fsdp_generation == "whole"
+                              else gathered_units(policy) * (shards - 1) // shards) if shards > 1 else 0),
+        gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0,
+        whole_generation=config.rollout.fsdp_generation == "whole")
 
 
 def gathered_units(policy) -> int:
@@ -567,12 +572,15 @@ def local_bytes(parameter: torch.Tensor) -> int:
 
 
 def memory_advice(memory: MemoryEstimate) -> str:
-    whole = memory.weights + memory.gathered_generation
-    if memory.shards > 1 and memory.free is not None and whole > memory.free * (1 - HEADROOM):
-        return (f"this model cannot generate here: FSDP2 gathers the whole model ({gib(whole)}) on each device for "
-                f"every generate call, more than the {gib(memory.free)} free on {memory.device} ({HEADROOM:.0%} of "
-                "it kept spare), however many processes share it; vlmrl has no tensor-parallel generation: train "
-                "a smaller model, or one whose weights fit one device")
+    generating = memory.weights + memory.gathered_generation  # the model as generation gathers it
+    if memory.shards > 1 and memory.free is not None and generating > memory.free * (1 - HEADROOM):
+        if memory.whole_generation:
+            return (f"this model cannot generate here gathered whole: FSDP2 gathers it ({gib(generating)}) on each "
+                    f"device for every generate call, more than the {gib(memory.free)} free on {memory.device} "
+                    f"({HEADROOM:.0%} of it kept spare): set rollout.fsdp_generation=layers (one block at a time)")
+        return (f"this model cannot generate here even layer by layer: its root unit and two blocks "
+                f"({gib(generating)}) exceed the {gib(memory.free)} free on {memory.device} ({HEADROOM:.0%} of it "
+                "kept spare), however many processes share it; vlmrl has no tensor-parallel generation")
     kept = (f", decode with rollout.decode=static (the compiled path keeps its {gib(memory.kept_cache)} KV cache "
             "through the training phase)") if memory.kept_cache else ""
     return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "

@@ -85,7 +85,7 @@ class GroupSampler:
     def generate(self, examples: list[Example], seed: int) -> Rollout:
         """G completions (or trajectories) of each example, rows grouped by example."""
         policy, processor, settings = self.session.policy, self.session.processor, self.session.config.rollout
-        with gathered(policy):  # a sharded policy gathered once for the whole call (sharding.py)
+        with gathered(policy, settings.fsdp_generation == "whole"):  # sharded: once for the whole call (sharding.py)
             if self.toolbox is None:
                 return generate_groups(policy, processor, examples, settings, seed=seed)
             return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)

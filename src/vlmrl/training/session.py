@@ -97,8 +97,9 @@ class TrainingSession:
         self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
 
     def gathered(self):
-        """A context within which a sharded policy is whole on every process (sharding.gathered)."""
-        return gathered(self.policy)
+        """A context within which a sharded policy is gathered on every process as generation gathers
+        it (rollout.fsdp_generation: whole, or its root and first blocks: sharding.gathered)."""
+        return gathered(self.policy, self.config.rollout.fsdp_generation == "whole")
 
     def any_process(self, flag: bool) -> bool:
         """True when `flag` is True on any process."""
@@ -180,14 +181,15 @@ class TrainingSession:
         if not settings.every or (steps_done % settings.every and not last):
             return {}
         metrics: dict[str, float] = {}
-        with gathered(self.policy):  # sharded: every process gathers, the main one evaluates
-            if self.main:
+        whole = self.config.rollout.fsdp_generation == "whole"
+        with gathered(self.policy, whole):  # sharded: every process gathers, the main one evaluates
+            if self.main or (is_sharded(self.policy) and not whole):  # gathered by layers: all run the forwards
                 metrics = self._evaluate(steps_done, task)
         self.accelerator.wait_for_everyone()
-        return metrics
+        return metrics if self.main else {}
 
     def _evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
-        """`maybe_evaluate`'s work on the main process."""
+        """`maybe_evaluate`'s work (the main process writes the results)."""
         settings = self.config.eval
         metrics: dict[str, float] = {}
         max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
@@ -202,7 +204,8 @@ class TrainingSession:
             examples = self.held_out[split]
             evaluation = evaluate(self.policy, self.processor, task, examples, eval_settings,
                                   show_progress=False)
-            save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
+            if self.main:
+                save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
             metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/")
         return metrics
 

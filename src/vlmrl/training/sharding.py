@@ -74,10 +74,13 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def gathered(model: torch.nn.Module):
+def gathered(model: torch.nn.Module, whole: bool = True):
     """Within: every parameter of a sharded `model` gathered whole on each process, and kept so
     through any number of forwards (call on all processes; inside, each may run what it likes:
-    no collective is made). A model that is not sharded is left as it is."""
+    no collective is made). `whole=False`: the root unit (embeddings, output layer, merger: what
+    generate calls outside the root's forward) and the first block of each kind (which the fast
+    paths' self-checks call directly), the other blocks still gathered for each forward (every
+    process must then run the same forwards). A model that is not sharded is left as it is."""
     if not is_sharded(model):
         yield model
         return
@@ -85,6 +88,9 @@ def gathered(model: torch.nn.Module):
     # before the root's forward, which would make that block a root of its own: settle it now.
     model._get_fsdp_state()._lazy_init()  # noqa: SLF001 - a no-op once settled
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not whole:
+        firsts = {type(unit): unit for unit in reversed(units[1:])}  # the first unit of each class
+        units = [model, *firsts.values()]
     resharding = [unit for unit in units if _reshards_after_forward(unit)]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
