@@ -33,7 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
 from vlmrl.errors import VlmrlError
 from vlmrl.models.support import hf_model
@@ -66,11 +65,6 @@ def shard(model: torch.nn.Module, world: int, device: torch.device, reshard_afte
 
 def is_sharded(model: torch.nn.Module | None) -> bool:
     return isinstance(model, FSDPModule)
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of a parameter (itself when it is not sharded)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 @contextlib.contextmanager
