@@ -49,7 +49,7 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
     for a, b in zip(one, two):
         assert a["reward"] == b["reward"] and a["ref_refreshed"] == b["ref_refreshed"] == 1
         for key in ("loss", "kl", "grad_norm", "entropy"):  # on-policy the surrogate is 0 up to ~1e-8 of float noise
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-8), key
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=3e-8), key
     assert one[1]["kl"] > 0 and two[1]["eval/test/accuracy"] == one[1]["eval/test/accuracy"]
     a, b = _params(tmp_path / "one" / "final"), _params(tmp_path / "two" / "final")  # plain transformers loads it
     base = _params(Path(tiny_model_dir))
@@ -91,8 +91,8 @@ def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_pa
     _run(FSDP2, _overrides(tiny_model_dir, tmp_path / "fsdp2", *more))
     one, two = read_metrics(tmp_path / "ddp" / "metrics.jsonl"), read_metrics(tmp_path / "fsdp2" / "metrics.jsonl")
     for a, b in zip(one, two):
-        for key in ("loss", "kl", "grad_norm"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-8), key
+        for key in ("loss", "kl", "grad_norm"):  # on-policy the surrogate is 0 up to ~1e-8 of float noise
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=3e-8), key
     assert two[1]["kl"] > 0
     a = load_file(tmp_path / "ddp" / "final" / "adapter_model.safetensors")
     b = load_file(tmp_path / "fsdp2" / "final" / "adapter_model.safetensors")
