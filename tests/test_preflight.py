@@ -364,3 +364,18 @@ def test_a_run_trains_with_what_auto_settled(tmp_path, tiny_model_dir, letter_ta
     assert seen == [(4, True)]
     assert "preflight: auto       model.gradient_checkpointing, train.micro_batch_size: micro-batch 4" in \
         capsys.readouterr().out
+
+
+def test_vlmrl_check_plans_one_process_of_n_under_fsdp2(tiny_model_dir, letter_task):
+    """`vlmrl check --processes 2 --strategy FSDP2`: the first line says what is planned, the
+    memory is one process's share (half of the weights, gradients and AdamW); a batch that does not
+    split over the processes is the run's own one-line error."""
+    config = load_config(None, overrides(tiny_model_dir, "rollout.prompts_per_step=4", "rollout.generation_batch_size=2"))
+    alone = check(config)
+    planned = check(config, processes=2, strategy="FSDP2")
+    assert planned.lines()[0] == "processes: 2, strategy: FSDP2 (planned: vlmrl check runs one)"
+    assert alone.lines()[0].startswith("model ")
+    assert planned.memory.weights == alone.memory.weights // 2 and planned.memory.shards == 2
+    assert planned.splits[0].prompts == alone.splits[0].prompts // 2  # one process's share of the batch
+    with pytest.raises(VlmrlError, match="rollout.prompts_per_step=4 must be divisible by the 3 processes"):
+        check(config, processes=3, strategy="FSDP2")

@@ -589,9 +589,17 @@ def memory_advice(memory: MemoryEstimate) -> str:
             f"(model.lora.enabled=true){kept}")
 
 
-def check(config: Config, mode: str = "train") -> PreflightReport:
-    """`vlmrl check`: load the model and task as a run would (one process, no checkpoint) and run
-    the preflight alone."""
+def check(config: Config, mode: str = "train", processes: int = 1, strategy: str = "DDP") -> PreflightReport:
+    """`vlmrl check`: load the model and task as a run would (no checkpoint) and run the preflight
+    alone, in this one process, as the first of `processes` would under `strategy` (DDP or FSDP2:
+    its share of the batch, and under FSDP2 its share of the parameters)."""
+    if processes < 1:
+        raise VlmrlError(f"--processes must be >= 1; got {processes}")
     task = check_before_loading(config, mode)
+    (config.rollout if mode == "train" else config.sft).check_layout(processes)
     policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
-    return preflight(config, policy, processor, task, mode)
+    shards = processes if strategy == "FSDP2" else 1
+    report = preflight(config, policy, processor, task, mode, processes, shards=shards)
+    if processes > 1:
+        report.processes = f"processes: {processes}, strategy: {strategy} (planned: vlmrl check runs one)"
+    return report
