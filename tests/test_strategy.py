@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launching import CLI, run_all_or_kill
+from launching import CLI, launcher, run_all_or_kill
 from vlmrl.errors import VlmrlError
 from vlmrl.training.strategy import Strategy, requested_strategy, settle_strategy
 
@@ -96,3 +96,17 @@ def test_a_model_without_blocks_to_shard_is_refused(tmp_path):
             shard(torch.nn.Linear(2, 2), 1, torch.device("cpu"))
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_accelerate_launch_num_processes_2_without_multi_gpu_is_refused_on_a_cpu(tmp_path, tiny_model_dir):
+    """The command that used to start one process silently: now it stops in one line, before loading."""
+    if torch.cuda.is_available():
+        pytest.skip("with GPUs accelerate starts the processes asked for")
+    returncode, _, stderr = run_all_or_kill(
+        launcher("--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no")
+        + ["train", "configs/shapes_grpo_tiny.yaml", "model.device=cpu", f"model.name_or_path={tiny_model_dir}",
+           f"output_dir={tmp_path / 'run'}"], timeout=120)
+    assert returncode == 1 and "returned non-zero exit status 2" in stderr, stderr  # the launcher wraps vlmrl's 2
+    assert "error: accelerate launch was asked for several processes but started one: on a machine without GPUs " \
+           "add --multi_gpu" in stderr
+    assert "Loading weights" not in stderr
