@@ -4,6 +4,7 @@ plain transformers loads; and `gathered`, which lets each process generate alone
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -152,3 +153,31 @@ def test_a_sharded_model_generates_what_the_whole_one_does_gathered(tiny_model_d
     if not share_prompt_cache:
         with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
             generate_groups(model, processor, examples, settings, seed=3)
+
+
+def test_the_numeric_guard_skips_a_nan_update_of_a_sharded_model(tiny_model_dir, one_process_group):
+    """Gradients as DTensors: the norm is read whole, a NaN one skips the update (the shards keep
+    their values), a finite one steps."""
+    from accelerate import Accelerator
+
+    from vlmrl.models import load_policy
+    from vlmrl.safety.faults import NumericGuard
+    from vlmrl.training.sharding import shard
+
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    shard(model, 1, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    guard, accelerator = NumericGuard(max_in_a_row=3, max_grad_norm=1.0), Accelerator(cpu=True)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = {name: p.detach().full_tensor().clone() for name, p in model.named_parameters()}
+
+    def update(scale: float) -> float:
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().pow(2).mean() * scale
+        loss.backward()
+        return guard.step(accelerator, model, optimizer, scheduler, float(loss.detach()))
+
+    assert math.isnan(update(float("nan"))) and guard.skipped == 1
+    assert all(torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())
+    assert update(1.0) > 0 and guard.skipped == 1 and guard.in_a_row == 0
+    assert any(not torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())
