@@ -61,10 +61,9 @@ class TrainingSession:
         checkpoint, state = found if found is not None else (None, None)
         set_seed(config.seed)
 
-        # sharded: loaded on the CPU, each unit moved to the device as it is sharded, so the whole model
-        # is never on one device
-        self.policy, self.processor = load_trainable_policy(
-            config, torch.device("cpu") if self.strategy.self_sharded else self.accelerator.device, checkpoint)
+        # FSDP2 too: loaded whole on the device, then sharded (loading on the CPU would settle "auto"
+        # dtypes and the kernels' fallbacks for the CPU, not for the device the run trains on)
+        self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint)
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
         if checkpoint is not None and self.reference is not None:
