@@ -6,7 +6,10 @@ full depth, and the estimate is made for the full model built on the meta device
 
 Architectures (`--arch`), each with the published config's sizes (where they come from: ARCHES):
 qwen2_5_vl_3b (Qwen/Qwen2.5-VL-3B-Instruct), qwen3_vl_4b (Qwen/Qwen3-VL-4B-Instruct), qwen3_vl_8b
-(Qwen/Qwen3-VL-8B-Instruct), gemma3_4b (google/gemma-3-4b-it).
+(Qwen/Qwen3-VL-8B-Instruct), gemma3_4b (google/gemma-3-4b-it); qwen2_5_vl_7b, qwen2_5_vl_32b,
+qwen2_5_vl_72b, qwen3_vl_32b for several GPUs: `--processes 8` estimates one GPU of 8 under FSDP2
+(weights, gradients, AdamW and the reference divided by 8; the weights gathered whole per generate
+call and the root plus two blocks gathered in training added).
 
 What is modelled as on the GPU, not as on this CPU: the decode path (`rollout.decode: auto` is
 "compiled" on CUDA, whose static KV cache stays allocated through the training phase; the estimate
@@ -99,8 +102,33 @@ def qwen25vl_3b(layers: int, blocks: int, tok, extra: bool):
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **qwen_ids(tok))
 
 
+def qwen25vl(hidden: int, intermediate: int, heads: int, kv_heads: int, tied: bool, vision_intermediate: int):
+    """A Qwen2.5-VL config builder at the sizes of a released config.json (7B: hidden 3584,
+    intermediate 18944, 28 heads, 4 key/value heads, untied; 32B: 5120, 27648, 40, 8; 72B: 8192,
+    29568, 64, 8; vocabulary 152064; the vision tower of the 3B: 1280 wide, 16 heads, window 112,
+    intermediate 3420 for the 7B, 3456 for the 32B and 72B). These sizes are as recalled from the
+    published configs, not read from them here (no hub on this machine): check before relying on
+    the last digit."""
+
+    def build(layers: int, blocks: int, tok, extra: bool):
+        from transformers import Qwen2_5_VLConfig
+
+        text = dict(vocab_size=152064, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                    num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128000,
+                    rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                                        "mrope_section": [16, 24, 24]},
+                    tie_word_embeddings=tied, **qwen_special_ids(tok), **qwen_ids(tok))
+        vision = dict(depth=blocks, hidden_size=1280, intermediate_size=vision_intermediate, num_heads=16,
+                      out_hidden_size=hidden, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                      in_channels=3, window_size=112, fullatt_block_indexes=[i for i in (7, 15, 23, 31) if i < blocks],
+                      tokens_per_second=2)
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied, **qwen_ids(tok))
+
+    return build
+
+
 def qwen3_vl(hidden: int, intermediate: int, tied: bool, vision_hidden: int, vision_intermediate: int,
-             deepstack: list[int]):
+             deepstack: list[int], heads: int = 32):
     """A Qwen3-VL (dense) config builder. Sizes from the released config.json files, as quoted in
     public code (`search` corpus "code", exact strings `"deepstack_visual_indexes": [5, 11, 17]` and
     `[8, 16, 24]`: e.g. a copy of Qwen3-VL-4B-Instruct's config as `QWEN3VL_4B_CONFIG`, one of the
@@ -113,7 +141,7 @@ def qwen3_vl(hidden: int, intermediate: int, tied: bool, vision_hidden: int, vis
         from transformers import Qwen3VLConfig
 
         text = dict(vocab_size=151936, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
+                    num_attention_heads=heads, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
                     rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
                                                         "mrope_section": [24, 20, 20], "mrope_interleaved": True},
                     tie_word_embeddings=tied, **qwen_special_ids(tok))
@@ -190,6 +218,20 @@ ARCHES: dict[str, Arch] = {
                         qwen_processor("transformers.models.qwen3_vl.processing_qwen3_vl.Qwen3VLProcessor", 16),
                         "qwen3_vl", lambda side: (side // 32) ** 2, "configs/shapes_grpo_qwen3vl_8b_lora.yaml",
                         "DeepStack merger", 3),
+    "qwen2_5_vl_7b": Arch("Qwen/Qwen2.5-VL-7B-Instruct", 28, 32, qwen25vl(3584, 18944, 28, 4, False, 3420),
+                          qwen_processor("transformers.models.qwen2_5_vl.processing_qwen2_5_vl.Qwen2_5_VLProcessor", 14),
+                          "qwen2_5_vl", lambda side: (side // 28) ** 2, "configs/shapes_grpo_3b.yaml"),
+    "qwen2_5_vl_32b": Arch("Qwen/Qwen2.5-VL-32B-Instruct", 64, 32, qwen25vl(5120, 27648, 40, 8, False, 3456),
+                           qwen_processor("transformers.models.qwen2_5_vl.processing_qwen2_5_vl.Qwen2_5_VLProcessor", 14),
+                           "qwen2_5_vl", lambda side: (side // 28) ** 2, "configs/shapes_grpo_3b.yaml"),
+    "qwen2_5_vl_72b": Arch("Qwen/Qwen2.5-VL-72B-Instruct", 80, 32, qwen25vl(8192, 29568, 64, 8, False, 3456),
+                           qwen_processor("transformers.models.qwen2_5_vl.processing_qwen2_5_vl.Qwen2_5_VLProcessor", 14),
+                           "qwen2_5_vl", lambda side: (side // 28) ** 2, "configs/shapes_grpo_3b.yaml"),
+    "qwen3_vl_32b": Arch("Qwen/Qwen3-VL-32B-Instruct", 64, 27,
+                         qwen3_vl(5120, 25600, False, 1152, 4304, [8, 16, 24], heads=64),
+                         qwen_processor("transformers.models.qwen3_vl.processing_qwen3_vl.Qwen3VLProcessor", 16),
+                         "qwen3_vl", lambda side: (side // 32) ** 2, "configs/shapes_grpo_qwen3vl_8b_lora.yaml",
+                         "DeepStack merger", 3),
     "gemma3_4b": Arch("google/gemma-3-4b-it", 34, 27, gemma3_4b, gemma3_processor, "gemma3",
                       lambda side: 256, "configs/shapes_grpo_gemma3_4b.yaml"),
 }
@@ -259,8 +301,10 @@ def gpu_free(loaded: int) -> int:
 
 
 def estimate(arch_name: str, config_path: str, overrides: list[str], prompt: int, completion: int,
-             image_tokens: int) -> list[dict]:
-    """Rows of the estimate for the config with checkpointing off and on (and what auto settles on)."""
+             image_tokens: int, processes: int = 1) -> list[dict]:
+    """Rows of the estimate for the config with checkpointing off and on (and what auto settles on);
+    `processes` > 1: per GPU of that many under FSDP2 (the parameters sharded over them, each
+    taking its share of the prompts)."""
     arch = ARCHES[arch_name]
     as_on_gpu = [*overrides, "rollout.decode=compiled"] if not any(o.startswith("rollout.decode=") for o in overrides) \
         else overrides
@@ -273,34 +317,38 @@ def estimate(arch_name: str, config_path: str, overrides: list[str], prompt: int
     rows = []
     for checkpointing in ("false", "true", "auto"):
         config = load_config(config_path, [*as_on_gpu, f"model.gradient_checkpointing={checkpointing}"])
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) // processes
         loaded = weights * (2 if preflight.copies_reference(config, "train") else 1)
         preflight.free_memory = lambda device, loaded=loaded: gpu_free(loaded)  # the GPU's, not this machine's
         if checkpointing == "auto" or config.train.micro_batch_size == "auto":
-            settled, memory = settle(config, model, "train", 1, (prompt, completion, image_tokens), costs, loaded)
+            settled, memory = settle(config, model, "train", processes, (prompt, completion, image_tokens), costs,
+                                     loaded, shards=processes)
             recompute, micro = settled.gradient_checkpointing, settled.micro_batch_size
         else:
-            memory = estimate_memory(config, model, "train", 1, prompt, completion, image_tokens, costs, loaded)
+            memory = estimate_memory(config, model, "train", processes, prompt, completion, image_tokens, costs,
+                                     loaded, shards=processes)
             recompute, micro = checkpointing == "true", config.train.micro_batch_size
         rows.append(dict(arch=arch_name, config=config_path, setting=checkpointing, checkpointing=recompute,
-                         micro=micro, params=params, trainable=trainable, memory=memory,
-                         packed=preflight.packed_prompts(config, model, "train", 1) > 0))
+                         micro=micro, params=params, trainable=trainable, memory=memory, processes=processes,
+                         packed=preflight.packed_prompts(config, model, "train", processes) > 0))
     del model
     gc.collect()
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| arch | config | checkpointing | micro-batch | weights | grads + AdamW | reference | generation "
-             "(+ kept cache) | activations | peak (GiB) | fits 80 GB |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| arch | config | GPUs (FSDP2) | checkpointing | micro-batch | weights | grads + AdamW | reference "
+             "| generation (+ kept cache, + gathered) | activations (+ gathered) | peak (GiB) | fits 80 GB |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         m = row["memory"]
         setting = {"false": "off", "true": "on"}.get(row["setting"], f"auto: {'on' if row['checkpointing'] else 'off'}")
         lines.append(
-            f"| {row['arch']} | {Path(row['config']).name} | {setting} | {row['micro']}{' packed' if row['packed'] else ''} "
+            f"| {row['arch']} | {Path(row['config']).name} | {row.get('processes', 1)} | {setting} "
+            f"| {row['micro']}{' packed' if row['packed'] else ''} "
             f"| {m.weights / GIB:.1f} | {(m.gradients + m.optimizer) / GIB:.1f} | {m.reference / GIB:.1f} "
-            f"| {m.generation / GIB:.1f} (+{m.kept_cache / GIB:.1f}) | {m.activations / GIB:.1f} | {m.peak / GIB:.1f} "
+            f"| {m.generation / GIB:.1f} (+{m.kept_cache / GIB:.1f}, +{m.gathered_generation / GIB:.1f}) "
+            f"| {m.activations / GIB:.1f} (+{m.gathered_training / GIB:.1f}) | {m.peak / GIB:.1f} "
             f"| {'yes' if m.fits else 'no'} |")
     return "\n".join(lines)
 
@@ -328,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                                                                  "(default: the image's tokens + --text)")
     parser.add_argument("--image-tokens", type=int, default=None, help="image tokens per prompt (default: from --image)")
     parser.add_argument("--completion", type=int, default=256, help="completion tokens")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="GPUs the parameters are sharded over (FSDP2); the estimate is per GPU")
     parser.add_argument("--save", default=None, metavar="OUT",
                         help="instead: write the full-size architecture (random bf16 weights) to OUT and stop")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every --config")
@@ -343,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
           f"less the loaded weights, {preflight.HEADROOM:.0%} kept spare", flush=True)
     rows = []
     for config_path in args.config or [arch.preset]:
-        rows += estimate(args.arch, config_path, args.overrides, prompt, args.completion, image_tokens)
+        rows += estimate(args.arch, config_path, args.overrides, prompt, args.completion, image_tokens,
+                         args.processes)
     params = rows[0]["params"]
     print(f"parameters {params / 1e9:.3f}B")
     print(table(rows))

@@ -3,6 +3,7 @@ whose parts add up, and `vlmrl check`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -146,6 +147,40 @@ def test_the_compiled_decode_path_counts_the_cache_it_keeps_into_the_training_ph
     assert any("+ the decode cache kept" in line for line in report.lines())
     assert "rollout.decode=static" in preflight_module.memory_advice(compiled)
     assert "rollout.decode" not in preflight_module.memory_advice(static)
+
+
+def test_under_fsdp2_each_process_holds_its_part_plus_what_it_gathers(tiny_model_dir, letter_task):
+    """Two shards: weights, gradients, AdamW and the reference halved; generation adds the other
+    half of the weights (gathered whole per call); training adds the other half of the root unit
+    and of two decoder layers (the one computing, the next prefetched)."""
+    policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, in_layers=800.0, in_blocks=200.0, layers=2,
+                            layer_input=8, vision_layers=1, vision_layer_input=4)
+    config = load_config(None, overrides(tiny_model_dir, "eval.every=0"))
+    whole = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs)
+    split = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs, shards=2)
+    weights = sum(p.numel() * 4 for p in policy.parameters())
+    layer = sum(p.numel() * 4 for p in policy.model.language_model.layers[0].parameters())
+    block = sum(p.numel() * 4 for p in policy.model.visual.blocks[0].parameters())
+    root = weights - 2 * layer - 2 * block
+    assert (whole.weights, whole.gathered_generation, whole.gathered_training) == (weights, 0, 0)
+    assert (split.weights, split.gradients, split.optimizer) == (weights // 2, weights // 2, weights)
+    assert split.reference == weights // 2 and split.gathered_generation == weights - weights // 2
+    assert split.gathered_training == (root + 2 * max(layer, block)) // 2
+    assert split.peak == (split.weights + split.gradients + split.optimizer + split.reference
+                          + max(split.generation + split.gathered_generation,
+                                split.activations + split.gathered_training))
+    assert split.peak < whole.peak
+    short = dataclasses.replace(split, free=weights)  # the model whole fits, not with 10% spare
+    assert preflight_module.memory_advice(short).startswith(
+        "this model cannot generate here gathered whole: FSDP2 gathers it")
+    assert preflight_module.memory_advice(short).endswith("set rollout.fsdp_generation=layers (one block at a time)")
+    by_layers = estimate_memory(load_config(None, overrides(tiny_model_dir, "eval.every=0", "rollout.fsdp_generation=layers")),
+                                policy, "train", 2, 50, 8, 10, costs, shards=2)
+    assert by_layers.gathered_generation == split.gathered_training and not by_layers.whole_generation
+    tiny = dataclasses.replace(by_layers, free=weights // 2)
+    assert preflight_module.memory_advice(tiny).startswith("this model cannot generate here even layer by layer")
+    assert preflight_module.memory_advice(dataclasses.replace(short, shards=1)).startswith("this run may not fit")
 
 
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():
@@ -329,3 +364,18 @@ def test_a_run_trains_with_what_auto_settled(tmp_path, tiny_model_dir, letter_ta
     assert seen == [(4, True)]
     assert "preflight: auto       model.gradient_checkpointing, train.micro_batch_size: micro-batch 4" in \
         capsys.readouterr().out
+
+
+def test_vlmrl_check_plans_one_process_of_n_under_fsdp2(tiny_model_dir, letter_task):
+    """`vlmrl check --processes 2 --strategy FSDP2`: the first line says what is planned, the
+    memory is one process's share (half of the weights, gradients and AdamW); a batch that does not
+    split over the processes is the run's own one-line error."""
+    config = load_config(None, overrides(tiny_model_dir, "rollout.prompts_per_step=4", "rollout.generation_batch_size=2"))
+    alone = check(config)
+    planned = check(config, processes=2, strategy="FSDP2")
+    assert planned.lines()[0] == "processes: 2, strategy: FSDP2 (planned: vlmrl check runs one)"
+    assert alone.lines()[0].startswith("model ")
+    assert planned.memory.weights == alone.memory.weights // 2 and planned.memory.shards == 2
+    assert planned.splits[0].prompts == alone.splits[0].prompts // 2  # one process's share of the batch
+    with pytest.raises(VlmrlError, match="rollout.prompts_per_step=4 must be divisible by the 3 processes"):
+        check(config, processes=3, strategy="FSDP2")

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +12,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
+from launching import CLI, launcher, run_all_or_kill
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import read_metrics
 from vlmrl.training.session import release_process_group
 from vlmrl.training.trainer import train
 
-TESTS = Path(__file__).parent
 LETTER_TASK = "letter_task:LetterTask"  # tests/letter_task.py, loaded by import path
 
 
@@ -154,29 +149,6 @@ def test_batch_layout_errors(tmp_path, tiny_model_dir, letter_task):
         train(_config(tmp_path, tiny_model_dir, "rollout.generation_batch_size=3"))
 
 
-def _free_port() -> int:
-    """A TCP port nothing listens on now. accelerate's default, 29500, is only probed before it is
-    bound: two launches at once (two test runs on one machine) can both find it free and collide."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _run_all_or_kill(command: list[str], timeout: float) -> tuple[int, str]:
-    """Run `command` (the CLI, or a launcher and the processes it starts) to its end: its exit
-    status and stderr. After `timeout` seconds, kill all of them (the launcher's workers too, which
-    would otherwise hang on, holding the pipes) and fail with what they had printed."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONPATH": str(TESTS)})
-    try:
-        _, stderr = process.communicate(timeout=timeout)
-        return process.returncode, stderr
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the session's every process
-        _, stderr = process.communicate()
-        pytest.fail(f"{command[2]} timed out after {timeout:.0f} s; its stderr:\n{stderr[-3000:]}")
-
-
 def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     overrides = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", f"task.name={LETTER_TASK}",
                  "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
@@ -185,13 +157,13 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
                  "train.log_rollouts_every=1"]
     one = tmp_path / "one"
     two = tmp_path / "two"
-    cli = [sys.executable, "-m", "vlmrl", "train"]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "no",
-                "--dynamo_backend", "no", "-m", "vlmrl", "train"]
-    for command, out in ((cli, one), (launcher, two)):
-        returncode, stderr = _run_all_or_kill(command + overrides + [f"output_dir={out}"], timeout=300)
+    two_processes = launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                             "--dynamo_backend", "no")
+    for command, out in ((CLI, one), (two_processes, two)):
+        returncode, stdout, stderr = run_all_or_kill(command + ["train"] + overrides + [f"output_dir={out}"],
+                                                     timeout=300)
         assert returncode == 0, stderr[-3000:]
+    assert "preflight: processes: 2, strategy: DDP, backend: gloo\n" in stdout
     a, b = _params(one / "final"), _params(two / "final")
     base = _params(Path(tiny_model_dir))
     assert any(not torch.equal(a[k], base[k]) for k in a)

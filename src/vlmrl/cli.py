@@ -131,7 +131,8 @@ def _check(args: argparse.Namespace) -> None:
     from vlmrl.config import load_config
     from vlmrl.safety.preflight import check
 
-    report = check(load_config(*_config_and_overrides(args)), mode="sft" if args.sft else "train")
+    report = check(load_config(*_config_and_overrides(args)), mode="sft" if args.sft else "train",
+                   processes=args.processes, strategy=args.strategy)
     print("\n".join(report.lines()))
     worries = report.advice()
     print("ok" if not worries else "ok, but " + "; and ".join(worries))
@@ -314,10 +315,15 @@ def _add_check(commands: argparse._SubParsersAction) -> None:
                     "free memory, a tenth of it kept spare; what \"auto\" memory settings become.\n"
                     "Exits 2 with one line on a problem that would stop the run.",
         epilog="examples:\n  vlmrl check configs/geometry_grpo_3b.yaml\n"
+               "  vlmrl check configs/shapes_grpo_3b.yaml --processes 8 --strategy FSDP2 rollout.prompts_per_step=64\n"
                "  vlmrl check configs/shapes_sft_tiny.yaml --sft train.micro_batch_size=64",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(check, "train.micro_batch_size=64")
     check.add_argument("--sft", action="store_true", help="check the `vlmrl sft` batch instead of RL rollouts")
+    check.add_argument("--processes", type=int, default=1, metavar="N",
+                       help="estimate one process of N (its share of the batch; under FSDP2, of the parameters)")
+    check.add_argument("--strategy", choices=("DDP", "FSDP2"), default="DDP",
+                       help="with --processes > 1: how the processes share the model (default DDP)")
     check.set_defaults(func=_check)
 
 

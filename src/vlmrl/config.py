@@ -189,8 +189,16 @@ class RolloutConfig(GenerationSettings):
     """With tools: longest side in pixels of an image a built-in tool returns (a zoomed crop is
     resized to it, small crops enlarged), 28 to 1024. Each returned image costs image tokens of the
     budget."""
+    fsdp_generation: str = "whole"
+    """Under FSDP2 (docs/processes.md), how rollouts and evaluations gather the sharded model:
+    "whole" (once per generate call, then each process generates alone: fast, but the model's
+    weights must fit one device) or "layers" (each block gathered for each forward, at every decode
+    step: one all-gather per block per token, and every process steps until all finish, for a model
+    whose weights do not fit one device). Evaluations then run on every process."""
 
     def validate(self) -> None:
+        require((self.fsdp_generation in ("whole", "layers"),
+                 f"rollout.fsdp_generation must be whole or layers; got {self.fsdp_generation!r}"))
         require((math.isfinite(self.temperature) and self.temperature > 0,  # stricter than generation's rule: first
                  f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}"),
                 (self.group_size >= 2, f"rollout.group_size must be >= 2 (advantages compare the completions of one "

@@ -140,7 +140,11 @@ def sample_on(model, processor, inputs: dict, settings: GenerationSettings,
     """`sample` on the decode path `settings.decode` as it is, without a fallback."""
     inputs = inputs | decode_kwargs(model, inputs, settings.decode, settings.max_new_tokens)
     recorder = SampledLogprobs(settings.temperature, suppressed)
-    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens,
+    # synced_gpus: transformers makes every process step until all finish when the model is sharded
+    # (FSDP2), as per-layer gathers need; a sharded model gathered whole around the call
+    # (training/sharding.py) needs none, so each process generates alone, as long as its rows need.
+    synced = None if any(hasattr(p, "to_local") for p in model.parameters()) else False  # None: transformers decides
+    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, synced_gpus=synced,
                          eos_token_id=stop_token_ids(processor, model), pad_token_id=processor.tokenizer.pad_token_id,
                          use_cache=True, return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
     ids = out[:, inputs["input_ids"].shape[1]:]  # (N, T)

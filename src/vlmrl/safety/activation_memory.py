@@ -109,10 +109,15 @@ def saved_bytes(forward, model: torch.nn.Module) -> int:
     return sum(saved_bytes_by_place(forward, model))
 
 
+def _local(parameter: torch.Tensor) -> torch.Tensor:
+    """This process's part of a parameter sharded by FSDP2 (a DTensor has no storage of its own)."""
+    return parameter.to_local() if hasattr(parameter, "to_local") else parameter
+
+
 def saved_bytes_by_place(forward, model: torch.nn.Module) -> tuple[int, int]:
     """`saved_bytes` in two parts: (saved inside a checkpointable layer, saved elsewhere). A storage
     saved in both places counts where it was saved first."""
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    parameters = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, tuple[int, bool]] = {}  # data pointer -> (bytes, saved inside a layer)
     depth = [0]  # checkpointable layers the forward is inside
 

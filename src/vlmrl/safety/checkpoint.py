@@ -21,6 +21,7 @@ import random
 import re
 import shutil
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,29 +34,42 @@ STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def save_model(folder: Path, model: torch.nn.Module, processor) -> None:
-    """The model (or adapter) and processor, loadable with transformers (and peft)."""
+@dataclass
+class Gathered:
+    """The full state dicts of a sharded run (FSDP2), gathered on every process for the main one to
+    write: the model's, the optimizer's (keyed by parameter name) and the reference copy's."""
+
+    weights: dict
+    optimizer: dict | None = None
+    reference: dict | None = None
+
+
+def save_model(folder: Path, model: torch.nn.Module, processor, weights: dict | None = None) -> None:
+    """The model (or adapter) and processor, loadable with transformers (and peft); `weights`: the
+    full state dict of a sharded model (default: the model's own)."""
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, state_dict=weights)
     processor.save_pretrained(folder)
 
 
 def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, scheduler,
-                    data_position: int, reference=None, keep: int = 2, extra: dict | None = None) -> Path:
+                    data_position: int, reference=None, keep: int = 2, extra: dict | None = None,
+                    gathered: Gathered | None = None) -> Path:
     """Write checkpoints/step_{step}/ atomically (a temp folder renamed) and prune old ones.
 
-    `extra` (numbers, strings, containers) is stored too and comes back from `read_checkpoint`."""
+    `extra` (numbers, strings, containers) is stored too and comes back from `read_checkpoint`.
+    `gathered`: a sharded run's full states, written instead of the model's and optimizer's own."""
     root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with writing(f"checkpoint step {step}", tmp):
-            save_model(tmp, model, processor)
+            save_model(tmp, model, processor, gathered and gathered.weights)
             torch.save({
                 "step": step,
                 "data_position": data_position,
-                "optimizer": optimizer.state_dict(),
+                "optimizer": gathered.optimizer if gathered else optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "rng": {"python": random.getstate(), "numpy": _numpy_rng_state(),
                         "torch": torch.get_rng_state(),
@@ -63,7 +77,7 @@ def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, sched
                 "extra": extra or {},
             }, tmp / STATE_FILE)
             if reference is not None:
-                reference.save(tmp)
+                reference.save(tmp, gathered and gathered.reference)
     except DiskFull as full:
         shutil.rmtree(tmp, ignore_errors=True)
         previous = latest_checkpoint(run_dir)

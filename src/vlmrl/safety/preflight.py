@@ -108,12 +108,23 @@ class MemoryEstimate:
     kept_cache: int = 0
     """The static KV cache the compiled decode path keeps from one step's generation to the next
     (decoding.py): alive through the training phase too."""
+    shards: int = 1
+    """Processes the parameters are split over (FSDP2): weights, gradients, AdamW and the reference
+    above are each process's part."""
+    gathered_generation: int = 0
+    """Sharded: what generation gathers beyond the shards: the rest of the weights
+    (rollout.fsdp_generation=whole), or of the root and two blocks (layers)."""
+    whole_generation: bool = True
+    """Sharded: generation gathers the whole model (rollout.fsdp_generation=whole), else by layers."""
+    gathered_training: int = 0
+    """Sharded: the units gathered at once in training (the root, the layer computing and the next)."""
 
     @property
     def peak(self) -> int:
         # Generation runs before the update, under no_grad: the two are never alive together.
         return (self.weights + self.gradients + self.optimizer + self.reference
-                + max(self.generation, self.activations + self.kept_cache))
+                + max(self.generation + self.gathered_generation,
+                      self.activations + self.kept_cache + self.gathered_training))
 
     @property
     def needed(self) -> int:
@@ -143,6 +154,8 @@ class PreflightReport:
     """Which speedups the run takes (see `speed_line`)."""
     costs: ActivationCosts | None = None
     """What the model keeps for backward per token, as the preflight measured it."""
+    processes: str = ""
+    """What runs (training/strategy.py): `processes: 2, strategy: FSDP2, backend: gloo`; the first line."""
 
     def advice(self) -> list[str]:
         """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
@@ -151,7 +164,8 @@ class PreflightReport:
 
     def lines(self) -> list[str]:
         m = self.memory
-        out = [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
+        out = [self.processes] if self.processes else []
+        out += [f"model      {self.parameters / 1e6:.2f}M parameters, {self.trainable / 1e6:.2f}M trainable, "
                f"{self.dtype}"]
         for s in self.splits:
             label = s.split if s.split == "train" else f"eval/{s.split}"
@@ -161,8 +175,14 @@ class PreflightReport:
         if m.reference:
             parts.append(f"reference {gib(m.reference)}")
         kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
-        parts.append(f"then the larger of generation {gib(m.generation)} and training activations "
-                     f"{gib(m.activations)}{kept}")
+        if m.shards > 1:
+            parts[0] = f"1/{m.shards} of the weights {gib(m.weights)}"
+            parts.append(f"then the larger of generation {gib(m.generation)} + the weights it gathers "
+                         f"{gib(m.gathered_generation)} and training activations {gib(m.activations)}{kept} + units "
+                         f"gathered {gib(m.gathered_training)}")
+        else:
+            parts.append(f"then the larger of generation {gib(m.generation)} and training activations "
+                         f"{gib(m.activations)}{kept}")
         if m.free is None:
             verdict = "free memory unknown"
         else:
@@ -186,11 +206,12 @@ class PreflightReport:
 
 
 def preflight(config: Config, policy, processor, task: Task, mode: str, world: int = 1, start: int = 0,
-              loaded: int | None = None) -> PreflightReport:
+              loaded: int | None = None, shards: int = 1) -> PreflightReport:
     """Check the first batches and estimate memory; VlmrlError on a problem that would crash the run.
 
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
+    `shards`: processes the parameters are split over (FSDP2; the policy is passed gathered whole).
     """
     if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
         raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
@@ -210,7 +231,8 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     longest = max(check.longest for check in checks)
     image_tokens = max(check.image_tokens for check in checks)
     costs = measure_activation_costs(policy, processor)
-    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded)
+    settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded,
+                             shards)
     params = list(policy.parameters())
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
     trainable = sum(p.numel() for name, p in policy.named_parameters()
@@ -292,7 +314,7 @@ def micro_batch_candidates(config: Config, mode: str, world: int) -> list[int]:
 
 
 def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, int, int],
-           costs: ActivationCosts, loaded: int | None) -> tuple[Settled, MemoryEstimate]:
+           costs: ActivationCosts, loaded: int | None, shards: int = 1) -> tuple[Settled, MemoryEstimate]:
     """The memory settings to train with, and their estimate. `lengths`: the longest prompt, the
     completion and the image tokens. Without a free-memory figure, auto means no checkpointing and
     a micro-batch of about 16 rows."""
@@ -306,7 +328,7 @@ def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, in
     def estimate(micro: int, recompute: bool) -> MemoryEstimate:  # each option estimated once
         trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
                                     train=dataclasses.replace(train, micro_batch_size=micro))
-        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded)
+        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded, shards)
 
     options = [(micro, recompute) for recompute in checkpointing for micro in micros]
     if estimate(*options[0]).fits is None:  # free memory unknown: no checkpointing, about 16 rows
@@ -425,10 +447,13 @@ def generation_memory(config: Config, policy, mode: str, world: int, lengths: tu
 
 
 def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
-                    image_tokens: int, costs: ActivationCosts, loaded: int | None = None) -> MemoryEstimate:
+                    image_tokens: int, costs: ActivationCosts, loaded: int | None = None,
+                    shards: int = 1) -> MemoryEstimate:
     """A per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate): the
     activations from `costs` (measured on the model) for the tokens and images a micro-batch's
-    forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it)."""
+    forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it).
+    `shards` > 1 (FSDP2): weights, gradients, AdamW and the reference divided over the processes,
+    the weights gathered whole for generation and unit by unit for training added (`gathered_units`)."""
     params = list(policy.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
@@ -464,11 +489,27 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         activations += layers * (packs or micro) * heads * length * length * size * 2
 
     device = next(iter(params)).device
+    part = weights // shards
     return MemoryEstimate(
-        device=str(device), weights=weights, gradients=gradients, optimizer=2 * gradients,
-        reference=weights if copy_reference else 0, generation=generation, activations=activations,
-        loaded=weights if loaded is None else loaded, free=free_memory(device),
-        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache)
+        device=str(device), weights=part, gradients=gradients // shards, optimizer=2 * gradients // shards,
+        reference=part if copy_reference else 0, generation=generation, activations=activations,
+        loaded=part if loaded is None else loaded, free=free_memory(device),
+        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache, shards=shards,
+        gathered_generation=((weights - part if config.rollout.fsdp_generation == "whole"
+                              else gathered_units(policy) * (shards - 1) // shards) if shards > 1 else 0),
+        gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0,
+        whole_generation=config.rollout.fsdp_generation == "whole")
+
+
+def gathered_units(policy) -> int:
+    """Bytes of the FSDP2 units gathered at once in training: the root (embeddings, output layer,
+    norms, merger: kept gathered from its forward through its backward), the block computing and the
+    next one prefetched. The blocks are the model's `_no_split_modules` (training/sharding.py)."""
+    names = set(getattr(hf_model(policy), "_no_split_modules", None) or ())
+    blocks = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in policy.modules()
+              if type(m).__name__ in names]
+    total = sum(p.numel() * p.element_size() for p in policy.parameters())
+    return total - sum(blocks) + 2 * max(blocks, default=0)
 
 
 def free_memory(device: torch.device) -> int | None:
@@ -498,15 +539,19 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
         per_process = config.sft.batch_size // session.world
         start = session.start_step * config.sft.batch_size + session.rank * per_process
     reference = getattr(session.reference, "copy", None)
-    loaded = sum(p.numel() * p.element_size() for p in session.policy.parameters())
+    loaded = sum(local_bytes(p) for p in session.policy.parameters())
     if reference is not None:
-        loaded += sum(p.numel() * p.element_size() for p in reference.parameters())
-    report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded)
+        loaded += sum(local_bytes(p) for p in reference.parameters())
+    shards = session.world if session.strategy.sharded else 1
+    with session.gathered():  # a sharded policy whole for the measuring forwards and self-checks
+        report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded,
+                           shards)
     if session.world > 1:  # every process trains with the main process's choice
         from accelerate.utils import broadcast_object_list
 
         report.settled = broadcast_object_list([report.settled])[0]
     report.settled.apply(config, session.policy)
+    report.processes = session.strategy.line()
     if session.main:
         for line in report.lines():
             print(f"preflight: {line}", flush=True)
@@ -515,7 +560,22 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     return report
 
 
+def local_bytes(parameter: torch.Tensor) -> int:
+    """Bytes of this process's part of a parameter (all of it unless FSDP2 shards it)."""
+    part = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+    return part.numel() * part.element_size()
+
+
 def memory_advice(memory: MemoryEstimate) -> str:
+    generating = memory.weights + memory.gathered_generation  # the model as generation gathers it
+    if memory.shards > 1 and memory.free is not None and generating > memory.free * (1 - HEADROOM):
+        if memory.whole_generation:
+            return (f"this model cannot generate here gathered whole: FSDP2 gathers it ({gib(generating)}) on each "
+                    f"device for every generate call, more than the {gib(memory.free)} free on {memory.device} "
+                    f"({HEADROOM:.0%} of it kept spare): set rollout.fsdp_generation=layers (one block at a time)")
+        return (f"this model cannot generate here even layer by layer: its root unit and two blocks "
+                f"({gib(generating)}) exceed the {gib(memory.free)} free on {memory.device} ({HEADROOM:.0%} of it "
+                "kept spare), however many processes share it; vlmrl has no tensor-parallel generation")
     kept = (f", decode with rollout.decode=static (the compiled path keeps its {gib(memory.kept_cache)} KV cache "
             "through the training phase)") if memory.kept_cache else ""
     return (f"this run may not fit: it needs about {gib(memory.needed)} more on {memory.device}, which has "
@@ -524,9 +584,17 @@ def memory_advice(memory: MemoryEstimate) -> str:
             f"(model.lora.enabled=true){kept}")
 
 
-def check(config: Config, mode: str = "train") -> PreflightReport:
-    """`vlmrl check`: load the model and task as a run would (one process, no checkpoint) and run
-    the preflight alone."""
+def check(config: Config, mode: str = "train", processes: int = 1, strategy: str = "DDP") -> PreflightReport:
+    """`vlmrl check`: load the model and task as a run would (no checkpoint) and run the preflight
+    alone, in this one process, as the first of `processes` would under `strategy` (DDP or FSDP2:
+    its share of the batch, and under FSDP2 its share of the parameters)."""
+    if processes < 1:
+        raise VlmrlError(f"--processes must be >= 1; got {processes}")
     task = check_before_loading(config, mode)
+    (config.rollout if mode == "train" else config.sft).check_layout(processes)
     policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
-    return preflight(config, policy, processor, task, mode)
+    shards = processes if strategy == "FSDP2" else 1
+    report = preflight(config, policy, processor, task, mode, processes, shards=shards)
+    if processes > 1:
+        report.processes = f"processes: {processes}, strategy: {strategy} (planned: vlmrl check runs one)"
+    return report

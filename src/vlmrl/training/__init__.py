@@ -11,6 +11,8 @@
     output_layer.py         the output layer in chunks: log-probs without the full logits
     optim.py                AdamW (the vision tower's own learning rate) and the warmup + decay
     stochastic_rounding.py  RoundingAdamW: bf16 weights that keep small updates
+    strategy.py             what runs (single, DDP, FSDP2) and the refusal of what would not
+    sharding.py             FSDP2: shard, gather for generation, full state dicts for checkpoints
 
 May import every folder below it: safety, evaluation, rollout, models, report, tasks, and grpo,
 config, seeds, disk, errors.

@@ -14,11 +14,12 @@ import copy
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 from vlmrl.config import AlgorithmConfig
 from vlmrl.rollout.completions import Completions
 from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training.sharding import reshard
 
 REFERENCE_FILE = "reference.safetensors"
 
@@ -52,13 +53,21 @@ class ReferencePolicy:
         if self.copy is None or period <= 0 or steps_done % period:
             return False
         mix = self.settings.ref_mix
+        reshard(self.copy)  # sharded (FSDP2): each process moves its own shards
+        reshard(policy)
         for ref, new in zip(self.copy.parameters(), policy.parameters()):
             ref.lerp_(new.detach(), mix)
         return True
 
-    def save(self, folder: Path) -> None:
-        if self.copy is not None:
+    def save(self, folder: Path, weights: dict | None = None) -> None:
+        """The copy's weights (`weights`: its full state dict when it is sharded) into `folder`."""
+        if self.copy is None:
+            return
+        if weights is None:
             save_model(self.copy, str(folder / REFERENCE_FILE))
+        else:  # a gathered state dict's tensors may share storage (tied parameters): each its own in the file
+            save_file({name: value.clone().contiguous() for name, value in weights.items()},
+                      str(folder / REFERENCE_FILE))
 
     def load(self, folder: Path) -> None:
         if self.copy is not None:

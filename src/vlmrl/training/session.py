@@ -15,6 +15,7 @@ before anything in it is read until `close()`: a second trainer started in it is
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -28,12 +29,14 @@ from vlmrl.evaluation.evaluate import EvalSettings, evaluate, held_out_examples,
 from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.safety.bad_rows import RowGuard
-from vlmrl.safety.checkpoint import find_resumable, restore_trainer_state, save_checkpoint, save_model
+from vlmrl.safety.checkpoint import Gathered, find_resumable, restore_trainer_state, save_checkpoint, save_model
 from vlmrl.safety.faults import NumericGuard, StopSignals
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.tasks import Task
 from vlmrl.training.optim import build_optimizer, build_scheduler
 from vlmrl.training.reference import ReferencePolicy, build_reference
+from vlmrl.training.sharding import FullStateOptimizer, full_state, gathered, is_sharded, shard
+from vlmrl.training.strategy import refuse_unrunnable, settle_strategy
 
 
 class TrainingSession:
@@ -48,9 +51,13 @@ class TrainingSession:
 
     def __init__(self, config: Config, total_updates: int, with_reference: bool = False):
         self.config = config
+        refuse_unrunnable(os.environ)  # before accelerate reads the same variables
         self.accelerator = Accelerator(cpu=config.model.device == "cpu" or not torch.cuda.is_available())
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.main = self.accelerator.is_main_process
+        launched = self.accelerator.state
+        self.strategy = settle_strategy(launched.distributed_type.name, self.world, launched.backend,
+                                        self.accelerator.device.type, os.environ)  # before anything loads
         self.run_dir = Path(config.output_dir)
         self.folder_lock = self.hold_run_folder()
         found = find_resumable(self.run_dir) if config.resume else None
@@ -59,20 +66,30 @@ class TrainingSession:
         checkpoint, state = found if found is not None else (None, None)
         set_seed(config.seed)
 
+        # FSDP2 too: loaded whole on the device, then sharded (loading on the CPU would settle "auto"
+        # dtypes and the kernels' fallbacks for the CPU, not for the device the run trains on)
         self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint)
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
+        if checkpoint is not None and self.reference is not None:
+            self.reference.load(checkpoint)
+        if self.strategy.self_sharded:  # FSDP2, applied by vlmrl (sharding.py): policy and reference alike
+            for model in (self.policy, getattr(self.reference, "copy", None)):
+                if model is not None:
+                    shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward)
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0
         self.guard = NumericGuard(config.train.max_bad_steps, config.train.max_grad_norm)
         if checkpoint is not None:
-            restored = restore_trainer_state(state, self.optimizer, self.scheduler)
+            optimizer = FullStateOptimizer(self.policy, self.optimizer) if is_sharded(self.policy) else self.optimizer
+            restored = restore_trainer_state(state, optimizer, self.scheduler)  # after sharding: its parameters
             self.start_step, self.cursor = restored["step"], restored["data_position"]
             self.guard.load_state_dict(restored["extra"].get("faults", {}))
-            if self.reference is not None:
-                self.reference.load(checkpoint)
-        self.model, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+        if self.strategy.self_sharded:
+            self.model = self.policy  # sharded in place (accelerate would wrap it in DDP on CPU processes)
+        else:
+            self.model, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
 
         self.log = None
         if self.main:
@@ -96,6 +113,11 @@ class TrainingSession:
             raise busy or FolderBusy(f"{self.run_dir} is in use by another vlmrl run")
         return folder_lock
 
+    def gathered(self):
+        """A context within which a sharded policy is gathered on every process as generation gathers
+        it (rollout.fsdp_generation: whole, or its root and first blocks: sharding.gathered)."""
+        return gathered(self.policy, self.config.rollout.fsdp_generation == "whole")
+
     def any_process(self, flag: bool) -> bool:
         """True when `flag` is True on any process."""
         total = self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), "sum")
@@ -117,13 +139,25 @@ class TrainingSession:
         """A checkpoint now (all processes call this); returns its folder."""
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         self.accelerator.wait_for_everyone()
+        whole = self.gather_state(for_checkpoint=True)  # every process takes part in gathering a sharded run's
         if self.main:
             folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
                                      self.scheduler, cursor, self.reference,
                                      keep=self.config.train.keep_checkpoints,
-                                     extra={"faults": self.guard.state_dict()})
+                                     extra={"faults": self.guard.state_dict()}, gathered=whole)
         self.saved_step = steps_done
         return folder
+
+    def gather_state(self, for_checkpoint: bool) -> Gathered | None:
+        """The full state dicts of a sharded run's policy, gathered on every process (all must call
+        this), with the optimizer's and the reference copy's `for_checkpoint`; None when nothing is
+        sharded."""
+        if not is_sharded(self.policy):
+            return None
+        weights, moments = full_state(self.policy, self.optimizer if for_checkpoint else None)
+        copy = getattr(self.reference, "copy", None)
+        reference = full_state(copy)[0] if copy is not None and for_checkpoint else None
+        return Gathered(weights, moments, reference)
 
     def check_stop(self, steps_done: int, cursor: int) -> None:
         """After a step: when a stop signal came (on any process) or train.max_bad_steps updates in
@@ -189,37 +223,49 @@ class TrainingSession:
     def maybe_evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
         """Every eval.every steps and after the last: greedy accuracy and mean rewards on the fixed
         held-out set of each eval split, as {"eval/<split>/<metric>": value}; the full results go
-        to run_dir/evals/step_XXXXXX_<split>.json. Runs on the main process only."""
+        to run_dir/evals/step_XXXXXX_<split>.json. Runs on the main process only (a sharded model is
+        gathered on every process for it first)."""
         settings = self.config.eval
         last = steps_done == self.config.train.steps
         if not settings.every or (steps_done % settings.every and not last):
             return {}
         metrics: dict[str, float] = {}
-        if self.main:
-            max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
-            rollout = self.config.rollout
-            eval_settings = EvalSettings(batch_size=settings.batch_size, max_new_tokens=max_new_tokens,
-                                         seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
-                                         max_trajectory_tokens=rollout.max_trajectory_tokens,
-                                         tool_image_side=rollout.tool_image_side, decode=rollout.decode,
-                                         blind_check=settings.blind_check)
-            for split in settings.splits:
-                if split not in self.held_out:  # the same fixed set at every evaluation: make it once
-                    self.held_out[split] = held_out_examples(task, split, settings.n)
-                examples = self.held_out[split]
-                evaluation = evaluate(self.policy, self.processor, task, examples, eval_settings,
-                                      show_progress=False)
-                save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
-                metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/")
+        whole = self.config.rollout.fsdp_generation == "whole"
+        with gathered(self.policy, whole):  # sharded: every process gathers, the main one evaluates
+            if self.main or (is_sharded(self.policy) and not whole):  # gathered by layers: all run the forwards
+                metrics = self._evaluate(steps_done, task)
         self.accelerator.wait_for_everyone()
+        return metrics if self.main else {}
+
+    def _evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
+        """`maybe_evaluate`'s work (the main process writes the results)."""
+        settings = self.config.eval
+        metrics: dict[str, float] = {}
+        max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
+        rollout = self.config.rollout
+        eval_settings = EvalSettings(batch_size=settings.batch_size, max_new_tokens=max_new_tokens,
+                                     seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
+                                     max_trajectory_tokens=rollout.max_trajectory_tokens,
+                                     tool_image_side=rollout.tool_image_side, decode=rollout.decode,
+                                     blind_check=settings.blind_check)
+        for split in settings.splits:
+            if split not in self.held_out:  # the same fixed set at every evaluation: make it once
+                self.held_out[split] = held_out_examples(task, split, settings.n)
+            examples = self.held_out[split]
+            evaluation = evaluate(self.policy, self.processor, task, examples, eval_settings,
+                                  show_progress=False)
+            if self.main:
+                save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
+            metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/")
         return metrics
 
     def finish(self) -> Path:
         """Save the final model into run_dir/final and close the processes; returns run_dir."""
         self.accelerator.wait_for_everyone()
+        whole = self.gather_state(for_checkpoint=False)
         if self.main:
             with writing("the final model", self.run_dir / "final"):
-                save_model(self.run_dir / "final", self.policy, self.processor)
+                save_model(self.run_dir / "final", self.policy, self.processor, whole and whole.weights)
         self.close()
         return self.run_dir
 

@@ -1,0 +1,183 @@
+"""FSDP2 on two gloo processes (vlmrl shards itself where accelerate would run DDP): the same
+update as one process on the same global batch, checkpoints that resume exactly, a `final/` that
+plain transformers loads; and `gathered`, which lets each process generate alone."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from launching import CLI, launcher, run_all_or_kill
+from vlmrl.report.tracking import read_metrics
+
+ROOT = Path(__file__).parent.parent
+FSDP2 = launcher("--config_file", str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"))
+
+
+def _overrides(tiny_model_dir: str, out: Path, *more: str) -> list[str]:
+    return ["train", f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
+            "rollout.generation_batch_size=2", "train.micro_batch_size=4", "train.lr=1e-2",
+            "algorithm.aggregation=token", "algorithm.beta=0.1", "algorithm.ref_refresh_steps=1", "algorithm.ref_mix=0.5",
+            f"output_dir={out}", *more]
+
+
+def _params(folder: Path) -> dict[str, torch.Tensor]:
+    return AutoModelForImageTextToText.from_pretrained(folder).state_dict()
+
+
+def _run(command: list[str], arguments: list[str]) -> str:
+    returncode, stdout, stderr = run_all_or_kill(command + arguments, timeout=300)
+    assert returncode == 0, stderr[-3000:]
+    return stdout
+
+
+def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir):
+    """fp32, 2 steps with a reference refreshed from the policy after each, evaluation at the end
+    and a checkpoint after each step: loss, KL and grad norm per step within 1e-5 relative, the
+    weights after 2 steps within 1e-5, and each process held half of every parameter."""
+    more = ("train.steps=2", "train.save_every=1", "eval.every=2", "eval.n=4")
+    _run(CLI, _overrides(tiny_model_dir, tmp_path / "one", *more))
+    stdout = _run(FSDP2, _overrides(tiny_model_dir, tmp_path / "two", *more))
+    assert stdout.startswith("preflight: processes: 2, strategy: FSDP2, backend: gloo\n"), stdout[:300]
+    one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two):
+        assert a["reward"] == b["reward"] and a["ref_refreshed"] == b["ref_refreshed"] == 1
+        for key in ("loss", "kl", "grad_norm", "entropy"):  # on-policy the surrogate is 0 up to ~1e-8 of float noise
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=3e-8), key
+    assert one[1]["kl"] > 0 and two[1]["eval/test/accuracy"] == one[1]["eval/test/accuracy"]
+    a, b = _params(tmp_path / "one" / "final"), _params(tmp_path / "two" / "final")  # plain transformers loads it
+    base = _params(Path(tiny_model_dir))
+    assert any(not torch.equal(a[k], base[k]) for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
+    assert (tmp_path / "two" / "checkpoints" / "step_000002" / "reference.safetensors").is_file()
+
+
+@pytest.mark.slow  # two 4-step launches: about 30 s on 2 cores
+def test_fsdp2_stopped_at_step_2_and_resumed_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
+    """The optimizer state is saved whole and put back after sharding; the reference copy too."""
+    more = ("train.steps=4", "train.save_every=2", "train.schedule=cosine", "train.warmup_steps=1")
+    straight = tmp_path / "straight"
+    _run(FSDP2, _overrides(tiny_model_dir, straight, *more))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)  # as if stopped after step 2: the later checkpoint and model gone
+    shutil.rmtree(resumed / "checkpoints" / "step_000004")
+    shutil.rmtree(resumed / "final")
+    _run(FSDP2, _overrides(tiny_model_dir, resumed, *more, "resume=true"))
+
+    def strip(rows):
+        return [{k: v for k, v in row.items() if not k.startswith(("seconds", "tokens_per_s", "time/"))} for row in rows]
+
+    assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
+    a, b = _params(straight / "final"), _params(resumed / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # two 2-step launches: about 25 s on 2 cores
+def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_path, tiny_model_dir):
+    """The reference is the base model with the adapter switched off; only the adapter trains."""
+    from safetensors.torch import load_file
+
+    more = ("train.steps=2", "model.lora.enabled=true", "model.lora.r=4", "model.gradient_checkpointing=true",
+            "algorithm.ref_refresh_steps=0")
+    ddp = launcher("--config_file", str(ROOT / "configs" / "accelerate" / "ddp.yaml"))
+    _run(ddp, _overrides(tiny_model_dir, tmp_path / "ddp", *more))
+    _run(FSDP2, _overrides(tiny_model_dir, tmp_path / "fsdp2", *more))
+    one, two = read_metrics(tmp_path / "ddp" / "metrics.jsonl"), read_metrics(tmp_path / "fsdp2" / "metrics.jsonl")
+    for a, b in zip(one, two):
+        for key in ("loss", "kl", "grad_norm"):  # on-policy the surrogate is 0 up to ~1e-8 of float noise
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=3e-8), key
+    assert two[1]["kl"] > 0
+    a = load_file(tmp_path / "ddp" / "final" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "fsdp2" / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all("lora_" in k for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    """A gloo process group of one process (FSDP2 shards over it: each unit held whole)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize(("share_prompt_cache", "whole"), [(True, True), (False, True), (False, False)])
+def test_a_sharded_model_generates_what_the_whole_one_does_gathered(tiny_model_dir, one_process_group,
+                                                                   share_prompt_cache, whole):
+    """Without `gathered`, the plain path fails (generate calls the vision tower outside the root's
+    forward: a DTensor meets a Tensor). Gathered whole: the same tokens, no all-gather during the
+    call; by layers (the root and the first block of each kind held): the same tokens, the other
+    blocks gathered at each forward. After it every parameter is a shard again and each unit
+    reshards as before."""
+    from torch.distributed.tensor import DTensor
+
+    from vlmrl.config import GenerationSettings
+    from vlmrl.models import load_policy
+    from vlmrl.rollout.generation import generate_groups
+    from vlmrl.tasks import Example
+    from vlmrl.training.sharding import gathered, shard
+    from PIL import Image
+
+    examples = [Example(Image.new("RGB", (56, 84), (200, 10, 10)), "Count.", "1"),
+                Example(Image.new("RGB", (112, 112), (20, 100, 10)), "How many circles are there?", "2")]
+    settings = GenerationSettings(group_size=2, max_new_tokens=8, temperature=1.0,
+                                  share_prompt_cache=share_prompt_cache)
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    whole = generate_groups(model, processor, examples, settings, seed=3)
+    assert shard(model, 1, torch.device("cpu")) == 1 + 2 + 2  # two decoder layers, two vision blocks, the root
+    gathers = []
+    real = torch.distributed.all_gather_into_tensor
+    torch.distributed.all_gather_into_tensor = lambda *args, **kwargs: gathers.append(1) or real(*args, **kwargs)
+    try:
+        with gathered(model, whole):
+            before = len(gathers)
+            sharded = generate_groups(model, processor, examples, settings, seed=3)
+            during = len(gathers) - before
+    finally:
+        torch.distributed.all_gather_into_tensor = real
+    assert torch.equal(sharded.completion_ids, whole.completion_ids) and sharded.texts == whole.texts
+    assert during == 0 if whole else during > 0
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    units = [m for m in model.modules() if hasattr(m, "reshard")]
+    flags = [any(g.post_forward_mesh_info is not None for g in m._get_fsdp_state()._fsdp_param_groups) for m in units]
+    assert flags == [False] + [True] * (len(units) - 1)  # the root (first) keeps the output layer through backward
+    if not share_prompt_cache:
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            generate_groups(model, processor, examples, settings, seed=3)
+
+
+def test_the_numeric_guard_skips_a_nan_update_of_a_sharded_model(tiny_model_dir, one_process_group):
+    """Gradients as DTensors: the norm is read whole, a NaN one skips the update (the shards keep
+    their values), a finite one steps."""
+    from accelerate import Accelerator
+
+    from vlmrl.models import load_policy
+    from vlmrl.safety.faults import NumericGuard
+    from vlmrl.training.sharding import shard
+
+    model, _ = load_policy(tiny_model_dir, device="cpu")
+    shard(model, 1, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    guard, accelerator = NumericGuard(max_in_a_row=3, max_grad_norm=1.0), Accelerator(cpu=True)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = {name: p.detach().full_tensor().clone() for name, p in model.named_parameters()}
+
+    def update(scale: float) -> float:
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().pow(2).mean() * scale
+        loss.backward()
+        return guard.step(accelerator, model, optimizer, scheduler, float(loss.detach()))
+
+    assert math.isnan(update(float("nan"))) and guard.skipped == 1
+    assert all(torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())
+    assert update(1.0) > 0 and guard.skipped == 1 and guard.in_a_row == 0
+    assert any(not torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())

@@ -1,0 +1,112 @@
+"""What runs under `accelerate launch`, and the one-line refusal when it is not what was asked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launching import CLI, launcher, run_all_or_kill
+from vlmrl.errors import VlmrlError
+from vlmrl.training.strategy import Strategy, requested_strategy, settle_strategy
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "0", "ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1"}
+
+
+def test_the_preflight_line_says_processes_strategy_and_backend():
+    assert Strategy(2, "FSDP2", "gloo").line() == "processes: 2, strategy: FSDP2, backend: gloo"
+    assert settle_strategy("NO", 1, None, "cpu", {}).line() == "processes: 1, strategy: single, backend: none"
+    assert settle_strategy("MULTI_CPU", 2, "gloo", "cpu", TORCHRUN).line() == "processes: 2, strategy: DDP, backend: gloo"
+
+
+@pytest.mark.parametrize(("env", "asked"), [
+    ({}, None),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "FSDP2"),
+    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP1"),  # accelerate's default version
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO-3"),
+    ({"ACCELERATE_USE_FSDP": "false", "FSDP_VERSION": "2"}, None),
+])
+def test_what_accelerate_launch_asked_for(env, asked):
+    assert requested_strategy(env) == asked
+
+
+def test_fsdp2_is_applied_by_vlmrl_on_cpu_processes_and_on_gpus():
+    fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    on_cpu = settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2)
+    assert (on_cpu.name, on_cpu.self_sharded, on_cpu.sharded) == ("FSDP2", True, True)
+    on_gpus = settle_strategy("FSDP", 8, "nccl", "cuda", fsdp2)  # vlmrl shards there too: one code path
+    assert (on_gpus.line(), on_gpus.self_sharded) == ("processes: 8, strategy: FSDP2, backend: nccl", True)
+
+
+@pytest.mark.parametrize(("engaged", "env", "message"), [
+    ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+     r"^DeepSpeed ZeRO-3 was asked for; vlmrl does not run it yet"),
+    ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+     r"^(ZeRO-2 was asked for but accelerate engaged MULTI_CPU on 2 process\(es\) on cpu; vlmrl would have run "
+     r"without it|DeepSpeed ZeRO-2 was asked for but deepspeed is not installed)"),
+    ("MULTI_CPU", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, r"^FSDP version 1 was asked for"),
+    ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"},
+     r"^DeepSpeed ZeRO-1 was asked for"),
+    ("NO", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, r"^FSDP2 was asked for but accelerate engaged NO"),
+])
+def test_a_strategy_asked_for_and_not_engaged_is_refused(engaged, env, message):
+    with pytest.raises(VlmrlError, match=message):
+        settle_strategy(engaged, 2 if engaged != "NO" else 1, "gloo", "cpu", TORCHRUN | env)
+
+
+def test_several_processes_asked_and_one_started_is_refused():
+    """`accelerate launch --num_processes 2` without --multi_gpu on a machine without GPUs: its
+    single-process launcher sets MASTER_ADDR, and no WORLD_SIZE."""
+    one = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with pytest.raises(VlmrlError, match="asked for several processes but started one: on a machine without GPUs "
+                                         "add --multi_gpu"):
+        settle_strategy("NO", 1, None, "cpu", one)
+    assert settle_strategy("NO", 1, None, "cpu", {"ACCELERATE_MIXED_PRECISION": "no"}).name == "single"
+
+
+def test_the_refusal_comes_before_the_model_loads_in_one_line(tmp_path, tiny_model_dir):
+    """The CLI with DeepSpeed ZeRO-3 asked for: exit 2, one line (loading the weights would have
+    drawn a progress bar on stderr; accelerate's Accelerator, an ImportError without deepspeed)."""
+    returncode, _, stderr = run_all_or_kill(
+        CLI + ["train", "configs/shapes_grpo_tiny.yaml", "model.device=cpu", f"model.name_or_path={tiny_model_dir}",
+               f"output_dir={tmp_path / 'run'}"],
+        timeout=120, env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert returncode == 2 and len(lines) == 1, stderr
+    assert lines[0].startswith("error: DeepSpeed ZeRO-3 was asked for; vlmrl does not run it yet"), lines
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, r"^mixed_precision: bf16 in the accelerate config is not applied under vlmrl's FSDP2"),
+    ({"FSDP_OFFLOAD_PARAMS": "true"}, r"^fsdp_offload_params: true is not applied"),
+])
+def test_an_fsdp_setting_vlmrl_would_not_apply_on_cpu_processes_is_refused(setting, message):
+    fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    with pytest.raises(VlmrlError, match=message):
+        settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2 | setting)
+    kept = settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2 | {"FSDP_RESHARD_AFTER_FORWARD": "false"})
+    assert kept.reshard_after_forward is False
+
+
+def test_a_model_without_blocks_to_shard_is_refused(tmp_path):
+    from vlmrl.training.sharding import shard
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(VlmrlError, match=r"^FSDP2: Linear names no blocks to shard"):
+            shard(torch.nn.Linear(2, 2), 1, torch.device("cpu"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_accelerate_launch_num_processes_2_without_multi_gpu_is_refused_on_a_cpu(tmp_path, tiny_model_dir):
+    """The command that used to start one process silently: now it stops in one line, before loading."""
+    if torch.cuda.is_available():
+        pytest.skip("with GPUs accelerate starts the processes asked for")
+    returncode, _, stderr = run_all_or_kill(
+        launcher("--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no")
+        + ["train", "configs/shapes_grpo_tiny.yaml", "model.device=cpu", f"model.name_or_path={tiny_model_dir}",
+           f"output_dir={tmp_path / 'run'}"], timeout=120)
+    assert returncode == 1 and "returned non-zero exit status 2" in stderr, stderr  # the launcher wraps vlmrl's 2
+    assert "error: accelerate launch was asked for several processes but started one: on a machine without GPUs " \
+           "add --multi_gpu" in stderr
+    assert "Loading weights" not in stderr
