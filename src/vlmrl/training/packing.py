@@ -117,10 +117,9 @@ def packed_mask(model, segment: torch.Tensor, valid: torch.Tensor,
     the model's rules (`support.attention_rules`): (U, 1, L, L), or one per layer kind. It carries
     its block plan when the model computes blocks and nothing but the packing's rule applies."""
     rules, dtype = attention_rules(model), hf_model(model).dtype
-    allowed = seen_keys(segment, valid)  # (U, L, L)
     if rules.image_blocks is None and (rules.window is None or rules.window >= valid.shape[1]):
-        mask = additive(allowed, dtype)
-        return with_plan(mask, plan_blocks(segment, valid)) if computes_blocks(model) else mask
+        return segment_attention_mask(segment, valid, dtype, computes_blocks(model))
+    allowed = seen_keys(segment, valid)  # (U, L, L)
     if rules.image_blocks is not None:
         block = image_blocks(inputs[rules.image_blocks])  # (U, L)
         allowed |= (block[:, :, None] == block[:, None, :]) & (block >= 0)[:, :, None]
