@@ -282,7 +282,7 @@ def test_the_comparison_numbers_by_hand():
 
 def test_the_comparison_has_a_column_for_every_other_accuracy_logged():
     first, second = rows([None, 0.5], [0.1, 0.3], 2.0), rows([None, 0.7], [0.2, 0.5], 4.0)
-    first[1] |= {"eval/ood/accuracy": 0.25, "eval/test/blank/accuracy": 0.2}
+    first[1] |= {"eval/ood/accuracy": 0.25, "eval/test/blank/accuracy": 0.2, "eval/test/reward/accuracy": 0.5}
     second[1] |= {"eval/ood/accuracy": 0.35, "eval/test/blank/accuracy": 0.2}
     arm = ArmResult("grpo", [SeedRun(0, first), SeedRun(1, second)], missing=[])
     columns = header([arm], "test")

@@ -123,9 +123,10 @@ def _duration(seconds: float) -> str:
 
 def other_accuracies(results: list[ArmResult], split: str) -> list[str]:
     """The held-out accuracies the runs logged besides eval/<split>/accuracy, sorted: other splits'
-    and the blind-image check's (`eval/<split>/<kind>/accuracy`)."""
+    and the blind-image check's (`eval/<split>/<kind>/accuracy`); not the reward component named
+    accuracy (`eval/<split>/reward/accuracy`), which the accuracy itself already is."""
     keys = {key for arm in results for run in arm.runs for row in run.rows for key in row
-            if key.startswith("eval/") and key.endswith("/accuracy")}
+            if key.startswith("eval/") and key.endswith("/accuracy") and "/reward/" not in key}
     return sorted(keys - {f"eval/{split}/accuracy"})
 
 
