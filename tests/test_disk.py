@@ -80,9 +80,9 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_resum
     real_save = checkpoint.save_model
     saves = []
 
-    def fills_up(folder, model, processor):  # the second checkpoint runs out of space half-way
+    def fills_up(folder, model, processor, weights=None):  # the second checkpoint runs out of space half-way
         saves.append(folder)
-        real_save(folder, model, processor)
+        real_save(folder, model, processor, weights)
         if len(saves) == 2:
             raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
 
