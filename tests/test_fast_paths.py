@@ -4,6 +4,8 @@ error after a first use that worked propagates."""
 
 from __future__ import annotations
 
+import signal
+
 import warnings
 from pathlib import Path
 
@@ -140,6 +142,8 @@ def test_a_fast_path_that_fails_on_first_use_falls_back_and_the_run_equals_one_w
 def test_an_error_after_a_first_use_that_worked_ends_the_run(path, tmp_path, tiny_model_dir, letter_task,
                                                              monkeypatch, fresh_warnings):
     _inject(monkeypatch, path, calls={2})
+    handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(RuntimeError, match=r"injected: CUDA graph capture failed \(call 2\)"):
         train(_config(tmp_path, tiny_model_dir, FAST_ON_OFF[path][0]))
     assert not any(WARNING in str(w.message) for w in fresh_warnings)
+    assert signal.getsignal(signal.SIGINT) is handler  # the run's stop handler went with it: Ctrl-C is the caller's again

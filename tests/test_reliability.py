@@ -168,6 +168,7 @@ def test_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, tiny_model_dir, lett
 def test_one_stop_from_several_senders_is_one_signal_and_a_later_second_stops_at_once():
     """A Ctrl-C that reaches the run twice (the terminal's process group, and a `vlmrl compare` or a
     scheduler passing it on) still stops it after the step with a checkpoint."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever an earlier test left
     stops = StopSignals()
     try:
         signal.raise_signal(signal.SIGINT)
@@ -178,7 +179,8 @@ def test_one_stop_from_several_senders_is_one_signal_and_a_later_second_stops_at
             signal.raise_signal(signal.SIGINT)
     finally:
         stops.restore()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.slow  # 60 s of CPU (a subprocess and three runs); the SIGINT test above is its fast cousin

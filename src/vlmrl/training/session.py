@@ -98,6 +98,7 @@ class TrainingSession:
             self.log = build_trackers(config, self.run_dir, resume_step=self.start_step if checkpoint else None)
         self.saved_step = self.start_step if checkpoint is not None else None
         self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
+        self.closed = False
         self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
 
     def hold_run_folder(self):
@@ -211,8 +212,21 @@ class TrainingSession:
                          f"in {folder}. Fix the data, or set task.params.on_bad_row=skip to replace bad rows by the "
                          "next good ones, then resume=true")
 
+    def __enter__(self) -> "TrainingSession":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        """A run that ends in an error (or Ctrl-C) closes too: the signal handlers go back, so a
+        notebook's next Ctrl-C is its own, and the run folder is given back."""
+        if error is not None:
+            self.close()
+
     def close(self) -> None:
-        """Close the logs, give the signal handlers and the run folder back (the model is not saved)."""
+        """Close the logs, give the signal handlers and the run folder back (the model is not saved).
+        Once: a later call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         self.signals.restore()
         if self.main:
             self.log.close()

@@ -78,46 +78,46 @@ def completion_tokens(processor, examples: list[Example], stop_ids: list[int]) -
 def sft(config: Config) -> Path:
     """Fine-tune on reference completions as configured; returns the run directory (model in final/)."""
     task = check_before_loading(config, "sft")  # layout, task, tools, trackers, model path: before loading
-    session = TrainingSession(config, config.train.steps)
-    batch = config.sft.batch_size
-    config.sft.check_layout(session.world)  # the processes accelerate really started
-    per_process = batch // session.world
-    stop_ids = stop_token_ids(session.processor, session.policy)
-    device = session.accelerator.device
-    run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
-    session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
-    scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
-                           config.train.block_attention)
-    toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
-    warned = False  # about reference calls that all failed: once a run
-    rows = RowGuard(task, session.processor)
+    with TrainingSession(config, config.train.steps) as session:  # an error gives the handlers and the folder back
+        batch = config.sft.batch_size
+        config.sft.check_layout(session.world)  # the processes accelerate really started
+        per_process = batch // session.world
+        stop_ids = stop_token_ids(session.processor, session.policy)
+        device = session.accelerator.device
+        run_preflight(session, task, "sft")  # first batches, prompt lengths, memory: fail before step 1
+        session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
+        scorer = LogprobScorer(session.processor, 1.0, config.train.pack_groups, config.train.logprob_chunk,
+                               config.train.block_attention)
+        toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
+        warned = False  # about reference calls that all failed: once a run
+        rows = RowGuard(task, session.processor)
 
-    progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
-                    total=config.train.steps, desc="sft", unit="step", disable=not session.main,
-                    dynamic_ncols=True)
-    for step in progress:
-        started = time.perf_counter()
-        first = step * batch + session.rank * per_process
-        wanted = list(range(first, first + per_process))
-        used, examples = rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
-        session.stop_at_bad_row(rows, step, step * batch)
-        references = reference_batch(session, examples, toolbox, stop_ids)
-        session.policy.train()
-        torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
-        metrics = sft_update(session, scorer, references.to(device)) | tool_statistics(session, references)
-        warned = warned or warn_if_every_call_failed(session, metrics, references, step + 1)
-        skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(used, wanted))],
-                                                          device=device), "sum")
-        metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
-        metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
-                    "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
-                    "seconds": time.perf_counter() - started}
-        metrics |= session.maybe_evaluate(step + 1, task)
-        session.record(metrics)
-        progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
-        session.maybe_save(step + 1, (step + 1) * batch)
-        session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
-    return session.finish()
+        progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                        total=config.train.steps, desc="sft", unit="step", disable=not session.main,
+                        dynamic_ncols=True)
+        for step in progress:
+            started = time.perf_counter()
+            first = step * batch + session.rank * per_process
+            wanted = list(range(first, first + per_process))
+            used, examples = rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
+            session.stop_at_bad_row(rows, step, step * batch)
+            references = reference_batch(session, examples, toolbox, stop_ids)
+            session.policy.train()
+            torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
+            metrics = sft_update(session, scorer, references.to(device)) | tool_statistics(session, references)
+            warned = warned or warn_if_every_call_failed(session, metrics, references, step + 1)
+            skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(used, wanted))],
+                                                              device=device), "sum")
+            metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
+            metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
+                        "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
+                        "seconds": time.perf_counter() - started}
+            metrics |= session.maybe_evaluate(step + 1, task)
+            session.record(metrics)
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
+            session.maybe_save(step + 1, (step + 1) * batch)
+            session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
+        return session.finish()
 
 
 def reference_batch(session: TrainingSession, examples: list[Example], toolbox: ToolBox | None,

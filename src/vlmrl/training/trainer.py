@@ -40,49 +40,49 @@ from vlmrl.training.session import TrainingSession
 def train(config: Config) -> Path:
     """Run GRPO as configured; returns the run directory (final model in `final/`)."""
     task = check_before_loading(config, "train")  # layout, task, tools, trackers, model path: before loading
-    session = TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
-                              with_reference=True)
-    config.rollout.check_layout(session.world)
-    run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
-    session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
-    scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
-                           config.train.logprob_chunk, config.train.block_attention)
-    sampler = GroupSampler.for_run(session, task)
-    alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
-    cursor = session.cursor  # index of the next train prompt
+    with TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
+                         with_reference=True) as session:  # an error gives the handlers and the folder back
+        config.rollout.check_layout(session.world)
+        run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
+        session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
+        scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
+                               config.train.logprob_chunk, config.train.block_attention)
+        sampler = GroupSampler.for_run(session, task)
+        alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
+        cursor = session.cursor  # index of the next train prompt
 
-    progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
-                    total=config.train.steps, desc="train", unit="step", disable=not session.main,
-                    dynamic_ncols=True)
-    for step in progress:
-        started = time.perf_counter()
-        session.policy.eval()
-        experience, next_cursor = collect_experience(sampler, step, cursor)
-        session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
-        cursor = next_cursor
-        session.policy.train()
-        torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
-        update_started = time.perf_counter()
-        update = update_policy(session, scorer, experience)
-        update["time/train"] = time.perf_counter() - update_started
-        refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
-        metrics = step_metrics(experience, session.accelerator) | update
-        metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
-                    "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
-                    "seconds": time.perf_counter() - started}
-        metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
-        metrics |= observe(session, step + 1, experience)
-        metrics |= fallback_metrics(session)
-        metrics |= session.maybe_evaluate(step + 1, task)
-        session.record(metrics)
-        if session.main:
-            for alarm in alarms.check(metrics):
-                tqdm.write(f"alarm at step {alarm['step']}: {alarm['kind']}: {alarm['message']}")
-        progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
-                             loss=f"{metrics['loss']:.4f}")
-        session.maybe_save(step + 1, cursor)
-        session.check_stop(step + 1, cursor)  # a stop signal, or too many NaN updates: checkpoint, stop
-    return session.finish()
+        progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                        total=config.train.steps, desc="train", unit="step", disable=not session.main,
+                        dynamic_ncols=True)
+        for step in progress:
+            started = time.perf_counter()
+            session.policy.eval()
+            experience, next_cursor = collect_experience(sampler, step, cursor)
+            session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
+            cursor = next_cursor
+            session.policy.train()
+            torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
+            update_started = time.perf_counter()
+            update = update_policy(session, scorer, experience)
+            update["time/train"] = time.perf_counter() - update_started
+            refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
+            metrics = step_metrics(experience, session.accelerator) | update
+            metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
+                        "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
+                        "seconds": time.perf_counter() - started}
+            metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
+            metrics |= observe(session, step + 1, experience)
+            metrics |= fallback_metrics(session)
+            metrics |= session.maybe_evaluate(step + 1, task)
+            session.record(metrics)
+            if session.main:
+                for alarm in alarms.check(metrics):
+                    tqdm.write(f"alarm at step {alarm['step']}: {alarm['kind']}: {alarm['message']}")
+            progress.set_postfix(reward=f"{metrics['reward']:.3f}", acc=f"{metrics['accuracy']:.2f}",
+                                 loss=f"{metrics['loss']:.4f}")
+            session.maybe_save(step + 1, cursor)
+            session.check_stop(step + 1, cursor)  # a stop signal, or too many NaN updates: checkpoint, stop
+        return session.finish()
 
 
 def observe(session: TrainingSession, steps_done: int, experience: Experience) -> dict[str, float]:
