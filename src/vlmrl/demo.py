@@ -1,6 +1,8 @@
 """`vlmrl demo` (`make demo`): reinforcement learning that works on a laptop CPU, offline.
 
-The lesson of the scaling study, in minutes: SFT to learn the structure, then RL to generalise.
+The lesson of the scaling study, in minutes: SFT to learn the structure, then RL to go past the
+demonstrations. The shapes demo learns from a weak teacher (its reference completions miscount the
+most crowded 30% of images) and GRPO from the exact count.
 
 1. build the small offline model (a Qwen2.5-VL architecture, random weights);
 2. supervised warm start on the task's reference completions (`vlmrl sft`);
