@@ -9,9 +9,9 @@ not know the id. `vlmrl train`, `sft` and `check` call it before loading anythin
 It then refuses, from the config alone (config.json, or what the hub says of it), a model vlmrl
 cannot train (`check_model_kind`): an encoder-decoder, a folder whose code is not in transformers
 while `model.trust_remote_code` is off, a model type outside transformers' image-text-to-text
-models, and a family whose processor's module does not import here (a missing package, such as
-torchvision for Pixtral). Nothing is loaded but the config and, for the last check, the processor's
-module (whose torchvision image-processor imports its PIL twin stands in for, processing.py);
+models, and a family whose processor's module does not import here for want of a package (a
+torchvision image-processor module it imports is first replaced by its PIL twin, processing.py, as
+for Pixtral). Nothing is loaded but the config and, for the last check, the processor's module;
 transformers (and torch with it) is imported only once a config has been found.
 """
 
