@@ -132,3 +132,11 @@ def test_eval_command_runs_with_the_settings_its_flags_give(monkeypatch, capsys)
     assert seen == [("m", "shapes", {}, "test", 64, EvalSettings(k=8, blind_check=True)),
                     ("m", "shapes", {"image_size": 112}, "test", 3,
                      EvalSettings(batch_size=4, k=0, blind_check=False, seed=2))]
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
+    """`vlmrl tasks list | head -1`: the pipe closes before vlmrl writes (`true` reads nothing and exits
+    while vlmrl starts); exit 0, no traceback."""
+    shell = f"{sys.executable} -m vlmrl tasks list | true"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
