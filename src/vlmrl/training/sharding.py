@@ -108,7 +108,10 @@ def reshard(model: torch.nn.Module) -> None:
 
 
 def _reshards_after_forward(unit: FSDPModule) -> bool:
-    groups = unit._get_fsdp_state()._fsdp_param_groups  # noqa: SLF001 - torch keeps the flag there alone
+    state = unit._get_fsdp_state()  # noqa: SLF001 - torch keeps the flag there alone
+    groups = getattr(state, "_fsdp_param_groups", None)  # torch 2.13 (a list)
+    if groups is None:  # torch 2.11 on the GPU machine: one group, or None for a unit with no parameters
+        groups = [group] if (group := getattr(state, "_fsdp_param_group", None)) is not None else []
     return any(group.post_forward_mesh_info is not None for group in groups)
 
 
