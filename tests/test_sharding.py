@@ -161,7 +161,7 @@ def test_the_numeric_guard_skips_a_nan_update_of_a_sharded_model(tiny_model_dir,
     from accelerate import Accelerator
 
     from vlmrl.models import load_policy
-    from vlmrl.safety.faults import NumericGuard
+    from vlmrl.safety.faults import NumericGuard, OptimizerUpdate
     from vlmrl.training.sharding import shard
 
     model, _ = load_policy(tiny_model_dir, device="cpu")
@@ -175,7 +175,7 @@ def test_the_numeric_guard_skips_a_nan_update_of_a_sharded_model(tiny_model_dir,
     def update(scale: float) -> float:
         loss = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().pow(2).mean() * scale
         loss.backward()
-        return guard.step(accelerator, model, optimizer, scheduler, float(loss.detach()))
+        return guard.step(OptimizerUpdate(accelerator, model, optimizer), scheduler, float(loss.detach()))
 
     assert math.isnan(update(float("nan"))) and guard.skipped == 1
     assert all(torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())

@@ -39,10 +39,10 @@ def test_fsdp2_is_applied_by_vlmrl_on_cpu_processes_and_on_gpus():
 
 @pytest.mark.parametrize(("engaged", "env", "message"), [
     ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
-     r"^DeepSpeed ZeRO-3 was asked for; vlmrl does not run it yet"),
-    ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
-     r"^(ZeRO-2 was asked for but accelerate engaged MULTI_CPU on 2 process\(es\) on cpu; vlmrl would have run "
-     r"without it|DeepSpeed ZeRO-2 was asked for but deepspeed is not installed)"),
+     r"^(ZeRO-3 was asked for but accelerate engaged MULTI_CPU on 2 process\(es\) on cpu; vlmrl would have run "
+     r"without it|DeepSpeed ZeRO-3 was asked for but deepspeed is not installed)"),
+    ("DEEPSPEED", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+     r"^DeepSpeed ZeRO-2 was asked for \(ACCELERATE_DEEPSPEED_ZERO_STAGE\); vlmrl runs ZeRO-3"),
     ("MULTI_CPU", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, r"^FSDP version 1 was asked for"),
     ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"},
      r"^DeepSpeed ZeRO-1 was asked for"),
@@ -63,16 +63,49 @@ def test_several_processes_asked_and_one_started_is_refused():
     assert settle_strategy("NO", 1, None, "cpu", {"ACCELERATE_MIXED_PRECISION": "no"}).name == "single"
 
 
+def test_zero3_is_engaged_by_accelerate_and_run_by_a_deepspeed_engine():
+    zero3 = TORCHRUN | {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    strategy = settle_strategy("DEEPSPEED", 2, "gloo", "cpu", zero3)
+    assert (strategy.line(), strategy.sharded, strategy.deepspeed, strategy.self_sharded) == (
+        "processes: 2, strategy: ZeRO-3, backend: gloo", True, True, False)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, r"^mixed_precision: bf16 in the accelerate config is not applied under vlmrl's ZeRO-3"),
+    ({"ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}, r"^offload_optimizer_device: cpu is not run by vlmrl's ZeRO-3"),
+    ({"ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "nvme"}, r"^offload_param_device: nvme is not run"),
+    ({"ACCELERATE_DEEPSPEED_ZERO3_INIT": "true"}, r"^zero3_init_flag: true is not run by vlmrl"),
+    ({"ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds.json"}, r"^deepspeed_config_file is not read by vlmrl's ZeRO-3"),
+])
+def test_a_zero3_setting_vlmrl_would_not_honour_is_refused(setting, message):
+    pytest.importorskip("deepspeed")
+    zero3 = TORCHRUN | {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+                        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none", "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"}
+    with pytest.raises(VlmrlError, match=message):
+        settle_strategy("DEEPSPEED", 2, "gloo", "cpu", zero3 | setting)
+
+
+def test_zero3_without_deepspeed_installed_is_refused(monkeypatch):
+    import vlmrl.training.strategy as strategy
+
+    monkeypatch.setattr(strategy.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(VlmrlError, match=r"^DeepSpeed ZeRO-3 was asked for but deepspeed is not installed: "
+                                         r"pip install 'vlmrl\[deepspeed\]'"):
+        settle_strategy("DEEPSPEED", 2, "gloo", "cpu",
+                        TORCHRUN | {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+
+
 def test_the_refusal_comes_before_the_model_loads_in_one_line(tmp_path, tiny_model_dir):
-    """The CLI with DeepSpeed ZeRO-3 asked for: exit 2, one line (loading the weights would have
-    drawn a progress bar on stderr; accelerate's Accelerator, an ImportError without deepspeed)."""
+    """The CLI with DeepSpeed ZeRO-2 asked for: exit 2, one line (loading the weights would have
+    drawn a progress bar on stderr)."""
     returncode, _, stderr = run_all_or_kill(
         CLI + ["train", "configs/shapes_grpo_tiny.yaml", "model.device=cpu", f"model.name_or_path={tiny_model_dir}",
                f"output_dir={tmp_path / 'run'}"],
-        timeout=120, env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+        timeout=120, env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"})
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert returncode == 2 and len(lines) == 1, stderr
-    assert lines[0].startswith("error: DeepSpeed ZeRO-3 was asked for; vlmrl does not run it yet"), lines
+    assert lines[0].startswith("error: DeepSpeed ZeRO-2 was asked for (ACCELERATE_DEEPSPEED_ZERO_STAGE); vlmrl runs "
+                               "ZeRO-3"), lines
 
 
 @pytest.mark.parametrize(("setting", "message"), [

@@ -16,6 +16,7 @@ read from the loaded model (its attention kernel, soft-capped logits) is probed,
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -118,10 +119,19 @@ def warn_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
+def deepspeed_accelerator_named() -> None:
+    """DeepSpeed, once installed, is imported by accelerate wherever a model is unwrapped, and
+    without CUDA it picks its CPU accelerator with a warning on stdout, above every run's first
+    line: on such a machine, name the CPU (DS_ACCELERATOR=cpu) unless the user named one."""
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face model inside DDP / DeepSpeed / compile and peft wrappers."""
     from accelerate.utils import extract_model_from_parallel
 
+    deepspeed_accelerator_named()
     inner = extract_model_from_parallel(model)
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
@@ -213,8 +223,12 @@ def output_layer_unchunkable(model: torch.nn.Module) -> str | None:
     text = inner.config.get_text_config()
     if getattr(text, "final_logit_softcapping", None) or getattr(inner.config, "final_logit_softcapping", None):
         return "the model soft-caps its logits after the output layer"
-    if inner.get_output_embeddings() is None:
+    head = inner.get_output_embeddings()
+    if head is None:
         return "the model has no output embeddings module"
+    if any(hasattr(p, "ds_id") for p in head.parameters()):  # training/zero3.py
+        return ("DeepSpeed ZeRO-3 partitions the output layer, and its backward hooks see only the layer's own "
+                "output: log-probs come from the model's logits")
     return None
 
 

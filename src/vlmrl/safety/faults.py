@@ -42,6 +42,30 @@ SAME_STOP_S = 1.0
 """Stop signals this many seconds or less after the first are the same request (see the module doc)."""
 
 
+class OptimizerUpdate:
+    """How one optimizer update is made with accelerate (one process, DDP, FSDP2): the gradients
+    clipped by accelerate, then the optimizer's step, or none; the gradients cleared after. A
+    DeepSpeed engine makes its updates itself (training/zero3.py: EngineUpdate, the same methods)."""
+
+    def __init__(self, accelerator, model: torch.nn.Module, optimizer):
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+
+    def norm(self, limit: float) -> float:
+        """The gradient norm over all processes before clipping to `limit` (inf: no clipping)."""
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), limit)
+        return float(norm) if norm is not None else 0.0
+
+    def on_any_process(self, flag: bool) -> bool:
+        total = self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), "sum")
+        return bool(total > 0)
+
+    def make(self, apply: bool) -> None:
+        """The optimizer step when `apply`, then the gradients cleared."""
+        if apply:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
 class NumericGuard:
     """Skips optimizer updates whose loss or gradient norm is NaN/inf, and counts them.
 
@@ -55,25 +79,21 @@ class NumericGuard:
         self.skipped = 0
         self.in_a_row = 0
 
-    def step(self, accelerator, model: torch.nn.Module, optimizer, scheduler, loss: float) -> float:
-        """Clip the accumulated gradients, then step the optimizer unless `loss` (this process's,
-        of this update) or the gradient norm is not finite on some process. The scheduler steps
-        and the gradients are zeroed either way. Returns the gradient norm before clipping."""
-        limit = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
-        norm = accelerator.clip_grad_norm_(model.parameters(), limit)
-        grad_norm = float(norm) if norm is not None else 0.0  # None: DeepSpeed clips on its own
-        bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
-        bad = bool(accelerator.reduce(torch.tensor([float(bad)], device=accelerator.device), "sum") > 0)
+    def step(self, update: OptimizerUpdate, scheduler, loss: float) -> float:
+        """Clip the accumulated gradients, then make the `update` unless `loss` (this process's, of
+        this update) or the gradient norm is not finite on some process. The scheduler steps and
+        the gradients are cleared either way. Returns the gradient norm before clipping."""
+        grad_norm = update.norm(self.max_grad_norm if self.max_grad_norm > 0 else math.inf)
+        bad = update.on_any_process(not (math.isfinite(loss) and math.isfinite(grad_norm)))
         if bad:
             self.skipped += 1
             self.in_a_row += 1
         else:
-            optimizer.step()
             self.in_a_row = 0
+        update.make(apply=not bad)
         with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()" after a skip
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
     @property

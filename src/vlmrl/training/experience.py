@@ -29,7 +29,6 @@ from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
-from vlmrl.training.sharding import gathered
 
 
 @dataclass
@@ -92,7 +91,7 @@ class GroupSampler:
     def generate(self, examples: list[Example], seed: int) -> Rollout:
         """G completions (or trajectories) of each example, rows grouped by example."""
         policy, processor, settings = self.session.policy, self.session.processor, self.session.config.rollout
-        with gathered(policy, settings.fsdp_generation == "whole"):  # sharded: once for the whole call (sharding.py)
+        with self.session.gathered():  # sharded (FSDP2, ZeRO-3): once for the whole call
             if self.toolbox is None:
                 return generate_groups(policy, processor, examples, settings, seed=seed)
             return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)

@@ -108,7 +108,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
             if top_entropy < 1:  # only the highest-entropy tokens of the micro-batch count ("80/20")
                 inputs = inputs._replace(trained_mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
             out = grpo.policy_loss(logp, inputs, settings)
-            accelerator.backward(out.loss * (share * accelerator.num_processes))  # DDP averages gradients
+            session.backward(out.loss * (share * accelerator.num_processes), last)  # DDP averages gradients
         entropy_mean = entropy.detach().sum() / part.completion_mask.sum().clamp(min=1)  # ()
         statistics = [getattr(out, name).detach().float() for name in LOSS_STATISTICS] + [entropy_mean.float()]
         weighted.append(torch.stack(statistics) * share)  # (S,)
@@ -126,8 +126,7 @@ def update_policy(session, scorer: LogprobScorer, experience: Experience) -> dic
     totals = dict.fromkeys(LOSS_STATISTICS + ("entropy", "grad_norm"), 0.0)
     for _ in range(updates):
         sums = accumulate_gradients(session, scorer, batch)
-        sums["grad_norm"] = session.guard.step(session.accelerator, session.model, session.optimizer,
-                                               session.scheduler, sums["loss"])  # norm before clipping
+        sums["grad_norm"] = session.guard.step(session.update, session.scheduler, sums["loss"])  # before clipping
         for name, value in sums.items():
             totals[name] += value / updates
     names = LOSS_STATISTICS + ("entropy",)

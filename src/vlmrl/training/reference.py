@@ -19,6 +19,7 @@ from safetensors.torch import load_model, save_file, save_model
 from vlmrl.config import AlgorithmConfig
 from vlmrl.rollout.completions import Completions
 from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training import zero3
 from vlmrl.training.sharding import reshard
 
 REFERENCE_FILE = "reference.safetensors"
@@ -55,8 +56,9 @@ class ReferencePolicy:
         mix = self.settings.ref_mix
         reshard(self.copy)  # sharded (FSDP2): each process moves its own shards
         reshard(policy)
-        for ref, new in zip(self.copy.parameters(), policy.parameters()):
-            ref.lerp_(new.detach(), mix)
+        with zero3.gathered(policy):  # partitioned (ZeRO-3): the policy whole on every process, as the copy is
+            for ref, new in zip(self.copy.parameters(), policy.parameters()):
+                ref.lerp_(new.detach(), mix)
         return True
 
     def save(self, folder: Path, weights: dict | None = None) -> None:

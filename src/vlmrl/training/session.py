@@ -19,7 +19,6 @@ import os
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from vlmrl.config import Config, save_config
@@ -30,13 +29,14 @@ from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.checkpoint import Gathered, find_resumable, restore_trainer_state, save_checkpoint, save_model
-from vlmrl.safety.faults import NumericGuard, StopSignals
+from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.tasks import Task
 from vlmrl.training.optim import build_optimizer, build_scheduler
 from vlmrl.training.reference import ReferencePolicy, build_reference
+from vlmrl.training import zero3
 from vlmrl.training.sharding import FullStateOptimizer, full_state, gathered, is_sharded, shard
-from vlmrl.training.strategy import refuse_unrunnable, settle_strategy
+from vlmrl.training.strategy import make_accelerator, refuse_unrunnable, settle_strategy
 
 
 class TrainingSession:
@@ -46,18 +46,20 @@ class TrainingSession:
     model (the one to call forward/backward on: wrapped for several processes), processor,
     optimizer, scheduler, reference (None unless with_reference and beta > 0), start_step,
     cursor (the data cursor: index of the next train example, i.e. examples consumed before
-    start_step), run_dir, guard (NumericGuard: make every optimizer update through `guard.step`).
+    start_step), run_dir, guard (NumericGuard: make every optimizer update through `guard.step(session.update, ...)`).
     """
 
     def __init__(self, config: Config, total_updates: int, with_reference: bool = False):
         self.config = config
         refuse_unrunnable(os.environ)  # before accelerate reads the same variables
-        self.accelerator = Accelerator(cpu=config.model.device == "cpu" or not torch.cuda.is_available())
+        self.accelerator = make_accelerator(config.model.device, os.environ)
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.main = self.accelerator.is_main_process
         launched = self.accelerator.state
         self.strategy = settle_strategy(launched.distributed_type.name, self.world, launched.backend,
                                         self.accelerator.device.type, os.environ)  # before anything loads
+        if self.strategy.deepspeed:
+            zero3.configure(self.accelerator, config.train.max_grad_norm)
         self.run_dir = Path(config.output_dir)
         self.folder_lock = self.hold_run_folder()
         found = find_resumable(self.run_dir) if config.resume else None
@@ -81,15 +83,16 @@ class TrainingSession:
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0
         self.guard = NumericGuard(config.train.max_bad_steps, config.train.max_grad_norm)
-        if checkpoint is not None:
-            optimizer = FullStateOptimizer(self.policy, self.optimizer) if is_sharded(self.policy) else self.optimizer
-            restored = restore_trainer_state(state, optimizer, self.scheduler)  # after sharding: its parameters
-            self.start_step, self.cursor = restored["step"], restored["data_position"]
-            self.guard.load_state_dict(restored["extra"].get("faults", {}))
         if self.strategy.self_sharded:
             self.model = self.policy  # sharded in place (accelerate would wrap it in DDP on CPU processes)
-        else:
+        else:  # DDP, or a DeepSpeed engine that partitions the policy (ZeRO-3)
             self.model, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+        self.update = (zero3.EngineUpdate(self.accelerator, self.model, self.policy) if self.strategy.deepspeed
+                       else OptimizerUpdate(self.accelerator, self.model, self.optimizer))
+        if checkpoint is not None:  # after sharding and prepare: the optimizer's parameters are the final ones
+            restored = restore_trainer_state(state, self.restorable_optimizer(), self.scheduler)
+            self.start_step, self.cursor = restored["step"], restored["data_position"]
+            self.guard.load_state_dict(restored["extra"].get("faults", {}))
 
         self.log = None
         if self.main:
@@ -116,8 +119,35 @@ class TrainingSession:
 
     def gathered(self):
         """A context within which a sharded policy is gathered on every process as generation gathers
-        it (rollout.fsdp_generation: whole, or its root and first blocks: sharding.gathered)."""
+        it: FSDP2 (rollout.fsdp_generation: whole, or its root and first blocks: sharding.gathered),
+        ZeRO-3 whole with DeepSpeed's hooks off (zero3.gathered). Call on every process."""
+        if zero3.is_partitioned(self.policy):
+            return zero3.gathered(self.policy)
         return gathered(self.policy, self.config.rollout.fsdp_generation == "whole")
+
+    @property
+    def gathers_by_layer(self) -> bool:
+        """Within `gathered`, FSDP2 still gathers the other blocks at each forward: every process must
+        run the same forwards (rollout.fsdp_generation=layers)."""
+        return is_sharded(self.policy) and self.config.rollout.fsdp_generation != "whole"
+
+    def restorable_optimizer(self):
+        """The optimizer as a checkpoint's state goes back into it: whole (one process, DDP), or the
+        full state dict saved by a sharded run put back into each process's part."""
+        if is_sharded(self.policy):
+            return FullStateOptimizer(self.policy, self.optimizer)
+        if zero3.is_partitioned(self.policy):
+            return zero3.FullStateOptimizer(self.policy)
+        return self.optimizer
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch's weighted loss (`last`: the update's last micro-batch). A
+        DeepSpeed engine takes it itself and keeps the gradients until `guard.step`."""
+        if self.strategy.deepspeed:
+            self.model.set_gradient_accumulation_boundary(last)
+            self.model.backward(loss)
+        else:
+            self.accelerator.backward(loss)
 
     def any_process(self, flag: bool) -> bool:
         """True when `flag` is True on any process."""
@@ -153,6 +183,8 @@ class TrainingSession:
         """The full state dicts of a sharded run's policy, gathered on every process (all must call
         this), with the optimizer's and the reference copy's `for_checkpoint`; None when nothing is
         sharded."""
+        if zero3.is_partitioned(self.policy):
+            return Gathered(*zero3.full_state(self.policy, for_checkpoint))  # the reference copy is whole
         if not is_sharded(self.policy):
             return None
         weights, moments = full_state(self.policy, self.optimizer if for_checkpoint else None)
@@ -244,9 +276,8 @@ class TrainingSession:
         if not settings.every or (steps_done % settings.every and not last):
             return {}
         metrics: dict[str, float] = {}
-        whole = self.config.rollout.fsdp_generation == "whole"
-        with gathered(self.policy, whole):  # sharded: every process gathers, the main one evaluates
-            if self.main or (is_sharded(self.policy) and not whole):  # gathered by layers: all run the forwards
+        with self.gathered():  # sharded: every process gathers, the main one evaluates
+            if self.main or self.gathers_by_layer:  # gathered by layers: all run the forwards
                 metrics = self._evaluate(steps_done, task)
         self.accelerator.wait_for_everyone()
         return metrics if self.main else {}

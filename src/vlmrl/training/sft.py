@@ -172,14 +172,14 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
     starts = list(range(0, len(batch.rows), micro))
     for i, start in enumerate(starts):
         part = batch.select(list(range(start, min(start + micro, len(batch.rows)))))
-        sync = contextlib.nullcontext() if i == len(starts) - 1 else accelerator.no_sync(session.model)
-        with sync:
+        last = i == len(starts) - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(session.model):
             logp, _ = scorer(session.model, part)  # (m, T), 0 on padding
             loss = -logp.sum() / total_tokens * accelerator.num_processes
-            accelerator.backward(loss)
+            session.backward(loss, last)
         confident = ((logp.detach() > -0.6931) * part.completion_mask).sum()  # p > 1/2: surely the argmax
         sums += torch.stack([-logp.detach().sum(), confident]).float()
     nll_here = float(sums[0])  # the one device-to-host copy of the micro-batch loop
-    grad_norm = session.guard.step(accelerator, session.model, session.optimizer, session.scheduler, nll_here)
+    grad_norm = session.guard.step(session.update, session.scheduler, nll_here)
     stats = accelerator.reduce(sums, "sum") / total_tokens  # (2,) per token of the global batch
     return {"loss": float(stats[0]), "confident_tokens": float(stats[1]), "grad_norm": grad_norm}

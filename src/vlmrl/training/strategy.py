@@ -8,7 +8,8 @@ without `--multi_gpu` starts one process on a machine without GPUs. `settle_stra
 sides before the model loads: the strategy that will run, or one line saying what was asked and
 why it cannot run. FSDP2 is applied by vlmrl itself (sharding.py), on GPUs as on CPU processes,
 not by accelerate's plugin: one code path, the one the CPU tests run.
-ZeRO-3 is refused for now (its generation needs the parameters gathered without DeepSpeed's hooks).
+DeepSpeed ZeRO-3 is engaged by accelerate (on a CPU too: `make_accelerator`); what a partitioned
+model needs is in zero3.py. ZeRO-1 and ZeRO-2 are refused (vlmrl runs ZeRO-3, FSDP2 or DDP).
 
 The preflight's first line is `Strategy.line()`: `processes: 2, strategy: FSDP2, backend: gloo`.
 """
@@ -19,7 +20,12 @@ import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+
 from vlmrl.errors import VlmrlError
+from vlmrl.models.support import deepspeed_accelerator_named
 
 STRATEGIES = ("single", "DDP", "FSDP2", "ZeRO-2", "ZeRO-3")
 
@@ -48,6 +54,11 @@ class Strategy:
         """Parameters are split over the processes (FSDP2, ZeRO-3): gather them to generate or save."""
         return self.name in ("FSDP2", "ZeRO-3")
 
+    @property
+    def deepspeed(self) -> bool:
+        """A DeepSpeed engine holds the model: it takes the backward and steps its own optimizer."""
+        return self.name == "ZeRO-3"
+
 
 def _on(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "false").strip().lower() in ("1", "true", "yes")
@@ -71,6 +82,24 @@ def several_asked_one_started(env: Mapping[str, str], processes: int) -> bool:
     return launched and "WORLD_SIZE" not in env and processes == 1
 
 
+def make_accelerator(device: str, env: Mapping[str, str]) -> Accelerator:
+    """The run's Accelerator: on the CPU (`cpu=True`) on a machine without CUDA or with
+    model.device=cpu, except where DeepSpeed was asked for. accelerate 1.15 skips DeepSpeed under
+    `cpu=True`, and without CUDA finds no backend for it (it would count one process): there it
+    gets gloo by name, and DeepSpeed picks its CPU accelerator by itself (without compiling its
+    shared-memory all-reduce, which serves inference only and takes a C++ compiler and a minute)."""
+    cuda = torch.cuda.is_available()
+    if requested_strategy(env) == "ZeRO-3":
+        if cuda:
+            return Accelerator(cpu=False)
+        deepspeed_accelerator_named()
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        return Accelerator(cpu=False, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    return Accelerator(cpu=device == "cpu" or not cuda)
+
+
 def refuse_unrunnable(env: Mapping[str, str]) -> None:
     """Before the Accelerator is built (it raises an ImportError of its own without deepspeed): a
     strategy vlmrl cannot run whatever accelerate does, one line."""
@@ -78,16 +107,35 @@ def refuse_unrunnable(env: Mapping[str, str]) -> None:
     if asked == "FSDP1":
         raise VlmrlError("FSDP version 1 was asked for (FSDP_VERSION=1); vlmrl runs FSDP2: set fsdp_version: 2 "
                          "in the accelerate config (configs/accelerate/fsdp2.yaml) or pass --fsdp_version 2")
-    if asked is not None and asked.startswith("ZeRO") and asked not in STRATEGIES:
-        raise VlmrlError(f"DeepSpeed {asked} was asked for (ACCELERATE_DEEPSPEED_ZERO_STAGE); vlmrl runs "
-                         "ZeRO-2: set zero_stage: 2 in the accelerate config, or shard with FSDP2 "
-                         "(configs/accelerate/fsdp2.yaml)")
+    if asked in ("ZeRO-1", "ZeRO-2"):
+        raise VlmrlError(f"DeepSpeed {asked} was asked for (ACCELERATE_DEEPSPEED_ZERO_STAGE); vlmrl runs ZeRO-3: set "
+                         "zero_stage: 3 in the accelerate config (configs/accelerate/zero3.yaml), or shard with FSDP2 "
+                         "(configs/accelerate/fsdp2.yaml); plain data parallelism is configs/accelerate/ddp.yaml")
+    if asked == "ZeRO-3" and importlib.util.find_spec("deepspeed") is None:
+        raise VlmrlError("DeepSpeed ZeRO-3 was asked for but deepspeed is not installed: pip install 'vlmrl[deepspeed]', "
+                         "or shard with FSDP2 (configs/accelerate/fsdp2.yaml)")
     if asked == "ZeRO-3":
-        raise VlmrlError("DeepSpeed ZeRO-3 was asked for; vlmrl does not run it yet (generation would gather "
-                         "every layer at every token): shard with FSDP2 instead (configs/accelerate/fsdp2.yaml)")
-    if asked == "ZeRO-2" and importlib.util.find_spec("deepspeed") is None:
-        raise VlmrlError("DeepSpeed ZeRO-2 was asked for but deepspeed is not installed: pip install deepspeed, "
-                         "or launch without it (configs/accelerate/ddp.yaml)")
+        refuse_unapplied_zero3_settings(env)
+
+
+def refuse_unapplied_zero3_settings(env: Mapping[str, str]) -> None:
+    """ZeRO-3: a DeepSpeed setting vlmrl would not honour, one line."""
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if precision not in ("no", ""):
+        raise VlmrlError(f"mixed_precision: {precision} in the accelerate config is not applied under vlmrl's ZeRO-3: "
+                         "set mixed_precision: 'no' there and model.dtype=bfloat16 (or float32) in vlmrl")
+    for name in ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"):
+        if env.get(name, "none").strip().lower() not in ("none", ""):
+            setting = name.removeprefix("ACCELERATE_DEEPSPEED_").lower()
+            raise VlmrlError(f"{setting}: {env[name]} is not run by vlmrl's ZeRO-3 (its gradient norm and checkpoints "
+                             f"read the partitions on the device): set {setting}: none, or shard over more GPUs")
+    if _on(env, "ACCELERATE_DEEPSPEED_ZERO3_INIT"):
+        raise VlmrlError("zero3_init_flag: true is not run by vlmrl: it loads the model whole on each process and "
+                         "partitions it in accelerate's prepare; set zero3_init_flag: false "
+                         "(configs/accelerate/zero3.yaml)")
+    if env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none").strip().lower() not in ("none", ""):
+        raise VlmrlError("deepspeed_config_file is not read by vlmrl's ZeRO-3 (it builds the optimizer and the "
+                         "schedule itself): put zero_stage: 3 in the accelerate config (configs/accelerate/zero3.yaml)")
 
 
 def refuse_unapplied_fsdp_settings(env: Mapping[str, str]) -> None:
@@ -120,7 +168,7 @@ def settle_strategy(engaged: str, processes: int, backend: str | None, device: s
         refuse_unapplied_fsdp_settings(env)
         reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() not in ("false", "0", "no")
         return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard)
-    if asked == "ZeRO-2" and engaged == "DEEPSPEED":
+    if asked == "ZeRO-3" and engaged == "DEEPSPEED":
         return Strategy(processes, asked, backend)
     raise VlmrlError(f"{asked} was asked for but accelerate engaged {engaged} on {processes} process(es) "
                      f"on {device}; vlmrl would have run without it. Launch with the matching config file "
