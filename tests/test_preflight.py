@@ -158,7 +158,7 @@ def test_under_fsdp2_each_process_holds_its_part_plus_what_it_gathers(tiny_model
                             layer_input=8, vision_layers=1, vision_layer_input=4)
     config = load_config(None, overrides(tiny_model_dir, "eval.every=0"))
     whole = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs)
-    split = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs, shards=2)
+    split = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs, sharding=preflight_module.Sharding(2))
     weights = sum(p.numel() * 4 for p in policy.parameters())
     layer = sum(p.numel() * 4 for p in policy.model.language_model.layers[0].parameters())
     block = sum(p.numel() * 4 for p in policy.model.visual.blocks[0].parameters())
@@ -176,11 +176,32 @@ def test_under_fsdp2_each_process_holds_its_part_plus_what_it_gathers(tiny_model
         "this model cannot generate here gathered whole: FSDP2 gathers it")
     assert preflight_module.memory_advice(short).endswith("set rollout.fsdp_generation=layers (one block at a time)")
     by_layers = estimate_memory(load_config(None, overrides(tiny_model_dir, "eval.every=0", "rollout.fsdp_generation=layers")),
-                                policy, "train", 2, 50, 8, 10, costs, shards=2)
+                                policy, "train", 2, 50, 8, 10, costs, sharding=preflight_module.Sharding(2))
     assert by_layers.gathered_generation == split.gathered_training and not by_layers.whole_generation
     tiny = dataclasses.replace(by_layers, free=weights // 2)
     assert preflight_module.memory_advice(tiny).startswith("this model cannot generate here even layer by layer")
     assert preflight_module.memory_advice(dataclasses.replace(short, shards=1)).startswith("this run may not fit")
+
+
+def test_under_zero3_the_reference_stays_whole_and_deepspeed_keeps_an_fp32_copy(tiny_model_dir, letter_task):
+    """Two ZeRO-3 partitions: weights and gradients halved, AdamW's two moments and DeepSpeed's fp32
+    copy of the partition, the reference copy whole on each process (training/zero3.py), generation
+    always gathered whole, the output layer read from whole logits (no chunk)."""
+    policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    costs = ActivationCosts(per_token=1000.0, per_image_token=300.0, in_layers=800.0, in_blocks=200.0, layers=2,
+                            layer_input=8, vision_layers=1, vision_layer_input=4)
+    settings = overrides(tiny_model_dir, "eval.every=0", "rollout.fsdp_generation=layers", "train.logprob_chunk=1")
+    config = load_config(None, settings)
+    fsdp2 = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs, sharding=preflight_module.Sharding(2))
+    zero3 = estimate_memory(config, policy, "train", 2, 50, 8, 10, costs,
+                            sharding=preflight_module.Sharding(2, deepspeed=True))
+    weights = sum(p.numel() * 4 for p in policy.parameters())
+    assert (zero3.weights, zero3.gradients, zero3.optimizer) == (weights // 2, weights // 2, weights + weights // 2)
+    assert zero3.reference == weights and fsdp2.reference == weights // 2
+    assert zero3.whole_generation and zero3.gathered_generation == weights - weights // 2
+    assert zero3.activations > fsdp2.activations  # whole logits, not a chunk of 1 position
+    short = dataclasses.replace(zero3, free=weights)
+    assert preflight_module.memory_advice(short).startswith("this model cannot generate here gathered whole: ZeRO-3")
 
 
 def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed():

@@ -92,13 +92,19 @@ def _config(args: argparse.Namespace) -> None:
         save_config(config, args.save)
 
 
+def _main_process() -> bool:
+    """Under `accelerate launch` every process runs the command: one says it is done."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _train(args: argparse.Namespace) -> None:
     """`vlmrl train`: the RL run; prints where the final model and the metrics are."""
     from vlmrl.config import load_config
     from vlmrl.training.trainer import train
 
     run_dir = train(load_config(*_config_and_overrides(args)))
-    print(f"done: {run_dir} (final model in {run_dir / 'final'}, metrics in {run_dir / 'metrics.jsonl'})")
+    if _main_process():
+        print(f"done: {run_dir} (final model in {run_dir / 'final'}, metrics in {run_dir / 'metrics.jsonl'})")
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -123,8 +129,9 @@ def _sft(args: argparse.Namespace) -> None:
     from vlmrl.training.sft import sft
 
     run_dir = sft(load_config(*_config_and_overrides(args)))
-    print(f"done: {run_dir} (model in {run_dir / 'final'}; RL from it: vlmrl train CONFIG "
-          f"model.name_or_path={run_dir / 'final'})")
+    if _main_process():
+        print(f"done: {run_dir} (model in {run_dir / 'final'}; RL from it: vlmrl train CONFIG "
+              f"model.name_or_path={run_dir / 'final'})")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -322,8 +329,9 @@ def _add_check(commands: argparse._SubParsersAction) -> None:
     add_config_arguments(check, "train.micro_batch_size=64")
     check.add_argument("--sft", action="store_true", help="check the `vlmrl sft` batch instead of RL rollouts")
     check.add_argument("--processes", type=int, default=1, metavar="N",
-                       help="estimate one process of N (its share of the batch; under FSDP2, of the parameters)")
-    check.add_argument("--strategy", choices=("DDP", "FSDP2"), default="DDP",
+                       help="estimate one process of N (its share of the batch; under FSDP2 and ZeRO-3, of the "
+                            "parameters)")
+    check.add_argument("--strategy", choices=("DDP", "FSDP2", "ZeRO-3"), default="DDP",
                        help="with --processes > 1: how the processes share the model (default DDP)")
     check.set_defaults(func=_check)
 

@@ -71,6 +71,16 @@ on the CPU for 1024 positions x 152k vocabulary: 12.0 in bfloat16 and in float32
 layer's weight trained or frozen."""
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """How a run splits the parameters over its processes, as the memory estimate needs it."""
+
+    parts: int = 1
+    """Processes the parameters are split over (FSDP2, ZeRO-3); 1: each holds them whole."""
+    deepspeed: bool = False
+    """ZeRO-3 (training/zero3.py): the reference whole, an fp32 copy of each partition, whole logits."""
+
+
 @dataclass
 class SplitCheck:
     """The first batch of one split, encoded."""
@@ -109,8 +119,10 @@ class MemoryEstimate:
     """The static KV cache the compiled decode path keeps from one step's generation to the next
     (decoding.py): alive through the training phase too."""
     shards: int = 1
-    """Processes the parameters are split over (FSDP2): weights, gradients, AdamW and the reference
-    above are each process's part."""
+    """Processes the parameters are split over (FSDP2, ZeRO-3): weights, gradients, AdamW and the
+    reference above are each process's part (under ZeRO-3 the reference is whole)."""
+    deepspeed: bool = False
+    """ZeRO-3: generation always gathers the whole model."""
     gathered_generation: int = 0
     """Sharded: what generation gathers beyond the shards: the rest of the weights
     (rollout.fsdp_generation=whole), or of the root and two blocks (layers)."""
@@ -171,9 +183,10 @@ class PreflightReport:
             label = s.split if s.split == "train" else f"eval/{s.split}"
             out.append(f"{label:<10} {s.prompts} prompts; longest {s.longest} tokens ({s.image_tokens} image tokens, "
                        f"example {s.example}) of rollout.max_prompt_length={self.max_prompt_length}")
-        parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"AdamW {gib(m.optimizer)}"]
+        adamw = "AdamW and its fp32 copy" if m.deepspeed else "AdamW"
+        parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"{adamw} {gib(m.optimizer)}"]
         if m.reference:
-            parts.append(f"reference {gib(m.reference)}")
+            parts.append(f"{'whole reference' if m.deepspeed else 'reference'} {gib(m.reference)}")
         kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
         if m.shards > 1:
             parts[0] = f"1/{m.shards} of the weights {gib(m.weights)}"
@@ -206,12 +219,12 @@ class PreflightReport:
 
 
 def preflight(config: Config, policy, processor, task: Task, mode: str, world: int = 1, start: int = 0,
-              loaded: int | None = None, shards: int = 1) -> PreflightReport:
+              loaded: int | None = None, sharding: Sharding = Sharding()) -> PreflightReport:
     """Check the first batches and estimate memory; VlmrlError on a problem that would crash the run.
 
     mode: "train" (RL rollouts) or "sft". `start`: index of this process's first train example
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
-    `shards`: processes the parameters are split over (FSDP2; the policy is passed gathered whole).
+    `sharding`: how the parameters are split over the processes (the policy is passed gathered whole).
     """
     if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
         raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
@@ -232,7 +245,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     image_tokens = max(check.image_tokens for check in checks)
     costs = measure_activation_costs(policy, processor)
     settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded,
-                             shards)
+                             sharding)
     params = list(policy.parameters())
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
     trainable = sum(p.numel() for name, p in policy.named_parameters()
@@ -314,7 +327,7 @@ def micro_batch_candidates(config: Config, mode: str, world: int) -> list[int]:
 
 
 def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, int, int],
-           costs: ActivationCosts, loaded: int | None, shards: int = 1) -> tuple[Settled, MemoryEstimate]:
+           costs: ActivationCosts, loaded: int | None, sharding: Sharding = Sharding()) -> tuple[Settled, MemoryEstimate]:
     """The memory settings to train with, and their estimate. `lengths`: the longest prompt, the
     completion and the image tokens. Without a free-memory figure, auto means no checkpointing and
     a micro-batch of about 16 rows."""
@@ -328,7 +341,7 @@ def settle(config: Config, policy, mode: str, world: int, lengths: tuple[int, in
     def estimate(micro: int, recompute: bool) -> MemoryEstimate:  # each option estimated once
         trial = dataclasses.replace(config, model=dataclasses.replace(model, gradient_checkpointing=recompute),
                                     train=dataclasses.replace(train, micro_batch_size=micro))
-        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded, shards)
+        return estimate_memory(trial, policy, mode, world, *lengths, costs, loaded, sharding)
 
     options = [(micro, recompute) for recompute in checkpointing for micro in micros]
     if estimate(*options[0]).fits is None:  # free memory unknown: no checkpointing, about 16 rows
@@ -448,12 +461,15 @@ def generation_memory(config: Config, policy, mode: str, world: int, lengths: tu
 
 def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, completion: int,
                     image_tokens: int, costs: ActivationCosts, loaded: int | None = None,
-                    shards: int = 1) -> MemoryEstimate:
+                    sharding: Sharding = Sharding()) -> MemoryEstimate:
     """A per-process peak for the configured batch sizes, G and lengths (see MemoryEstimate): the
     activations from `costs` (measured on the model) for the tokens and images a micro-batch's
     forward computes, packed or not. Checkpointing "auto" counts as off (`settle` decides it).
-    `shards` > 1 (FSDP2): weights, gradients, AdamW and the reference divided over the processes,
-    the weights gathered whole for generation and unit by unit for training added (`gathered_units`)."""
+    `sharding.parts` > 1 (FSDP2, ZeRO-3): weights, gradients, AdamW and the reference divided over the
+    processes, the weights gathered whole for generation and unit by unit for training added
+    (`gathered_units`). Under ZeRO-3 the reference copy stays whole, DeepSpeed keeps an fp32 copy of
+    each partition for AdamW, and log-probs come from whole logits (training/zero3.py)."""
+    shards = sharding.parts
     params = list(policy.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
@@ -473,7 +489,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     if frozen_vision or config.model.freeze_vision:
         images = 0  # the tower keeps nothing for backward
     positions = micro * completion
-    if config.train.logprob_chunk > 0 and output_layer_unchunkable(policy) is None:
+    if config.train.logprob_chunk > 0 and output_layer_unchunkable(policy) is None and not sharding.deepspeed:
         positions = min(positions, config.train.logprob_chunk)  # one chunk of the output layer at a time
     held, last = embedding_gradients(policy)
     activations = max(last, costs.peak(tokens, images * image_tokens, config.model.gradient_checkpointing is True,
@@ -490,15 +506,18 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
 
     device = next(iter(params)).device
     part = weights // shards
+    master = 4 * sum(p.numel() for p in params if p.requires_grad) // shards if sharding.deepspeed else 0
+    whole = config.rollout.fsdp_generation == "whole" or sharding.deepspeed
     return MemoryEstimate(
-        device=str(device), weights=part, gradients=gradients // shards, optimizer=2 * gradients // shards,
-        reference=part if copy_reference else 0, generation=generation, activations=activations,
-        loaded=part if loaded is None else loaded, free=free_memory(device),
+        device=str(device), weights=part, gradients=gradients // shards, optimizer=2 * gradients // shards + master,
+        reference=(weights if sharding.deepspeed else part) if copy_reference else 0, generation=generation,
+        activations=activations, loaded=part if loaded is None else loaded, free=free_memory(device),
         sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache, shards=shards,
-        gathered_generation=((weights - part if config.rollout.fsdp_generation == "whole"
+        deepspeed=sharding.deepspeed,
+        gathered_generation=((weights - part if whole
                               else gathered_units(policy) * (shards - 1) // shards) if shards > 1 else 0),
         gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0,
-        whole_generation=config.rollout.fsdp_generation == "whole")
+        whole_generation=whole)
 
 
 def gathered_units(policy) -> int:
@@ -542,10 +561,10 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     loaded = sum(local_bytes(p) for p in session.policy.parameters())
     if reference is not None:
         loaded += sum(local_bytes(p) for p in reference.parameters())
-    shards = session.world if session.strategy.sharded else 1
+    sharding = Sharding(session.world if session.strategy.sharded else 1, session.strategy.deepspeed)
     with session.gathered():  # a sharded policy whole for the measuring forwards and self-checks
         report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded,
-                           shards)
+                           sharding)
     if session.world > 1:  # every process trains with the main process's choice
         from accelerate.utils import broadcast_object_list
 
@@ -561,14 +580,19 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
 
 
 def local_bytes(parameter: torch.Tensor) -> int:
-    """Bytes of this process's part of a parameter (all of it unless FSDP2 shards it)."""
-    part = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+    """Bytes of this process's part of a parameter (all of it unless FSDP2 or ZeRO-3 splits it)."""
+    part = parameter.to_local() if hasattr(parameter, "to_local") else getattr(parameter, "ds_tensor", parameter)
     return part.numel() * part.element_size()
 
 
 def memory_advice(memory: MemoryEstimate) -> str:
     generating = memory.weights + memory.gathered_generation  # the model as generation gathers it
     if memory.shards > 1 and memory.free is not None and generating > memory.free * (1 - HEADROOM):
+        if memory.deepspeed:
+            return (f"this model cannot generate here gathered whole: ZeRO-3 gathers it ({gib(generating)}) on each "
+                    f"device for every generate call, more than the {gib(memory.free)} free on {memory.device} "
+                    f"({HEADROOM:.0%} of it kept spare): shard with FSDP2 (configs/accelerate/fsdp2.yaml) and "
+                    "rollout.fsdp_generation=layers (one block at a time)")
         if memory.whole_generation:
             return (f"this model cannot generate here gathered whole: FSDP2 gathers it ({gib(generating)}) on each "
                     f"device for every generate call, more than the {gib(memory.free)} free on {memory.device} "
@@ -586,15 +610,15 @@ def memory_advice(memory: MemoryEstimate) -> str:
 
 def check(config: Config, mode: str = "train", processes: int = 1, strategy: str = "DDP") -> PreflightReport:
     """`vlmrl check`: load the model and task as a run would (no checkpoint) and run the preflight
-    alone, in this one process, as the first of `processes` would under `strategy` (DDP or FSDP2:
-    its share of the batch, and under FSDP2 its share of the parameters)."""
+    alone, in this one process, as the first of `processes` would under `strategy` (DDP, FSDP2 or
+    ZeRO-3: its share of the batch, and under FSDP2 and ZeRO-3 its share of the parameters)."""
     if processes < 1:
         raise VlmrlError(f"--processes must be >= 1; got {processes}")
     task = check_before_loading(config, mode)
     (config.rollout if mode == "train" else config.sft).check_layout(processes)
     policy, processor = load_trainable_policy(config, resolve_device(config.model.device), None)
-    shards = processes if strategy == "FSDP2" else 1
-    report = preflight(config, policy, processor, task, mode, processes, shards=shards)
+    sharding = Sharding(processes if strategy in ("FSDP2", "ZeRO-3") else 1, strategy == "ZeRO-3")
+    report = preflight(config, policy, processor, task, mode, processes, sharding=sharding)
     if processes > 1:
         report.processes = f"processes: {processes}, strategy: {strategy} (planned: vlmrl check runs one)"
     return report
