@@ -1,8 +1,8 @@
-"""Step time of one process against two under DDP and FSDP2, on the CPU (issue 33).
+"""Step time of one process against two under DDP, FSDP2 and ZeRO-3, on the CPU (issue 33).
 
 Each strategy runs `vlmrl train` on the same offline model, task and global batch for --steps
 steps, under the launch it names (the CLI; `accelerate launch --config_file configs/accelerate/
-ddp.yaml`; `... fsdp2.yaml`), and the step time is the median of the run's `seconds` in
+ddp.yaml`; `... fsdp2.yaml`; `... zero3.yaml`, with DS_ACCELERATOR=cpu), and the step time is the median of the run's `seconds` in
 metrics.jsonl after the first step (the first step compiles nothing here, but fills allocator
 caches and settles the fast paths). Also reported: the medians of time/generate and time/train,
 and whether the runs' first-step rewards agree (the same samples on any number of processes).
@@ -30,6 +30,7 @@ LAUNCHES = {
     "one process": [],
     "DDP, 2 processes": ["--config_file", str(ROOT / "configs" / "accelerate" / "ddp.yaml")],
     "FSDP2, 2 processes": ["--config_file", str(ROOT / "configs" / "accelerate" / "fsdp2.yaml")],
+    "ZeRO-3, 2 processes": ["--config_file", str(ROOT / "configs" / "accelerate" / "zero3.yaml")],
 }
 
 
@@ -41,7 +42,7 @@ def command(flags: list[str], port: int) -> list[str]:
 
 
 def run(name: str, flags: list[str], overrides: list[str], out: Path, threads: int, port: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads if not flags else 1)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads if not flags else 1), "DS_ACCELERATOR": "cpu"}
     done = subprocess.run(command(flags, port) + overrides + [f"output_dir={out}"], env=env,
                           capture_output=True, text=True)
     if done.returncode:
