@@ -223,10 +223,16 @@ def output_layer_unchunkable(model: torch.nn.Module) -> str | None:
     text = inner.config.get_text_config()
     if getattr(text, "final_logit_softcapping", None) or getattr(inner.config, "final_logit_softcapping", None):
         return "the model soft-caps its logits after the output layer"
-    head = inner.get_output_embeddings()
-    if head is None:
+    if inner.get_output_embeddings() is None:
         return "the model has no output embeddings module"
-    if any(hasattr(p, "ds_id") for p in head.parameters()):  # training/zero3.py
+    return None
+
+
+def output_layer_untappable(model: torch.nn.Module) -> str | None:
+    """Why log-probs cannot be computed inside the output layer's forward hook (output_layer.py:
+    chunked, and the packed passes' read) and come from the model's logits instead, or None."""
+    head = hf_model(model).get_output_embeddings()
+    if head is not None and any(hasattr(p, "ds_id") for p in head.parameters()):  # training/zero3.py
         return ("DeepSpeed ZeRO-3 partitions the output layer, and its backward hooks see only the layer's own "
                 "output: log-probs come from the model's logits")
     return None

@@ -47,6 +47,7 @@ from vlmrl.models.support import (
     block_attention_unsupported,
     hf_model,
     output_layer_unchunkable,
+    output_layer_untappable,
     packed_passes_unsupported,
     shared_prefill_unsupported,
     tool_rollouts_unsupported,
@@ -282,7 +283,7 @@ def speed_line(config: Config, policy, mode: str = "train") -> str:
             parts.append(switch("block attention", config.train.block_attention, block_attention_unsupported(policy)))
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
-                        output_layer_unchunkable(policy)))
+                        output_layer_unchunkable(policy) or output_layer_untappable(policy)))
     parts.append(switch("vision windows batched", config.train.batched_vision_attention,
                         batched_vision_unsupported(policy)))
     if config.train.fused_kernels:  # opt-in: named only when asked for

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from vlmrl.models.support import hf_model
+from vlmrl.models.support import hf_model, output_layer_untappable
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,14 @@ def logprobs_at(model, inputs: dict[str, torch.Tensor], index: torch.Tensor, tar
                 readout: Readout) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `inputs`; the output layer reads only the positions `index` (n, T), flat into
     (B * L), each predicting the token at the same place of `targets` (n, T). Returns (n, T) log-probs
-    and entropies (or None)."""
+    and entropies (or None). Where the output layer cannot be tapped (DeepSpeed ZeRO-3), the same
+    positions are read from the model's logits (B, L, V)."""
+    if output_layer_untappable(model) is not None:
+        logits = model(**inputs, use_cache=False).logits  # (B, L, V)
+        picked = logits.reshape(-1, logits.shape[-1])[index.reshape(-1)]  # (n*T, V)
+        logp, entropy = logprobs_of_logits(picked, targets.reshape(-1), readout)  # (n*T,) each
+        return logp.view_as(targets), (entropy.view_as(targets) if entropy is not None else None)
+
     def compute(layer, hidden):  # hidden (B, L, H)
         picked = hidden.reshape(-1, hidden.shape[-1])[index.reshape(-1)]  # (n*T, H)
         return chunked_logprobs(layer, picked, targets.reshape(-1), readout)  # (n*T,) each
