@@ -1,9 +1,10 @@
 """Helpers for tests that start `vlmrl` in processes of its own: one process (the CLI), or several
-under `accelerate launch`. Imported by tests/test_trainer.py and tests/test_sharding.py."""
+under `accelerate launch`. Imported by tests/test_trainer.py, test_sharding.py and test_zero3.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 TESTS = Path(__file__).parent
 CLI = [sys.executable, "-m", "vlmrl"]
@@ -46,3 +48,49 @@ def run_all_or_kill(command: list[str], timeout: float, env: dict[str, str] | No
         os.killpg(process.pid, signal.SIGKILL)  # the session's every process
         _, stderr = process.communicate()
         pytest.fail(f"{' '.join(command[2:6])} timed out after {timeout:.0f} s; its stderr:\n{stderr[-3000:]}")
+
+
+def two_process_overrides(tiny_model_dir: str, out: Path, *more: str, lr: str = "1e-2") -> list[str]:
+    """`vlmrl train` on the tiny model and the letter task as the sharding equivalence tests run it:
+    4 prompts x 4 completions a step, a reference refreshed from the policy after each step."""
+    return ["train", f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
+            "rollout.generation_batch_size=2", "train.micro_batch_size=4", f"train.lr={lr}",
+            "algorithm.aggregation=token", "algorithm.beta=0.1", "algorithm.ref_refresh_steps=1", "algorithm.ref_mix=0.5",
+            f"output_dir={out}", *more]
+
+
+def final_weights(folder: Path) -> dict:
+    """The state dict of the model in `folder`, loaded with plain transformers."""
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(folder).state_dict()
+
+
+def run_ok(command: list[str], arguments: list[str], env: dict[str, str] | None = None) -> str:
+    """Run to its end within 300 s and exit 0 (else fail with its stderr); its stdout."""
+    returncode, stdout, stderr = run_all_or_kill(command + arguments, timeout=300, env=env)
+    assert returncode == 0, stderr[-3000:]
+    return stdout
+
+
+def stopped_at_2_and_resumed(launch: list[str], arguments, tmp_path: Path, env: dict[str, str] | None = None):
+    """A 4-step run under `launch`, and a copy of it stopped after step 2 (the later checkpoint and
+    model gone) and resumed to step 4: asserts both logged the same metrics (timings aside) and
+    wrote the same final weights. `arguments(out, *more)`: the run's arguments."""
+    more = ("train.steps=4", "train.save_every=2", "train.schedule=cosine", "train.warmup_steps=1")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_ok(launch, arguments(straight, *more), env)
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000004")
+    shutil.rmtree(resumed / "final")
+    run_ok(launch, arguments(resumed, *more, "resume=true"), env)
+
+    def strip(rows):
+        return [{k: v for k, v in row.items() if not k.startswith(("seconds", "tokens_per_s", "time/"))} for row in rows]
+
+    from vlmrl.report.tracking import read_metrics
+
+    assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
+    a, b = final_weights(straight / "final"), final_weights(resumed / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -5,36 +5,16 @@ plain transformers loads; and `gathered`, which lets each process generate alone
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText
 
-from launching import CLI, launcher, run_all_or_kill
+from launching import CLI, final_weights, launcher, run_ok, stopped_at_2_and_resumed, two_process_overrides
 from vlmrl.report.tracking import read_metrics
 
 ROOT = Path(__file__).parent.parent
 FSDP2 = launcher("--config_file", str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"))
-
-
-def _overrides(tiny_model_dir: str, out: Path, *more: str) -> list[str]:
-    return ["train", f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
-            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
-            "rollout.generation_batch_size=2", "train.micro_batch_size=4", "train.lr=1e-2",
-            "algorithm.aggregation=token", "algorithm.beta=0.1", "algorithm.ref_refresh_steps=1", "algorithm.ref_mix=0.5",
-            f"output_dir={out}", *more]
-
-
-def _params(folder: Path) -> dict[str, torch.Tensor]:
-    return AutoModelForImageTextToText.from_pretrained(folder).state_dict()
-
-
-def _run(command: list[str], arguments: list[str]) -> str:
-    returncode, stdout, stderr = run_all_or_kill(command + arguments, timeout=300)
-    assert returncode == 0, stderr[-3000:]
-    return stdout
 
 
 def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir):
@@ -42,8 +22,8 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
     and a checkpoint after each step: loss, KL and grad norm per step within 1e-5 relative, the
     weights after 2 steps within 1e-5, and each process held half of every parameter."""
     more = ("train.steps=2", "train.save_every=1", "eval.every=2", "eval.n=4")
-    _run(CLI, _overrides(tiny_model_dir, tmp_path / "one", *more))
-    stdout = _run(FSDP2, _overrides(tiny_model_dir, tmp_path / "two", *more))
+    run_ok(CLI, two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
+    stdout = run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "two", *more))
     assert stdout.startswith("preflight: processes: 2, strategy: FSDP2, backend: gloo\n"), stdout[:300]
     one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
     assert len(one) == len(two) == 2
@@ -52,8 +32,8 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
         for key in ("loss", "kl", "grad_norm", "entropy"):  # on-policy the surrogate is 0 up to ~1e-8 of float noise
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=3e-8), key
     assert one[1]["kl"] > 0 and two[1]["eval/test/accuracy"] == one[1]["eval/test/accuracy"]
-    a, b = _params(tmp_path / "one" / "final"), _params(tmp_path / "two" / "final")  # plain transformers loads it
-    base = _params(Path(tiny_model_dir))
+    a, b = final_weights(tmp_path / "one" / "final"), final_weights(tmp_path / "two" / "final")  # plain transformers loads it
+    base = final_weights(Path(tiny_model_dir))
     assert any(not torch.equal(a[k], base[k]) for k in a)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
@@ -63,24 +43,9 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
 @pytest.mark.slow  # two 4-step launches: about 30 s on 2 cores
 def test_fsdp2_stopped_at_step_2_and_resumed_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
     """The optimizer state is saved whole and put back after sharding; the reference copy too."""
-    more = ("train.steps=4", "train.save_every=2", "train.schedule=cosine", "train.warmup_steps=1")
-    straight = tmp_path / "straight"
-    _run(FSDP2, _overrides(tiny_model_dir, straight, *more))
-    resumed = tmp_path / "resumed"
-    shutil.copytree(straight, resumed)  # as if stopped after step 2: the later checkpoint and model gone
-    shutil.rmtree(resumed / "checkpoints" / "step_000004")
-    shutil.rmtree(resumed / "final")
-    _run(FSDP2, _overrides(tiny_model_dir, resumed, *more, "resume=true"))
-
-    def strip(rows):
-        return [{k: v for k, v in row.items() if not k.startswith(("seconds", "tokens_per_s", "time/"))} for row in rows]
-
-    assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
-    a, b = _params(straight / "final"), _params(resumed / "final")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    stopped_at_2_and_resumed(FSDP2, lambda out, *more: two_process_overrides(tiny_model_dir, out, *more), tmp_path)
 
 
-@pytest.mark.slow  # two 2-step launches: about 25 s on 2 cores
 def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_path, tiny_model_dir):
     """The reference is the base model with the adapter switched off; only the adapter trains."""
     from safetensors.torch import load_file
@@ -88,8 +53,8 @@ def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_pa
     more = ("train.steps=2", "model.lora.enabled=true", "model.lora.r=4", "model.gradient_checkpointing=true",
             "algorithm.ref_refresh_steps=0")
     ddp = launcher("--config_file", str(ROOT / "configs" / "accelerate" / "ddp.yaml"))
-    _run(ddp, _overrides(tiny_model_dir, tmp_path / "ddp", *more))
-    _run(FSDP2, _overrides(tiny_model_dir, tmp_path / "fsdp2", *more))
+    run_ok(ddp, two_process_overrides(tiny_model_dir, tmp_path / "ddp", *more))
+    run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "fsdp2", *more))
     one, two = read_metrics(tmp_path / "ddp" / "metrics.jsonl"), read_metrics(tmp_path / "fsdp2" / "metrics.jsonl")
     for a, b in zip(one, two):
         for key in ("loss", "kl", "grad_norm"):  # on-policy the surrogate is 0 up to ~1e-8 of float noise
