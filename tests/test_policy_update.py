@@ -99,6 +99,7 @@ def test_accumulated_statistics_are_share_weighted_sums_read_once(monkeypatch):
         return logp, 2.0 * part.completion_mask  # (n, T) entropy 2 on every valid token, 0 on padding
 
     run.model, run.accelerator = model, Recorder()
+    run.backward = lambda loss, last: run.accelerator.backward(loss)  # TrainingSession.backward without DeepSpeed
     batch = loss_batch(run, experience(mask, [False] * 3))
     batch.reference = torch.full((3, 4), -0.3)  # (N, T) the KL term counts too
     expected = {name: 0.0 for name in LOSS_STATISTICS}
