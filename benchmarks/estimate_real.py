@@ -9,7 +9,8 @@ qwen2_5_vl_3b (Qwen/Qwen2.5-VL-3B-Instruct), qwen3_vl_4b (Qwen/Qwen3-VL-4B-Instr
 (Qwen/Qwen3-VL-8B-Instruct), gemma3_4b (google/gemma-3-4b-it); qwen2_5_vl_7b, qwen2_5_vl_32b,
 qwen2_5_vl_72b, qwen3_vl_32b for several GPUs: `--processes 8` estimates one GPU of 8 under FSDP2
 (weights, gradients, AdamW and the reference divided by 8; the weights gathered whole per generate
-call and the root plus two blocks gathered in training added).
+call and the root plus two blocks gathered in training added), or under ZeRO-3 with
+`--strategy ZeRO-3` (the reference whole, DeepSpeed's fp32 copy of each partition).
 
 What is modelled as on the GPU, not as on this CPU: the decode path (`rollout.decode: auto` is
 "compiled" on CUDA, whose static KV cache stays allocated through the training phase; the estimate
@@ -301,10 +302,11 @@ def gpu_free(loaded: int) -> int:
 
 
 def estimate(arch_name: str, config_path: str, overrides: list[str], prompt: int, completion: int,
-             image_tokens: int, processes: int = 1) -> list[dict]:
+             image_tokens: int, processes: int = 1, strategy: str = "FSDP2") -> list[dict]:
     """Rows of the estimate for the config with checkpointing off and on (and what auto settles on);
-    `processes` > 1: per GPU of that many under FSDP2 (the parameters sharded over them, each
-    taking its share of the prompts)."""
+    `processes` > 1: per GPU of that many under `strategy` (FSDP2 or ZeRO-3: the parameters split
+    over them, each taking its share of the prompts)."""
+    sharding = preflight.Sharding(processes, deepspeed=strategy == "ZeRO-3" and processes > 1)
     arch = ARCHES[arch_name]
     as_on_gpu = [*overrides, "rollout.decode=compiled"] if not any(o.startswith("rollout.decode=") for o in overrides) \
         else overrides
@@ -317,19 +319,22 @@ def estimate(arch_name: str, config_path: str, overrides: list[str], prompt: int
     rows = []
     for checkpointing in ("false", "true", "auto"):
         config = load_config(config_path, [*as_on_gpu, f"model.gradient_checkpointing={checkpointing}"])
-        weights = sum(p.numel() * p.element_size() for p in model.parameters()) // processes
-        loaded = weights * (2 if preflight.copies_reference(config, "train") else 1)
+        whole = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = whole // processes
+        reference = whole if sharding.deepspeed else weights  # ZeRO-3 keeps the reference copy whole
+        loaded = weights + (reference if preflight.copies_reference(config, "train") else 0)
         preflight.free_memory = lambda device, loaded=loaded: gpu_free(loaded)  # the GPU's, not this machine's
         if checkpointing == "auto" or config.train.micro_batch_size == "auto":
             settled, memory = settle(config, model, "train", processes, (prompt, completion, image_tokens), costs,
-                                     loaded, shards=processes)
+                                     loaded, sharding)
             recompute, micro = settled.gradient_checkpointing, settled.micro_batch_size
         else:
             memory = estimate_memory(config, model, "train", processes, prompt, completion, image_tokens, costs,
-                                     loaded, shards=processes)
+                                     loaded, sharding)
             recompute, micro = checkpointing == "true", config.train.micro_batch_size
         rows.append(dict(arch=arch_name, config=config_path, setting=checkpointing, checkpointing=recompute,
                          micro=micro, params=params, trainable=trainable, memory=memory, processes=processes,
+                         strategy=strategy,
                          packed=preflight.packed_prompts(config, model, "train", processes) > 0))
     del model
     gc.collect()
@@ -337,14 +342,15 @@ def estimate(arch_name: str, config_path: str, overrides: list[str], prompt: int
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| arch | config | GPUs (FSDP2) | checkpointing | micro-batch | weights | grads + AdamW | reference "
+    lines = ["| arch | config | GPUs (strategy) | checkpointing | micro-batch | weights | grads + AdamW | reference "
              "| generation (+ kept cache, + gathered) | activations (+ gathered) | peak (GiB) | fits 80 GB |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         m = row["memory"]
         setting = {"false": "off", "true": "on"}.get(row["setting"], f"auto: {'on' if row['checkpointing'] else 'off'}")
         lines.append(
-            f"| {row['arch']} | {Path(row['config']).name} | {row.get('processes', 1)} | {setting} "
+            f"| {row['arch']} | {Path(row['config']).name} | {row.get('processes', 1)} ({row.get('strategy', 'FSDP2')}) "
+            f"| {setting} "
             f"| {row['micro']}{' packed' if row['packed'] else ''} "
             f"| {m.weights / GIB:.1f} | {(m.gradients + m.optimizer) / GIB:.1f} | {m.reference / GIB:.1f} "
             f"| {m.generation / GIB:.1f} (+{m.kept_cache / GIB:.1f}, +{m.gathered_generation / GIB:.1f}) "
@@ -377,7 +383,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image-tokens", type=int, default=None, help="image tokens per prompt (default: from --image)")
     parser.add_argument("--completion", type=int, default=256, help="completion tokens")
     parser.add_argument("--processes", type=int, default=1,
-                        help="GPUs the parameters are sharded over (FSDP2); the estimate is per GPU")
+                        help="GPUs the parameters are sharded over (--strategy); the estimate is per GPU")
+    parser.add_argument("--strategy", choices=("FSDP2", "ZeRO-3"), default="FSDP2",
+                        help="with --processes > 1: how the parameters are split (ZeRO-3: the reference whole, "
+                             "an fp32 copy of each partition, generation gathered whole)")
     parser.add_argument("--save", default=None, metavar="OUT",
                         help="instead: write the full-size architecture (random bf16 weights) to OUT and stop")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every --config")
@@ -394,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for config_path in args.config or [arch.preset]:
         rows += estimate(args.arch, config_path, args.overrides, prompt, args.completion, image_tokens,
-                         args.processes)
+                         args.processes, args.strategy)
     params = rows[0]["params"]
     print(f"parameters {params / 1e9:.3f}B")
     print(table(rows))
