@@ -32,9 +32,9 @@ from vlmrl.safety.checkpoint import Gathered, find_resumable, restore_trainer_st
 from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.tasks import Task
+from vlmrl.training import zero3
 from vlmrl.training.optim import build_optimizer, build_scheduler
 from vlmrl.training.reference import ReferencePolicy, build_reference
-from vlmrl.training import zero3
 from vlmrl.training.sharding import FullStateOptimizer, full_state, gathered, is_sharded, shard
 from vlmrl.training.strategy import make_accelerator, refuse_unrunnable, settle_strategy
 
@@ -46,7 +46,8 @@ class TrainingSession:
     model (the one to call forward/backward on: wrapped for several processes), processor,
     optimizer, scheduler, reference (None unless with_reference and beta > 0), start_step,
     cursor (the data cursor: index of the next train example, i.e. examples consumed before
-    start_step), run_dir, guard (NumericGuard: make every optimizer update through `guard.step(session.update, ...)`).
+    start_step), run_dir, guard (NumericGuard: make every optimizer update through
+    `guard.step(session.update, ...)`), update (how an update is made: accelerate's, or DeepSpeed's).
     """
 
     def __init__(self, config: Config, total_updates: int, with_reference: bool = False):

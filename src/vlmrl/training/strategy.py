@@ -27,7 +27,7 @@ from accelerate.utils import InitProcessGroupKwargs
 from vlmrl.errors import VlmrlError
 from vlmrl.models.support import deepspeed_accelerator_named
 
-STRATEGIES = ("single", "DDP", "FSDP2", "ZeRO-2", "ZeRO-3")
+STRATEGIES = ("single", "DDP", "FSDP2", "ZeRO-3")
 
 
 @dataclass(frozen=True)
