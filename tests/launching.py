@@ -94,3 +94,22 @@ def stopped_at_2_and_resumed(launch: list[str], arguments, tmp_path: Path, env: 
     assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
     a, b = final_weights(straight / "final"), final_weights(resumed / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def same_lora_runs(ddp_run: Path, other_run: Path, noise: float) -> None:
+    """Two LoRA runs of the same steps: loss, KL and grad norm per step within 1e-5 relative (`noise`
+    absolute: the on-policy surrogate is 0 up to float noise), the saved adapters within 1e-5."""
+    from safetensors.torch import load_file
+
+    from vlmrl.report.tracking import read_metrics
+
+    one, two = read_metrics(ddp_run / "metrics.jsonl"), read_metrics(other_run / "metrics.jsonl")
+    for a, b in zip(one, two):
+        for key in ("loss", "kl", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=noise), key
+    assert two[1]["kl"] > 0
+    a = load_file(ddp_run / "final" / "adapter_model.safetensors")
+    b = load_file(other_run / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all("lora_" in k for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
