@@ -12,7 +12,7 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import decoded_letter_cells, grid_cells, message_words, spaced, word_list
+from vlmrl.tasks.cryptogram import decoded_letter_cells, grid_cells, message_words, spaced, tile_colors, word_list
 
 TASK = get_task("cryptogram", seed=0)
 # "i can see" under the shift cipher a->b, b->c, ...: 7 letters, each substituted.
@@ -197,7 +197,7 @@ def test_grid_layout_puts_each_entry_in_one_28_px_cell_sorted_by_coded_letter():
 def test_short_prompt_and_pairs_reference():
     example = SMALL.example(0, "test")
     assert example.prompt == "Coded message: a o s _ o t r"
-    assert example.reference_completion == ("<think> a=t o=h s=e _ o=h t=i r=s <chars> t h e _ h i s </chars> "
+    assert example.reference_completion == ("<think> a t, o h, s e, _ o h, t i, r s, <chars> t h e _ h i s </chars> "
                                             "</think> <answer> the his </answer>")
     assert SMALL.score(example, example.reference_completion)["total"] == 3.0
     chars_only = get_task("cryptogram", **{**READABLE, "reference": "chars"}).example(0, "test")
@@ -267,3 +267,37 @@ def test_bad_parameters_are_one_line_errors(params, message):
     with pytest.raises(VlmrlError) as error:
         get_task("cryptogram", **params)
     assert str(error.value) == message
+
+
+def test_message_entries_show_only_the_plain_letters_the_message_needs():
+    task = get_task("cryptogram", **{**READABLE, "entries": "message"})
+    example = task.example(0, "test")  # coded "a o s _ o t r": cells a, o, r, s, t filled
+    full = SMALL.example(0, "test")
+    assert example.meta == full.meta and example.prompt == full.prompt
+    for coded, (x0, y0, x1, y1) in example.meta["cells"].items():
+        plain_half = (x0 + 14, y0, x1, y1)
+        same = example.image.crop(plain_half).tobytes() == full.image.crop(plain_half).tobytes()
+        blank = [color for _, color in example.image.crop(plain_half).getcolors()] == [(255, 255, 255)]
+        assert (same, blank) == ((True, False) if coded in "aorst" else (False, True)), coded
+    with pytest.raises(VlmrlError, match="^entries=message and tiles=true need layout=grid$"):
+        get_task("cryptogram", entries="message")
+
+
+def test_tiles_colour_each_plain_letter_by_its_own_hue():
+    assert tile_colors("ab") == {"a": (204, 31, 31), "b": (31, 204, 204)}
+    task = get_task("cryptogram", **{**READABLE, "tiles": True})
+    example, plain_ink = task.example(0, "test"), SMALL.example(0, "test")
+    colors = tile_colors("etaoinshr")
+    decode = {coded: plain for plain, coded in zip("etaoinshr", example.meta["cipher"])}
+    for coded, (x0, y0, x1, y1) in example.meta["cells"].items():
+        assert example.image.getpixel((x0 + 14, y0)) == colors[decode[coded]]  # the tile's corner
+        assert example.image.crop((x0, y0, x0 + 14, y1)).tobytes() == plain_ink.image.crop((x0, y0, x0 + 14, y1)).tobytes()
+
+
+def test_string_messages_are_random_strings_of_the_letters():
+    task = get_task("cryptogram", **{**READABLE, "vocabulary": "strings", "min_word_length": 2})
+    words = [word for i in range(40) for word in task.example(i, "train").meta["message"].split()]
+    assert all(set(word) <= set("etaoinshr") and 2 <= len(word) <= 3 for word in words)
+    assert {len(word) for word in words} == {2, 3} and len(set(words)) > 30
+    assert task.example(3, "test").meta["message"] == get_task(
+        "cryptogram", **{**READABLE, "vocabulary": "strings", "min_word_length": 2}).example(3, "test").meta["message"]

@@ -85,21 +85,34 @@ PRESETS = {
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=200"],
         eval_n=400, max_new_tokens=40),
+    # Why the cryptogram preset looks like this (issue 36; measured on 2 CPU cores, docs/results.md
+    # "The cryptogram demo"): the random vision tower's features tell the letters apart (a ridge probe
+    # on the merged-patch feature of a 28-px cell: 100%), yet the language model did not learn to
+    # read them in 100-300 SFT steps, not even a single letter shown alone (teacher-forced letter
+    # accuracy the same with the real and a shuffled image); what it reads at once is colour:
+    # - tiles: each plain letter in white on a tile of its own colour (a single letter was read at
+    #   100% by SFT step 50, against 29% with the glyph alone);
+    # - a small alphabet (9 letters), two 3-letter words, each table entry in one 28-px cell (one
+    #   image token), sorted by coded letter; the prompt is the coded message alone;
+    # - entries=message: only the entries the message uses are filled in, so even attention spread
+    #   over the whole image says which letters occur (with every entry filled, the image stayed
+    #   unused through 300 steps: 50% teacher-forced with the real and a shuffled image);
+    # - held_out=messages_and_ciphers: no test message and no test cipher is ever trained on.
     "cryptogram": DemoPreset(
         shared=["task.name=cryptogram", "task.params.letters=etaoinshr", "task.params.layout=grid",
-                "task.params.cell_px=28", "task.params.entries_per_row=3", "task.params.min_word_length=3",
-                "task.params.max_word_length=3", "task.params.min_words=2", "task.params.max_words=2",
-                "task.params.ood_extra_words=1", "task.params.instructions=false",
-                "task.params.reference=pairs", "task.params.held_out=messages_and_ciphers",
-                "model.vision_lr_scale=0"],
-        sft=["sft.batch_size=32", "train.steps=300", "train.lr=1e-3", "train.warmup_steps=30",
-             "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=50", "eval.every=50",
+                "task.params.cell_px=28", "task.params.entries_per_row=3", "task.params.tiles=true",
+                "task.params.entries=message", "task.params.min_word_length=3", "task.params.max_word_length=3",
+                "task.params.min_words=2", "task.params.max_words=2", "task.params.ood_extra_words=1",
+                "task.params.instructions=false", "task.params.reference=chars",
+                "task.params.held_out=messages_and_ciphers", "model.vision_lr_scale=0"],
+        sft=["sft.batch_size=32", "train.steps=500", "train.lr=1e-3", "train.warmup_steps=30",
+             "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=100", "eval.every=100",
              "eval.n=64"],
         grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
-              "train.steps=40", "train.lr=1e-4", "train.warmup_steps=10", "train.schedule=cosine",
-              "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
+              "train.steps=300", "train.lr=2e-4", "train.warmup_steps=10", "train.schedule=cosine",
+              "train.micro_batch_size=64", "train.save_every=50", "train.log_rollouts_every=25", "eval.every=50",
               "eval.n=100"],
-        eval_n=200, max_new_tokens=48, attention_n=64),
+        eval_n=200, max_new_tokens=32, attention_n=64),
     # Thinking with images (issue 15): zoom on the panel of the named tag, then name its pattern.
     # - symbols=patterns: each tag is a patch of fine lines (horizontal, vertical, checkered or
     #   diagonal; stripes 4 px wide, half a view pixel) on the view's 8 px grid, so the 56 px view
@@ -198,7 +211,7 @@ def attention_table(attention: dict) -> str:
     uniform = attention[phases[0]]["uniform"]
     lines = [f"  {'share of image attention on the region':<42}" + "".join(f"{labels[p]:>16}" for p in phases)]
     for name, key, ratio in (("mean over layers", "share", "ratio"), ("best layer", "best_share", "best_ratio")):
-        cells = "".join(f"{attention[p][key]:>8.1%} ({attention[p][ratio]:.1f}x)" for p in phases)
+        cells = "".join(f"{f'{attention[p][key]:.1%} ({attention[p][ratio]:.1f}x)':>16}" for p in phases)
         lines.append(f"  {name:<42}{cells}")
     lines.append(f"  {'(uniform: ' + format(uniform, '.1%') + ' of the image attention)':<42}"
                  + "".join(f"{'layer ' + str(attention[p]['best_layer']):>16}" for p in phases))

@@ -25,16 +25,19 @@ entry as one square cell of `cell_px` pixels, the coded letter (black) in its le
 plain letter (blue) in its right half, cells sorted by coded letter, `entries_per_row` to a row:
 with cell_px=28 an entry is exactly one merged patch of a Qwen2-VL-family tower (14-px patches
 merged 2 x 2), so one image token holds both letters of the entry.
+`entries="message"` leaves out the plain letters of coded letters the message does not use.
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
-in order as "coded=plain" before the <chars> block) or the <chars> block alone. `held_out="messages_and_ciphers"` keeps every test
-message and every test cipher out of training (default "pairs": a test (message, cipher) pair
-never occurs in training, its message may). `meta["cells"]` maps each coded letter to the pixel box
-[x0, y0, x1, y1] of its table cell, where its plain letter is drawn (the attention measure reads it).
+in order followed by its plain letter, "a t, o h,", before the <chars> block) or the <chars> block
+alone. `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of
+training (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
+`meta["cells"]` maps each coded letter to the pixel box [x0, y0, x1, y1] of its table cell, where
+its plain letter is drawn (the attention measure reads it).
 """
 
 from __future__ import annotations
 
+import colorsys
 import functools
 import re
 import string
@@ -60,6 +63,8 @@ _COLUMNS, _ROWS = 4, 7
 LAYOUTS = ("table", "grid")
 HELD_OUT = ("pairs", "messages_and_ciphers")
 REFERENCES = ("walk", "pairs", "chars")
+ENTRIES = ("all", "message")
+VOCABULARIES = ("words", "strings")
 
 
 @functools.lru_cache(maxsize=1)
@@ -162,9 +167,18 @@ def _glyph_font(cell_px: int) -> ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=max(8, round(cell_px * 0.75)))
 
 
-def grid_decoder_image(decode: dict[str, str], cell_px: int, entries_per_row: int) -> Image.Image:
+def tile_colors(letters: str) -> dict[str, tuple[int, int, int]]:
+    """A colour per letter: hues evenly spaced around the circle, in the order of `letters`."""
+    return {letter: tuple(round(255 * c) for c in colorsys.hsv_to_rgb(i / len(letters), 0.85, 0.8))
+            for i, letter in enumerate(letters)}
+
+
+def grid_decoder_image(decode: dict[str, str], cell_px: int, entries_per_row: int,
+                       shown: set[str] | None = None, tiles: dict[str, tuple[int, int, int]] | None = None) -> Image.Image:
     """The grid decoder: for each coded letter (sorted), one square cell with the coded letter (black)
-    in its left half and its plain letter (blue) in its right half."""
+    in its left half and its plain letter (blue) in its right half; with `shown`, only the coded
+    letters in it get their plain letter (the other cells hold the coded letter alone); with
+    `tiles`, a plain letter is white on a tile of its colour filling the right half."""
     coded_letters = "".join(sorted(decode))
     image = Image.new("RGB", grid_size(len(coded_letters), cell_px, entries_per_row), "white")
     draw = ImageDraw.Draw(image)
@@ -172,7 +186,13 @@ def grid_decoder_image(decode: dict[str, str], cell_px: int, entries_per_row: in
     for coded, (x0, y0, x1, y1) in grid_cells(coded_letters, cell_px, entries_per_row).items():
         middle = (y0 + y1) / 2
         draw.text((x0 + cell_px / 4, middle), coded, font=font, fill=(0, 0, 0), anchor="mm")
-        draw.text((x0 + 3 * cell_px / 4, middle), decode[coded], font=font, fill=(20, 40, 200), anchor="mm")
+        if shown is not None and coded not in shown:
+            continue
+        plain = decode[coded]
+        if tiles is not None:
+            draw.rectangle((x0 + cell_px // 2, y0, x1 - 1, y1 - 1), fill=tiles[plain])
+        draw.text((x0 + 3 * cell_px / 4, middle), plain, font=font, anchor="mm",
+                  fill=(255, 255, 255) if tiles is not None else (20, 40, 200))
     return image
 
 
@@ -205,6 +225,9 @@ class CryptogramParams(TaskParams):
     letters: str = LETTERS
     """The alphabet of the messages and the cipher: words with other letters are never drawn, and
     the decoder shows these letters only."""
+    vocabulary: str = "words"
+    """words: English words from the shipped list; strings: random strings of `letters` (no word
+    to guess from the first letters: the decoder is the only way to the message)."""
     min_word_length: int = 1
     """Shortest word a message may hold."""
     max_word_length: int = 20
@@ -217,13 +240,20 @@ class CryptogramParams(TaskParams):
     """Side of a cell in the grid layout (28: one merged patch of a Qwen2-VL-family tower, 14-px
     patches merged 2 x 2, holds both letters of an entry)."""
     entries_per_row: int = 2
-    """Table entries (coded + plain cell) per row in the grid layout."""
+    """Table entries (cells) per row in the grid layout."""
+    tiles: bool = False
+    """Grid layout: each plain letter in white on a tile of its own colour filling the cell's right
+    half (hues evenly spaced over `letters`), so a random vision tower tells the letters apart by
+    colour as well as by shape."""
+    entries: str = "all"
+    """Grid layout: all (every coded letter shows its plain letter) or message (only the coded
+    letters of the message do; the other cells hold the coded letter alone)."""
     instructions: bool = True
     """false: the prompt is the coded message alone (a model that learns the format from SFT)."""
     reference: str = "walk"
     """The reference completion's <think>: walk (each distinct coded letter looked up in prose, then
-    the <chars> block), pairs (each coded letter of the message, in order, as "coded=plain", then
-    the <chars> block) or chars (the <chars> block alone)."""
+    the <chars> block), pairs (each coded letter of the message in order followed by its plain
+    letter, "a t, o h,", then the <chars> block) or chars (the <chars> block alone)."""
     held_out: str = "pairs"
     """pairs: a test (message, cipher) pair never occurs in training; messages_and_ciphers: no test
     message and no test cipher does (each is split by its own hash)."""
@@ -246,10 +276,15 @@ class CryptogramParams(TaskParams):
         check(1 <= self.entries_per_row <= 26, f"entries_per_row must be in 1..26, got {self.entries_per_row}")
         check(self.layout == "grid" or sorted(self.letters) == list(LETTERS),
               f"the table layout shows all 26 letters; letters={self.letters!r} needs layout=grid")
+        check(self.entries in ENTRIES, f"entries must be one of {', '.join(ENTRIES)}, got {self.entries!r}")
+        check((self.entries == "all" and not self.tiles) or self.layout == "grid",
+              "entries=message and tiles=true need layout=grid")
         check(self.reference in REFERENCES,
               f"reference must be one of {', '.join(REFERENCES)}, got {self.reference!r}")
         check(self.held_out in HELD_OUT, f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
-        words = len(message_words(self))
+        check(self.vocabulary in VOCABULARIES,
+              f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
+        words = len(message_words(self)) if self.vocabulary == "words" else 2
         check(words >= 2, f"only {words} of the {self.vocab_size} words fit letters={self.letters!r} and "
                           f"word lengths {self.min_word_length}..{self.max_word_length}; allow more")
 
@@ -269,11 +304,11 @@ class CryptogramTask(Task):
 
     def _example(self, idx: int, split: str) -> Example:
         p, rng = self.params, self.rng(split, idx)
-        vocab = message_words(p)
+        vocab = message_words(p) if p.vocabulary == "words" else ()
         low, high = (p.max_words + 1, p.max_words + p.ood_extra_words) if split == "ood" else (p.min_words, p.max_words)
         letters = p.letters
         for _ in range(1000):
-            message = " ".join(rng.choice(vocab) for _ in range(rng.randint(low, high)))
+            message = " ".join(self._word(rng, vocab) for _ in range(rng.randint(low, high)))
             cipher = derangement(letters, rng)
             if self._belongs(message, cipher, split):
                 break
@@ -304,7 +339,9 @@ class CryptogramTask(Task):
                  "chars": f"<chars> {plain_spaced} </chars>"}[p.reference]
         reference = f"<think> {think} </think> <answer> {message} </answer>"
         if p.layout == "grid":
-            image = grid_decoder_image(decode, p.cell_px, p.entries_per_row)
+            shown = set(coded_spaced.split(" ")) - {"_"} if p.entries == "message" else None
+            image = grid_decoder_image(decode, p.cell_px, p.entries_per_row, shown,
+                                       tile_colors(letters) if p.tiles else None)
             cells = grid_cells("".join(sorted(letters)), p.cell_px, p.entries_per_row)
         else:
             image, cells = decoder_image(decode, p.image_size), table_cells(p.image_size)
@@ -316,6 +353,13 @@ class CryptogramTask(Task):
     def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
         """Each decoded letter of the <chars> block and its table cell (`decoded_letter_cells`)."""
         return decoded_letter_cells(example)
+
+    def _word(self, rng, vocab: tuple[str, ...]) -> str:
+        """One word of a message: from the vocabulary, or a random string of `letters`."""
+        p = self.params
+        if p.vocabulary == "words":
+            return rng.choice(vocab)
+        return "".join(rng.choice(p.letters) for _ in range(rng.randint(p.min_word_length, p.max_word_length)))
 
     def _belongs(self, message: str, cipher: str, split: str) -> bool:
         """Whether (message, cipher) may be drawn for `split` under `held_out`."""
