@@ -191,7 +191,8 @@ def test_grid_layout_puts_each_entry_in_one_28_px_cell_sorted_by_coded_letter():
     assert example.image.crop(left).tobytes() == other.image.crop(left).tobytes()
     decode = {coded: plain for plain, coded in zip("etaoinshr", example.meta["cipher"])}
     decode_other = {coded: plain for plain, coded in zip("etaoinshr", other.meta["cipher"])}
-    assert (example.image.crop(right).tobytes() == other.image.crop(right).tobytes()) == (decode["a"] == decode_other["a"])
+    same_plain_half = example.image.crop(right).tobytes() == other.image.crop(right).tobytes()
+    assert same_plain_half == (decode["a"] == decode_other["a"])
 
 
 def test_short_prompt_and_pairs_reference():
@@ -201,14 +202,16 @@ def test_short_prompt_and_pairs_reference():
                                             "</think> <answer> the his </answer>")
     assert SMALL.score(example, example.reference_completion)["total"] == 3.0
     chars_only = get_task("cryptogram", **{**READABLE, "reference": "chars"}).example(0, "test")
-    assert chars_only.reference_completion == "<think> <chars> t h e _ h i s </chars> </think> <answer> the his </answer>"
+    assert chars_only.reference_completion == ("<think> <chars> t h e _ h i s </chars> </think> "
+                                               "<answer> the his </answer>")
 
 
 def test_echoing_the_coded_message_earns_nothing_in_the_readable_setting():
     for idx in range(20):
         example = SMALL.example(idx, "test")
         coded = example.meta["coded"]
-        echo = f"<think> <chars> {coded} </chars> </think> <answer> {coded.replace(' ', '').replace('_', ' ')} </answer>"
+        words = coded.replace(" ", "").replace("_", " ")
+        echo = f"<think> <chars> {coded} </chars> </think> <answer> {words} </answer>"
         assert SMALL.score(example, echo) == {"format": 1.0, "decoding": 0.0, "correctness": 0.0,
                                               "accuracy": 0.0, "total": 1.0}
 
@@ -257,7 +260,8 @@ def test_default_task_keeps_its_table_and_reports_its_cells():
 @pytest.mark.parametrize("params, message", [
     ({"letters": "ab1"}, "letters must be 2 or more distinct letters a..z, got 'ab1'"),
     ({"letters": "etaoinshr"}, "the table layout shows all 26 letters; letters='etaoinshr' needs layout=grid"),
-    ({"letters": "xq", "layout": "grid"}, "only 0 of the 2000 words fit letters='xq' and word lengths 1..20; allow more"),
+    ({"letters": "xq", "layout": "grid"},
+     "only 0 of the 2000 words fit letters='xq' and word lengths 1..20; allow more"),
     ({"layout": "spiral"}, "layout must be one of table, grid, got 'spiral'"),
     ({"reference": "essay"}, "reference must be one of walk, pairs, chars, got 'essay'"),
     ({"held_out": "none"}, "held_out must be one of pairs, messages_and_ciphers, got 'none'"),
@@ -291,7 +295,8 @@ def test_tiles_colour_each_plain_letter_by_its_own_hue():
     decode = {coded: plain for plain, coded in zip("etaoinshr", example.meta["cipher"])}
     for coded, (x0, y0, x1, y1) in example.meta["cells"].items():
         assert example.image.getpixel((x0 + 14, y0)) == colors[decode[coded]]  # the tile's corner
-        assert example.image.crop((x0, y0, x0 + 14, y1)).tobytes() == plain_ink.image.crop((x0, y0, x0 + 14, y1)).tobytes()
+        coded_half = (x0, y0, x0 + 14, y1)
+        assert example.image.crop(coded_half).tobytes() == plain_ink.image.crop(coded_half).tobytes()
 
 
 def test_string_messages_are_random_strings_of_the_letters():

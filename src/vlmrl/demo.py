@@ -109,8 +109,8 @@ PRESETS = {
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=100", "eval.every=100",
              "eval.n=64"],
         grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
-              "train.steps=300", "train.lr=2e-4", "train.warmup_steps=10", "train.schedule=cosine",
-              "train.micro_batch_size=64", "train.save_every=50", "train.log_rollouts_every=25", "eval.every=50",
+              "train.steps=60", "train.lr=1e-4", "train.warmup_steps=10", "train.schedule=cosine",
+              "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=100"],
         eval_n=200, max_new_tokens=32, attention_n=64),
     # Thinking with images (issue 15): zoom on the panel of the named tag, then name its pattern.

@@ -167,14 +167,17 @@ def _glyph_font(cell_px: int) -> ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=max(8, round(cell_px * 0.75)))
 
 
-def tile_colors(letters: str) -> dict[str, tuple[int, int, int]]:
+Color = tuple[int, int, int]
+
+
+def tile_colors(letters: str) -> dict[str, Color]:
     """A colour per letter: hues evenly spaced around the circle, in the order of `letters`."""
     return {letter: tuple(round(255 * c) for c in colorsys.hsv_to_rgb(i / len(letters), 0.85, 0.8))
             for i, letter in enumerate(letters)}
 
 
 def grid_decoder_image(decode: dict[str, str], cell_px: int, entries_per_row: int,
-                       shown: set[str] | None = None, tiles: dict[str, tuple[int, int, int]] | None = None) -> Image.Image:
+                       shown: set[str] | None = None, tiles: dict[str, Color] | None = None) -> Image.Image:
     """The grid decoder: for each coded letter (sorted), one square cell with the coded letter (black)
     in its left half and its plain letter (blue) in its right half; with `shown`, only the coded
     letters in it get their plain letter (the other cells hold the coded letter alone); with
