@@ -306,3 +306,14 @@ def test_string_messages_are_random_strings_of_the_letters():
     assert {len(word) for word in words} == {2, 3} and len(set(words)) > 30
     assert task.example(3, "test").meta["message"] == get_task(
         "cryptogram", **{**READABLE, "vocabulary": "strings", "min_word_length": 2}).example(3, "test").meta["message"]
+
+
+def test_walk_letter_cells_point_each_looked_up_letter_at_its_cell():
+    from vlmrl.tasks.cryptogram import walk_letter_cells
+
+    example = SMALL.example(0, "test")  # "<think> a t, o h, s e, _ o h, t i, r s, <chars> ..."
+    spans = walk_letter_cells(example)
+    text = example.reference_completion
+    assert [text[a:b] for a, b, _ in spans] == list("thehis")
+    assert [box for _, _, box in spans] == [box for _, _, box in decoded_letter_cells(example)]
+    assert spans[0][:2] == (10, 11) and walk_letter_cells(TASK.example(0)) == []

@@ -103,7 +103,7 @@ PRESETS = {
                 "task.params.cell_px=28", "task.params.entries_per_row=3", "task.params.tiles=true",
                 "task.params.entries=message", "task.params.min_word_length=3", "task.params.max_word_length=3",
                 "task.params.min_words=2", "task.params.max_words=2", "task.params.ood_extra_words=1",
-                "task.params.instructions=false", "task.params.reference=chars",
+                "task.params.instructions=false", "task.params.reference=pairs",
                 "task.params.held_out=messages_and_ciphers", "model.vision_lr_scale=0"],
         sft=["sft.batch_size=32", "train.steps=500", "train.lr=1e-3", "train.warmup_steps=30",
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=100", "eval.every=100",
@@ -112,7 +112,7 @@ PRESETS = {
               "train.steps=60", "train.lr=1e-4", "train.warmup_steps=10", "train.schedule=cosine",
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=100"],
-        eval_n=200, max_new_tokens=32, attention_n=64),
+        eval_n=200, max_new_tokens=64, attention_n=64),
     # Thinking with images (issue 15): zoom on the panel of the named tag, then name its pattern.
     # - symbols=patterns: each tag is a patch of fine lines (horizontal, vertical, checkered or
     #   diagonal; stripes 4 px wide, half a view pixel) on the view's 8 px grid, so the 56 px view

@@ -211,6 +211,15 @@ def decoded_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
     return [(a, b, tuple(meta["cells"][c])) for (a, b), c in zip(spans, coded, strict=True)]
 
 
+def walk_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
+    """With reference="pairs": for each plain letter of the walk before <chars> ("a t, o h,"), where
+    the letter is looked up, its (start, end) characters in `example.reference_completion` and the
+    box of the table cell of the coded letter before it; [] for the other references."""
+    text, cells = example.reference_completion, example.meta["cells"]
+    walk = text[:text.find("<chars>")]
+    return [(m.start(2), m.end(2), tuple(cells[m.group(1)])) for m in re.finditer(r"\b([a-z]) ([a-z]),", walk)]
+
+
 @dataclass
 class CryptogramParams(TaskParams):
     """Parameters of the cryptogram task."""
