@@ -97,6 +97,10 @@ PRESETS = {
     # - entries=message: only the entries the message uses are filled in, so even attention spread
     #   over the whole image says which letters occur (with every entry filled, the image stayed
     #   unused through 300 steps: 50% teacher-forced with the real and a shuffled image);
+    # - reference=pairs: each coded letter, then its plain letter, before <chars>, so a letter is
+    #   looked up at the position of its coded letter (one step); with the <chars> block alone the
+    #   model had to copy the coded letter first and ended at 7.5% exact; with pairs it breaks out
+    #   between SFT steps 200 and 300 (96% exact); 64 new tokens hold the walk;
     # - held_out=messages_and_ciphers: no test message and no test cipher is ever trained on.
     "cryptogram": DemoPreset(
         shared=["task.name=cryptogram", "task.params.letters=etaoinshr", "task.params.layout=grid",
