@@ -214,3 +214,26 @@ def test_a_full_disk_leaves_no_index(tiny_model_dir, circle_image, tmp_path, cap
     assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("error:")][0].startswith(
         f"error: the disk is full: writing a heatmap to {out}/001_")
     assert not (out / "index.json").exists() and not list(out.glob(".*")) and len(list(out.glob("*.png"))) == 1
+
+
+def test_attention_on_an_example_of_a_task(tiny_model_dir, tmp_path, capsys):
+    from vlmrl.tasks import get_task
+
+    out = tmp_path / "crypto"
+    params = ["letters=etaoinshr", "layout=grid", "entries_per_row=3", "instructions=false"]
+    assert main(["attention", tiny_model_dir, "--task", "cryptogram", "--example", "2", "--split", "test",
+                 "--max-new-tokens", "3", "--out", str(out), "--device", "cpu", *params]) == 0
+    index = json.loads((out / "index.json").read_text())
+    example = get_task("cryptogram", letters="etaoinshr", layout="grid", entries_per_row=3,
+                       instructions=False).example(2, "test")
+    assert index["prompt"] == example.prompt and index["grid"] == [3, 3]  # 84 px / 28
+    assert len(index["tokens"]) <= 3 and (out / "attention.gif").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "cryptogram", "--prompt", "hi"], "error: give --task or --image/--prompt, not both"),
+    (["--prompt", "hi"], "error: give --image and --prompt, or --task (an example of a task)"),
+])
+def test_task_and_image_are_one_or_the_other(args, message, tiny_model_dir, tmp_path, capsys):
+    assert main(["attention", tiny_model_dir, "--out", str(tmp_path / "a"), *args]) == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")] == [message]

@@ -2,7 +2,8 @@
 
 The figures a GPU session takes once are only as good as this code: the gradient cosine summed one
 tensor at a time equals the cosine of the concatenation; the attention-call counter counts SDPA
-calls; and a run stopped by --time-budget reports the steps it measured and says so.
+calls; a run stopped by --time-budget reports the steps it measured and says so; and the
+cryptogram probe's ridge classifier scores what it should.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_pass import CountingAttention, gradient_cosine  # noqa: E402
 from bench_vs_trl import Side, StepWork, report  # noqa: E402
+from probe_cryptogram import ridge_accuracy  # noqa: E402
 
 
 def test_the_gradient_cosine_tensor_by_tensor_is_the_cosine_of_the_whole():
@@ -57,3 +59,13 @@ def test_a_run_stopped_by_the_time_budget_reports_the_steps_it_measured():
     assert "| per step (median of 2 after 1 warm-up) | TRL | vlmrl | vlmrl / TRL |" in text
     assert "| training phase (s) | 5.000 | 1.500 | 0.300 |" in text  # medians of (4, 6) and (1, 2)
     assert "- vlmrl speedups taken: block attention" in text
+
+
+def test_the_probe_scores_a_separable_set_fully_and_a_constant_feature_at_chance():
+    import numpy as np
+
+    train_x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    test_x = np.array([[0.8, 0.0], [0.0, 0.7]])
+    assert ridge_accuracy(train_x, ["a", "a", "b", "b"], test_x, ["a", "b"]) == 1.0
+    same = np.ones((4, 2))  # every image the same feature: the classifier can only guess one class
+    assert ridge_accuracy(same, ["a", "a", "b", "b"], np.ones((2, 2)), ["a", "b"]) == 0.5

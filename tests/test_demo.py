@@ -82,3 +82,34 @@ def test_a_demo_with_tools_also_answers_with_the_tools_disabled(tmp_path, monkey
         assert summary[phase]["no_tools"]["n"] == 2 and "tools" not in summary[phase]["no_tools"]
         assert summary[phase]["test"]["tools"]["turns"] >= 1  # answered with the tool available
         assert (tmp_path / "demo" / phase / "eval_no_tools.json").exists()
+
+
+def test_the_cryptogram_demo_measures_attention_on_each_letters_cell(tmp_path, monkeypatch, capsys):
+    preset = demo.PRESETS["cryptogram"]
+    smoke = demo.DemoPreset(
+        shared=preset.shared,
+        sft=["sft.batch_size=2", "train.steps=1", "train.micro_batch_size=2", "train.trackers=[]"],
+        grpo=["rollout.prompts_per_step=1", "rollout.group_size=2", "algorithm.beta=0", "train.steps=1",
+              "train.micro_batch_size=2", "train.save_every=1", "train.trackers=[]"],
+        eval_n=2, max_new_tokens=4, size="tiny", attention_n=2)
+    monkeypatch.setitem(demo.PRESETS, "smoke_cells", smoke)
+    summary = demo.run_demo(str(tmp_path / "demo"), "smoke_cells")
+    printed = capsys.readouterr().out
+    attention = summary["attention"]
+    assert set(attention) == {"before", "sft", "grpo"}
+    assert all(attention[p]["uniform"] == pytest.approx(1 / 9) and attention[p]["spans"] == 12 for p in attention)
+    assert "attention of each decoded part on its region (2 held-out examples" in printed
+    for phase in ("sft", "grpo"):
+        maps = tmp_path / "demo" / phase / "attention"
+        assert (maps / "attention.gif").exists() and attention[phase]["maps"]["dir"] == str(maps)
+
+
+def test_attention_table_shows_shares_and_multiples_of_uniform():
+    numbers = {"share": 0.125, "ratio": 1.125, "best_share": 0.25, "best_ratio": 2.25, "best_layer": 2,
+               "uniform": 1 / 9}
+    table = demo.attention_table({"before": numbers, "grpo": {**numbers, "share": 0.5, "ratio": 4.5}})
+    assert table.splitlines() == [
+        "  share of image attention on the region           untrained           +GRPO",
+        "  mean over layers                              12.5% (1.1x)    50.0% (4.5x)",
+        "  best layer                                    25.0% (2.2x)    25.0% (2.2x)",
+        "  (uniform: 11.1% of the image attention)            layer 2         layer 2"]

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import spaced, word_list
+from vlmrl.tasks.cryptogram import decoded_letter_cells, grid_cells, message_words, spaced, tile_colors, word_list
 
 TASK = get_task("cryptogram", seed=0)
 # "i can see" under the shift cipher a->b, b->c, ...: 7 letters, each substituted.
@@ -145,6 +146,12 @@ FRAGMENTS = ["<think>", "</think>", "<answer>", "</answer>", "<chars>", "</chars
              "i can see", TRUTH, CODED, "i", "e"]
 texts = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(FRAGMENTS)), max_size=12).map("".join)
 EXAMPLES = [HAND] + [TASK.example(i, split) for i in range(2) for split in ("train", "ood")]
+# the demo's readable setting (below): 9 letters, two 3-letter words, one cell per table entry
+READABLE = dict(letters="etaoinshr", layout="grid", cell_px=28, entries_per_row=3, min_word_length=3,
+                max_word_length=3, min_words=2, max_words=2, ood_extra_words=1, instructions=False,
+                reference="pairs", held_out="messages_and_ciphers")
+SMALL = get_task("cryptogram", **READABLE)
+EXAMPLES += [SMALL.example(i, split) for i in range(2) for split in ("train", "test", "ood")]
 
 
 @settings(max_examples=200, deadline=None)
@@ -156,3 +163,157 @@ def test_score_is_total_and_in_range(text, example):
     assert scores["format"] in (0.0, 1.0) and scores["accuracy"] in (0.0, 1.0)
     assert 0.0 <= scores["decoding"] <= 1.0 and 0.0 <= scores["correctness"] <= 1.0
     assert 0.0 <= scores["total"] <= 3.0
+
+
+# --- the readable setting: a small alphabet on the merged-patch grid ---------------------------
+
+def test_small_alphabet_messages_and_derangements_use_only_its_letters():
+    words = message_words(SMALL.params)
+    assert words[:6] == ("the", "are", "not", "his", "one", "has") and len(words) == 30
+    for idx in range(40):
+        meta = SMALL.example(idx, "train").meta
+        assert sorted(meta["cipher"]) == sorted("etaoinshr")
+        assert all(plain != coded for plain, coded in zip("etaoinshr", meta["cipher"]))
+        assert all(word in words for word in meta["message"].split()) and meta["n_words"] == 2
+
+
+def test_grid_layout_puts_each_entry_in_one_28_px_cell_sorted_by_coded_letter():
+    example = SMALL.example(0, "test")
+    assert example.image.size == (84, 84)
+    assert example.meta["cells"] == {"a": [0, 0, 28, 28], "e": [28, 0, 56, 28], "h": [56, 0, 84, 28],
+                                     "i": [0, 28, 28, 56], "n": [28, 28, 56, 56], "o": [56, 28, 84, 56],
+                                     "r": [0, 56, 28, 84], "s": [28, 56, 56, 84], "t": [56, 56, 84, 84]}
+    assert grid_cells("abc", 56, 2) == {"a": (0, 0, 56, 56), "b": (56, 0, 112, 56), "c": (0, 56, 56, 112)}
+    # the coded letters (left halves) are the same in every image; the plain letters (right halves) follow the cipher
+    other = next(e for e in (SMALL.example(i, "test") for i in range(1, 20))
+                 if e.meta["cipher"][0] != example.meta["cipher"][0])
+    left, right = (0, 0, 14, 84), (14, 0, 28, 28)
+    assert example.image.crop(left).tobytes() == other.image.crop(left).tobytes()
+    decode = {coded: plain for plain, coded in zip("etaoinshr", example.meta["cipher"])}
+    decode_other = {coded: plain for plain, coded in zip("etaoinshr", other.meta["cipher"])}
+    same_plain_half = example.image.crop(right).tobytes() == other.image.crop(right).tobytes()
+    assert same_plain_half == (decode["a"] == decode_other["a"])
+
+
+def test_short_prompt_and_pairs_reference():
+    example = SMALL.example(0, "test")
+    assert example.prompt == "Coded message: a o s _ o t r"
+    assert example.reference_completion == ("<think> a t, o h, s e, _ o h, t i, r s, <chars> t h e _ h i s </chars> "
+                                            "</think> <answer> the his </answer>")
+    assert SMALL.score(example, example.reference_completion)["total"] == 3.0
+    chars_only = get_task("cryptogram", **{**READABLE, "reference": "chars"}).example(0, "test")
+    assert chars_only.reference_completion == ("<think> <chars> t h e _ h i s </chars> </think> "
+                                               "<answer> the his </answer>")
+
+
+def test_echoing_the_coded_message_earns_nothing_in_the_readable_setting():
+    for idx in range(20):
+        example = SMALL.example(idx, "test")
+        coded = example.meta["coded"]
+        words = coded.replace(" ", "").replace("_", " ")
+        echo = f"<think> <chars> {coded} </chars> </think> <answer> {words} </answer>"
+        assert SMALL.score(example, echo) == {"format": 1.0, "decoding": 0.0, "correctness": 0.0,
+                                              "accuracy": 0.0, "total": 1.0}
+
+
+def test_held_out_messages_and_ciphers_never_occur_in_training():
+    def drawn(task, split):
+        metas = [task.example(i, split).meta for i in range(300)]
+        return {m["message"] for m in metas}, {m["cipher"] for m in metas}
+
+    train_messages, train_ciphers = drawn(SMALL, "train")
+    test_messages, test_ciphers = drawn(SMALL, "test")
+    assert not train_messages & test_messages and not train_ciphers & test_ciphers
+    assert len(test_messages) > 100 and len(test_ciphers) == 300
+    # by pairs (the default), a test message may be a training message with another cipher
+    pairs = get_task("cryptogram", **{**READABLE, "held_out": "pairs"})
+    assert drawn(pairs, "train")[0] & drawn(pairs, "test")[0]
+
+
+def test_readable_examples_are_deterministic_from_seed_split_and_index():
+    a, b = SMALL.example(5, "test"), get_task("cryptogram", **READABLE).example(5, "test")
+    assert (a.prompt, a.reference_completion, a.meta) == (b.prompt, b.reference_completion, b.meta)
+    assert a.image.tobytes() == b.image.tobytes()
+    assert SMALL.example(5, "train").meta["message"] != a.meta["message"]
+
+
+def test_decoded_letter_cells_point_each_letter_of_chars_at_its_coded_letters_cell():
+    example = SMALL.example(0, "test")  # "t h e _ h i s" coded "a o s _ o t r"
+    spans = decoded_letter_cells(example)
+    text = example.reference_completion
+    assert [text[a:b] for a, b, _ in spans] == list("thehis")
+    assert [box for _, _, box in spans] == [(0, 0, 28, 28), (56, 28, 84, 56), (28, 56, 56, 84),
+                                            (56, 28, 84, 56), (56, 56, 84, 84), (0, 56, 28, 84)]
+    assert SMALL.answer_regions(example) == spans
+    default = TASK.example(0)
+    assert len(decoded_letter_cells(default)) == len(default.meta["message"].replace(" ", ""))
+
+
+def test_default_task_keeps_its_table_and_reports_its_cells():
+    example = TASK.example(0)
+    assert example.image.size == (224, 224) and len(example.meta["cells"]) == 26
+    assert example.reference_completion.startswith("<think> Using the decoder, I look up each coded letter: ")
+    # the plain half of an entry (its right 40%) on the 4 x 7 table inside a 5-px margin
+    assert example.meta["cells"]["a"] == [37, 5, 58, 36] and example.meta["cells"]["z"] == [91, 188, 112, 219]
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"letters": "ab1"}, "letters must be 2 or more distinct letters a..z, got 'ab1'"),
+    ({"letters": "etaoinshr"}, "the table layout shows all 26 letters; letters='etaoinshr' needs layout=grid"),
+    ({"letters": "xq", "layout": "grid"},
+     "only 0 of the 2000 words fit letters='xq' and word lengths 1..20; allow more"),
+    ({"layout": "spiral"}, "layout must be one of table, grid, got 'spiral'"),
+    ({"reference": "essay"}, "reference must be one of walk, pairs, chars, got 'essay'"),
+    ({"held_out": "none"}, "held_out must be one of pairs, messages_and_ciphers, got 'none'"),
+    ({"min_word_length": 4, "max_word_length": 3}, "need 1 <= min_word_length <= max_word_length, got 4, 3"),
+])
+def test_bad_parameters_are_one_line_errors(params, message):
+    with pytest.raises(VlmrlError) as error:
+        get_task("cryptogram", **params)
+    assert str(error.value) == message
+
+
+def test_message_entries_show_only_the_plain_letters_the_message_needs():
+    task = get_task("cryptogram", **{**READABLE, "entries": "message"})
+    example = task.example(0, "test")  # coded "a o s _ o t r": cells a, o, r, s, t filled
+    full = SMALL.example(0, "test")
+    assert example.meta == full.meta and example.prompt == full.prompt
+    for coded, (x0, y0, x1, y1) in example.meta["cells"].items():
+        plain_half = (x0 + 14, y0, x1, y1)
+        same = example.image.crop(plain_half).tobytes() == full.image.crop(plain_half).tobytes()
+        blank = [color for _, color in example.image.crop(plain_half).getcolors()] == [(255, 255, 255)]
+        assert (same, blank) == ((True, False) if coded in "aorst" else (False, True)), coded
+    with pytest.raises(VlmrlError, match="^entries=message and tiles=true need layout=grid$"):
+        get_task("cryptogram", entries="message")
+
+
+def test_tiles_colour_each_plain_letter_by_its_own_hue():
+    assert tile_colors("ab") == {"a": (204, 31, 31), "b": (31, 204, 204)}
+    task = get_task("cryptogram", **{**READABLE, "tiles": True})
+    example, plain_ink = task.example(0, "test"), SMALL.example(0, "test")
+    colors = tile_colors("etaoinshr")
+    decode = {coded: plain for plain, coded in zip("etaoinshr", example.meta["cipher"])}
+    for coded, (x0, y0, x1, y1) in example.meta["cells"].items():
+        assert example.image.getpixel((x0 + 14, y0)) == colors[decode[coded]]  # the tile's corner
+        coded_half = (x0, y0, x0 + 14, y1)
+        assert example.image.crop(coded_half).tobytes() == plain_ink.image.crop(coded_half).tobytes()
+
+
+def test_string_messages_are_random_strings_of_the_letters():
+    task = get_task("cryptogram", **{**READABLE, "vocabulary": "strings", "min_word_length": 2})
+    words = [word for i in range(40) for word in task.example(i, "train").meta["message"].split()]
+    assert all(set(word) <= set("etaoinshr") and 2 <= len(word) <= 3 for word in words)
+    assert {len(word) for word in words} == {2, 3} and len(set(words)) > 30
+    assert task.example(3, "test").meta["message"] == get_task(
+        "cryptogram", **{**READABLE, "vocabulary": "strings", "min_word_length": 2}).example(3, "test").meta["message"]
+
+
+def test_walk_letter_cells_point_each_looked_up_letter_at_its_cell():
+    from vlmrl.tasks.cryptogram import walk_letter_cells
+
+    example = SMALL.example(0, "test")  # "<think> a t, o h, s e, _ o h, t i, r s, <chars> ..."
+    spans = walk_letter_cells(example)
+    text = example.reference_completion
+    assert [text[a:b] for a, b, _ in spans] == list("thehis")
+    assert [box for _, _, box in spans] == [box for _, _, box in decoded_letter_cells(example)]
+    assert spans[0][:2] == (10, 11) and walk_letter_cells(TASK.example(0)) == []

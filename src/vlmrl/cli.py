@@ -163,9 +163,22 @@ def _report(args: argparse.Namespace) -> None:
 
 def _attention(args: argparse.Namespace) -> None:
     """`vlmrl attention`: attention heatmaps of each generated token over the image."""
+    from vlmrl.config import parse_override
     from vlmrl.evaluation.attention_maps import attention_maps, format_summary
 
-    maps = attention_maps(args.model, args.image, args.prompt, layer=args.layer, out_dir=args.out,
+    if args.task is None:
+        if not args.image or args.prompt is None:
+            raise VlmrlError("give --image and --prompt, or --task (an example of a task)")
+        images, prompt = args.image, args.prompt
+    else:
+        if args.image or args.prompt is not None:
+            raise VlmrlError("give --task or --image/--prompt, not both")
+        from vlmrl.tasks import get_task
+
+        task = get_task(args.task, **dict(parse_override(item) for item in args.params))
+        example = task.example(args.example, args.split)
+        images, prompt = example.images, example.prompt
+    maps = attention_maps(args.model, images, prompt, layer=args.layer, out_dir=args.out,
                           max_new_tokens=args.max_new_tokens, device=args.device)
     print(format_summary(maps))
 
@@ -446,14 +459,20 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
                     "produced it to the image tokens, averaged over the heads of one layer, as a "
                     "heatmap over the image. Writes one PNG per token, attention.gif and "
                     "index.json, and prints each token's share of attention on the image.",
-        epilog="example:\n  vlmrl tiny-model runs/tiny\n"
-               "  vlmrl attention runs/tiny --image circles.png --prompt 'How many circles?' --layer 0",
+        epilog="examples:\n  vlmrl tiny-model runs/tiny\n"
+               "  vlmrl attention runs/tiny --image circles.png --prompt 'How many circles?' --layer 0\n"
+               "  vlmrl attention runs/tiny --task cryptogram --example 3 --split test max_words=2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     attention.add_argument("model", help="model folder or hub id")
-    attention.add_argument("--image", required=True, action="append",
+    attention.add_argument("--image", action="append",
                            help="image file (PNG, JPEG, ...); repeat for a prompt of several images "
                                 "(one heatmap panel per image)")
-    attention.add_argument("--prompt", required=True, help="the question asked about the image")
+    attention.add_argument("--prompt", help="the question asked about the image")
+    attention.add_argument("--task", default=None,
+                           help="instead of --image/--prompt: the images and question of an example of this task")
+    attention.add_argument("--example", type=int, default=0, help="with --task: the example's index (default 0)")
+    attention.add_argument("--split", default="test", help="with --task: the example's split (default test)")
+    attention.add_argument("params", nargs="*", metavar="KEY=VALUE", help="with --task: task parameters")
     attention.add_argument("--layer", type=int, default=-1,
                            help="language-model layer whose heads are averaged; negative counts "
                                 "from the end (default -1, the last)")

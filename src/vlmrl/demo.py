@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vlmrl.config import Config, load_config
+from vlmrl.evaluation.attention_maps import attention_maps
+from vlmrl.evaluation.cell_attention import region_attention
 from vlmrl.evaluation.evaluate import EvalSettings, evaluate, format_table, held_out_examples, save_evaluation
 from vlmrl.models import build_tiny_model, load_policy
 from vlmrl.models.tiny_model import TINY_MODEL_VERSION, model_summary
@@ -47,6 +49,10 @@ class DemoPreset:
     """Longest completion, in every phase."""
     size: str = "small"
     """The offline model to build (`vlmrl tiny-model --size`)."""
+    attention_n: int = 0
+    """Held-out test examples on which the share of image attention that each answer part puts on
+    its region of the image (`Task.answer_regions`: the cryptogram's decoded letters and their table
+    cells) is measured before training, after SFT and after GRPO; 0: not measured."""
 
 
 # Why the shapes preset looks like this (measured on 2 CPU cores; docs/results.md "What it took"):
@@ -79,15 +85,38 @@ PRESETS = {
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=200"],
         eval_n=400, max_new_tokens=40),
+    # Why the cryptogram preset looks like this (issue 36; measured on 2 CPU cores, docs/results.md
+    # "The cryptogram demo"): the random vision tower's features tell the letters apart (a ridge probe
+    # on the merged-patch feature of a 28-px cell: 100%), yet the language model did not learn to
+    # read them in 100-300 SFT steps, not even a single letter shown alone (teacher-forced letter
+    # accuracy the same with the real and a shuffled image); what it reads at once is colour:
+    # - tiles: each plain letter in white on a tile of its own colour (a single letter was read at
+    #   100% by SFT step 50, against 29% with the glyph alone);
+    # - a small alphabet (9 letters), two 3-letter words, each table entry in one 28-px cell (one
+    #   image token), sorted by coded letter; the prompt is the coded message alone;
+    # - entries=message: only the entries the message uses are filled in, so even attention spread
+    #   over the whole image says which letters occur (with every entry filled, the image stayed
+    #   unused through 300 steps: 50% teacher-forced with the real and a shuffled image);
+    # - reference=pairs: each coded letter, then its plain letter, before <chars>, so a letter is
+    #   looked up at the position of its coded letter (one step); with the <chars> block alone the
+    #   model had to copy the coded letter first and ended at 7.5% exact; with pairs it breaks out
+    #   between SFT steps 200 and 300 (96% exact); 64 new tokens hold the walk;
+    # - held_out=messages_and_ciphers: no test message and no test cipher is ever trained on.
     "cryptogram": DemoPreset(
-        shared=["task.name=cryptogram", "task.params.max_words=2", "task.params.vocab_size=100",
-                "task.params.image_size=168"],
-        sft=["sft.batch_size=16", "train.steps=150", "train.lr=1e-3", "train.warmup_steps=20",
-             "train.micro_batch_size=16", "train.save_every=50"],
-        grpo=["rollout.prompts_per_step=4", "rollout.group_size=8", *DAPO_STYLE,
-              "train.steps=20", "train.lr=1e-4", "train.warmup_steps=5", "train.micro_batch_size=32",
-              "train.save_every=10", "train.log_rollouts_every=5"],
-        eval_n=64, max_new_tokens=128),
+        shared=["task.name=cryptogram", "task.params.letters=etaoinshr", "task.params.layout=grid",
+                "task.params.cell_px=28", "task.params.entries_per_row=3", "task.params.tiles=true",
+                "task.params.entries=message", "task.params.min_word_length=3", "task.params.max_word_length=3",
+                "task.params.min_words=2", "task.params.max_words=2", "task.params.ood_extra_words=1",
+                "task.params.instructions=false", "task.params.reference=pairs",
+                "task.params.held_out=messages_and_ciphers", "model.vision_lr_scale=0"],
+        sft=["sft.batch_size=32", "train.steps=500", "train.lr=1e-3", "train.warmup_steps=30",
+             "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=100", "eval.every=100",
+             "eval.n=64"],
+        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
+              "train.steps=60", "train.lr=1e-4", "train.warmup_steps=10", "train.schedule=cosine",
+              "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
+              "eval.n=100"],
+        eval_n=200, max_new_tokens=64, attention_n=64),
     # Thinking with images (issue 15): zoom on the panel of the named tag, then name its pattern.
     # - symbols=patterns: each tag is a patch of fine lines (horizontal, vertical, checkered or
     #   diagonal; stripes 4 px wide, half a view pixel) on the view's 8 px grid, so the 56 px view
@@ -163,6 +192,36 @@ def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
     return results
 
 
+def attention_on_regions(model_dir: Path, config: Config, n: int, maps_dir: Path | None = None) -> dict:
+    """The share of image attention each answer part puts on its region (`region_attention`), on
+    the reference completions of `n` held-out test examples; with `maps_dir`, also the heatmaps of
+    the model's own answer to the first of them (`vlmrl attention`) at the layer that looks most."""
+    model, processor = load_policy(str(model_dir), device="cpu")
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    examples = held_out_examples(task, "test", n)
+    summary = region_attention(model, processor, examples, [task.answer_regions(e) for e in examples]).summary()
+    if maps_dir is not None:
+        maps = attention_maps(str(model_dir), examples[0].images, examples[0].prompt, layer=summary["best_layer"],
+                              out_dir=maps_dir, max_new_tokens=config.rollout.max_new_tokens, device="cpu")
+        summary["maps"] = {"dir": str(maps_dir), "completion": maps.completion, "layer": maps.layer}
+    return summary
+
+
+def attention_table(attention: dict) -> str:
+    """The share of image attention on each answer part's region, before and after training, as a
+    multiple of the uniform share."""
+    phases = [name for name in ("before", "sft", "grpo") if name in attention]
+    labels = {"before": "untrained", "sft": "SFT", "grpo": "+GRPO"}
+    uniform = attention[phases[0]]["uniform"]
+    lines = [f"  {'share of image attention on the region':<42}" + "".join(f"{labels[p]:>16}" for p in phases)]
+    for name, key, ratio in (("mean over layers", "share", "ratio"), ("best layer", "best_share", "best_ratio")):
+        cells = "".join(f"{f'{attention[p][key]:.1%} ({attention[p][ratio]:.1f}x)':>16}" for p in phases)
+        lines.append(f"  {name:<42}{cells}")
+    lines.append(f"  {'(uniform: ' + format(uniform, '.1%') + ' of the image attention)':<42}"
+                 + "".join(f"{'layer ' + str(attention[p]['best_layer']):>16}" for p in phases))
+    return "\n".join(lines)
+
+
 def before_after_table(before: dict, after: dict) -> str:
     """Test and OOD accuracy and the blind-image drop, before and after RL."""
     def row(name: str, pick) -> str:
@@ -203,15 +262,21 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
         seconds[name] = round(time.perf_counter() - clock, 1)
         clock = time.perf_counter()
 
+    attention = {}
     try:
         print("\n== 1/4 supervised warm start ==")
         sft_config = phase_config(preset, "sft", model_dir, out / "sft")
+        if preset.attention_n:
+            summary["attention"] = attention
+            attention["before"] = attention_on_regions(model_dir, sft_config, preset.attention_n)
         warm = out / "sft" / "final"
         if not warm.exists():
             sft(sft_config)
         lap("sft")
         print("\n== 2/4 evaluate the warm start ==")
         summary["sft"] = evaluate_model(warm, sft_config, preset.eval_n, out / "sft")
+        if preset.attention_n:
+            attention["sft"] = attention_on_regions(warm, sft_config, preset.attention_n, out / "sft" / "attention")
         lap("eval_sft")
         print("\n== 3/4 GRPO ==")
         grpo_config = phase_config(preset, "grpo", warm, out / "grpo")
@@ -220,6 +285,9 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
         lap("grpo")
         print("\n== 4/4 evaluate after GRPO ==")
         summary["grpo"] = evaluate_model(out / "grpo" / "final", grpo_config, preset.eval_n, out / "grpo")
+        if preset.attention_n:
+            attention["grpo"] = attention_on_regions(out / "grpo" / "final", grpo_config, preset.attention_n,
+                                                     out / "grpo" / "attention")
         lap("eval_grpo")
     finally:
         for phase in ("sft", "grpo"):
@@ -227,7 +295,9 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     table = before_after_table(summary["sft"], summary["grpo"])
     print(f"\n{preset_name}: held-out accuracy before and after GRPO ({sum(seconds.values()) / 60:.1f} min of "
-          f"training and evaluation)\n{table}\n\n"
+          f"training and evaluation)\n{table}\n"
+          + (f"\nattention of each decoded part on its region ({preset.attention_n} held-out examples, "
+             f"teacher-forced reference)\n{attention_table(attention)}\n" if attention else "") + "\n"
           f"report: {out / 'grpo' / 'report.html'}   numbers: {out / 'summary.json'}")
     return summary
 

@@ -219,11 +219,11 @@ def check_prompt(processor, example: Example) -> None:
         raise VlmrlError(f"the model's processor cannot take the image ({sizes}): {reason}") from error
 
 
-def attention_maps(model_path: str, image: str | Path | list, prompt: str, *, layer: int = -1,
+def attention_maps(model_path: str, image: str | Path | Image.Image | list, prompt: str, *, layer: int = -1,
                    out_dir: str | Path = "runs/attention", max_new_tokens: int = 32,
                    device: str = "auto") -> AttentionMaps:
     """Generate greedily, then write one heatmap PNG per generated token (one panel per image when
-    the prompt has several), a GIF and index.json.
+    the prompt has several), a GIF and index.json. `image`: files, or PIL images (a task's).
 
     Returns the tokens with their image shares (see `format_summary`). Frames of an earlier run in
     `out_dir` (files named NNN_*.png) are replaced.
@@ -233,7 +233,8 @@ def attention_maps(model_path: str, image: str | Path | list, prompt: str, *, la
     if max_new_tokens < 1:
         raise VlmrlError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     output_folder(out_dir, "the attention maps")  # a bad --out in one line, before any work
-    pictures = [load_image(path) for path in (image if isinstance(image, (list, tuple)) else [image])]
+    pictures = [path.convert("RGB") if isinstance(path, Image.Image) else load_image(path)
+                for path in (image if isinstance(image, (list, tuple)) else [image])]
     model, processor = load_policy(model_path, device=device, attn_implementation="eager")
     model.eval()
     n_layers = model.config.get_text_config().num_hidden_layers

@@ -176,6 +176,13 @@ class Task:
         """Reward components of `completion`, always with "total" and "accuracy" (0.0 or 1.0)."""
         raise NotImplementedError
 
+    def answer_regions(self, example: Example) -> list[tuple[int, int, tuple[int, int, int, int]]] | None:
+        """Where in the image each part of the reference completion is read from: (start, end)
+        characters of `example.reference_completion` and the (x0, y0, x1, y1) pixel box of the first
+        image that part reads (the attention measure, `vlmrl.evaluation.cell_attention`); None when
+        the task does not know."""
+        return None
+
     def score_trajectory(self, example: Example, trajectory: Trajectory) -> dict[str, float]:
         """Reward components of a tool-using rollout (`vlmrl.tasks.tools.Trajectory`). By default `score`
         of its final text (the model's last turn), so every task takes trajectories; a task that

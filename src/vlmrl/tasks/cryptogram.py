@@ -17,11 +17,29 @@ Reward components (total = format + decoding + correctness, in [0, 3]):
   when decoding is exact and the answer is strictly closer to the truth than the <chars> content is.
 - accuracy (0/1, not in the total): the answer equals the message (lower case, whitespace collapsed).
 The OOD split has max_words+1..max_words+ood_extra_words words.
+
+Readable by a small model (what `vlmrl demo --preset cryptogram` uses; defaults keep the task as
+above): `letters` restricts the alphabet of the messages and the cipher (words made of other letters
+are skipped, `min_word_length`/`max_word_length` bound the words), `layout="grid"` draws each table
+entry as one square cell of `cell_px` pixels, the coded letter (black) in its left half and its
+plain letter (blue) in its right half, cells sorted by coded letter, `entries_per_row` to a row:
+with cell_px=28 an entry is exactly one merged patch of a Qwen2-VL-family tower (14-px patches
+merged 2 x 2), so one image token holds both letters of the entry.
+`entries="message"` leaves out the plain letters of coded letters the message does not use.
+`instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
+<think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
+in order followed by its plain letter, "a t, o h,", before the <chars> block) or the <chars> block
+alone. `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of
+training (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
+`meta["cells"]` maps each coded letter to the pixel box [x0, y0, x1, y1] of its table cell, where
+its plain letter is drawn (the attention measure reads it).
 """
 
 from __future__ import annotations
 
+import colorsys
 import functools
+import re
 import string
 from dataclasses import dataclass
 from importlib import resources
@@ -42,6 +60,11 @@ from vlmrl.tasks.rewards import (
 LETTERS = string.ascii_lowercase
 RUBRIC = Rubric({"format": 1.0, "decoding": 1.0, "correctness": 1.0})
 _COLUMNS, _ROWS = 4, 7
+LAYOUTS = ("table", "grid")
+HELD_OUT = ("pairs", "messages_and_ciphers")
+REFERENCES = ("walk", "pairs", "chars")
+ENTRIES = ("all", "message")
+VOCABULARIES = ("words", "strings")
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,21 +75,47 @@ def word_list() -> tuple[str, ...]:
                  if word and word.isascii() and word.isalpha())
 
 
+def message_words(params: "CryptogramParams") -> tuple[str, ...]:
+    """The words messages are drawn from: of the vocab_size most frequent, those made of `letters`
+    within the word lengths, in frequency order."""
+    return _message_words(params.vocab_size, params.letters, params.min_word_length, params.max_word_length)
+
+
+@functools.lru_cache(maxsize=16)
+def _message_words(vocab_size: int, letters: str, shortest: int, longest: int) -> tuple[str, ...]:
+    allowed = set(letters)
+    return tuple(word for word in word_list()[:vocab_size]
+                 if set(word) <= allowed and shortest <= len(word) <= longest)
+
+
+def derangement(letters: str, rng) -> str:
+    """`letters` shuffled so that no letter keeps its place: expected e ~ 2.7 shuffles."""
+    coded = list(letters)
+    while True:
+        rng.shuffle(coded)
+        if all(a != b for a, b in zip(letters, coded)):
+            return "".join(coded)
+
+
 def spaced(message: str) -> str:
     """"i can see" -> "i _ c a n _ s e e"."""
     return " _ ".join(" ".join(word) for word in message.split())
 
 
+Box = tuple[int, int, int, int]
+
+
 @functools.lru_cache(maxsize=8)
-def _decoder_template(size: int) -> tuple[Image.Image, ImageFont.FreeTypeFont, tuple[tuple[int, int], ...]]:
+def _decoder_template(size: int) -> tuple[Image.Image, ImageFont.FreeTypeFont, tuple[tuple[int, int], ...],
+                                          tuple[Box, ...]]:
     """The decoder image without its plain letters (coded letters a..z, arrows, grid), the font,
-    and where each plain letter goes."""
+    where each plain letter goes (its centre) and the box of its cell's plain half."""
     margin = max(2, size // 40)
     cell_w, cell_h = (size - 2 * margin) / _COLUMNS, (size - 2 * margin) / _ROWS
     font = ImageFont.load_default(size=max(8, int(cell_h * 0.62)))
     image = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(image)
-    slots = []
+    slots, boxes = [], []
     for i, letter in enumerate(LETTERS):
         col, row = i % _COLUMNS, i // _COLUMNS
         left, top = margin + col * cell_w, margin + row * cell_h
@@ -79,17 +128,96 @@ def _decoder_template(size: int) -> tuple[Image.Image, ImageFont.FreeTypeFont, t
         draw.polygon([(x1 + head, middle), (x1 - head / 2, middle - head), (x1 - head / 2, middle + head)],
                      fill=(110, 110, 110))
         slots.append((round(left + cell_w * 0.8), round(middle)))
-    return image, font, tuple(slots)
+        boxes.append((round(left + cell_w * 0.6), round(top), round(left + cell_w), round(top + cell_h)))
+    return image, font, tuple(slots), tuple(boxes)
 
 
 def decoder_image(decode: dict[str, str], size: int) -> Image.Image:
     """The decoder: for each coded letter a..z, an arrow to its plain letter (in blue)."""
-    template, font, slots = _decoder_template(size)
+    template, font, slots, _ = _decoder_template(size)
     image = template.copy()
     draw = ImageDraw.Draw(image)
     for letter, slot in zip(LETTERS, slots):
         draw.text(slot, decode[letter], font=font, fill=(20, 40, 200), anchor="mm")
     return image
+
+
+def table_cells(size: int) -> dict[str, Box]:
+    """Where the table layout draws each coded letter's plain letter: {coded: (x0, y0, x1, y1)}."""
+    return dict(zip(LETTERS, _decoder_template(size)[3]))
+
+
+def grid_size(n_letters: int, cell_px: int, entries_per_row: int) -> tuple[int, int]:
+    """(width, height) of the grid layout: rows of `entries_per_row` square cells."""
+    return min(n_letters, entries_per_row) * cell_px, -(-n_letters // entries_per_row) * cell_px
+
+
+def grid_cells(coded_letters: str, cell_px: int, entries_per_row: int) -> dict[str, Box]:
+    """The cell of each coded letter in the grid layout: {coded: (x0, y0, x1, y1)}, in the order of
+    `coded_letters`, left to right then top to bottom."""
+    cells = {}
+    for i, letter in enumerate(coded_letters):
+        row, column = divmod(i, entries_per_row)
+        cells[letter] = (column * cell_px, row * cell_px, (column + 1) * cell_px, (row + 1) * cell_px)
+    return cells
+
+
+@functools.lru_cache(maxsize=4)
+def _glyph_font(cell_px: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=max(8, round(cell_px * 0.75)))
+
+
+Color = tuple[int, int, int]
+
+
+def tile_colors(letters: str) -> dict[str, Color]:
+    """A colour per letter: hues evenly spaced around the circle, in the order of `letters`."""
+    return {letter: tuple(round(255 * c) for c in colorsys.hsv_to_rgb(i / len(letters), 0.85, 0.8))
+            for i, letter in enumerate(letters)}
+
+
+def grid_decoder_image(decode: dict[str, str], cell_px: int, entries_per_row: int,
+                       shown: set[str] | None = None, tiles: dict[str, Color] | None = None) -> Image.Image:
+    """The grid decoder: for each coded letter (sorted), one square cell with the coded letter (black)
+    in its left half and its plain letter (blue) in its right half; with `shown`, only the coded
+    letters in it get their plain letter (the other cells hold the coded letter alone); with
+    `tiles`, a plain letter is white on a tile of its colour filling the right half."""
+    coded_letters = "".join(sorted(decode))
+    image = Image.new("RGB", grid_size(len(coded_letters), cell_px, entries_per_row), "white")
+    draw = ImageDraw.Draw(image)
+    font = _glyph_font(cell_px)
+    for coded, (x0, y0, x1, y1) in grid_cells(coded_letters, cell_px, entries_per_row).items():
+        middle = (y0 + y1) / 2
+        draw.text((x0 + cell_px / 4, middle), coded, font=font, fill=(0, 0, 0), anchor="mm")
+        if shown is not None and coded not in shown:
+            continue
+        plain = decode[coded]
+        if tiles is not None:
+            draw.rectangle((x0 + cell_px // 2, y0, x1 - 1, y1 - 1), fill=tiles[plain])
+        draw.text((x0 + 3 * cell_px / 4, middle), plain, font=font, anchor="mm",
+                  fill=(255, 255, 255) if tiles is not None else (20, 40, 200))
+    return image
+
+
+def decoded_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
+    """For each decoded letter in the reference's <chars> block: its (start, end) characters in
+    `example.reference_completion` and the box of the table cell that decodes it (`meta["cells"]`
+    of its coded letter)."""
+    text, meta = example.reference_completion, example.meta
+    start = text.index("<chars>") + len("<chars>")
+    end = text.index("</chars>", start)
+    coded = [ch for ch in meta["coded"].split(" ") if ch != "_"]
+    spans = [(start + m.start(), start + m.end()) for m in re.finditer(r"[a-z]", text[start:end])]
+    return [(a, b, tuple(meta["cells"][c])) for (a, b), c in zip(spans, coded, strict=True)]
+
+
+def walk_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
+    """With reference="pairs": for each plain letter of the walk before <chars> ("a t, o h,"), where
+    the letter is looked up, its (start, end) characters in `example.reference_completion` and the
+    box of the table cell of the coded letter before it; [] for the other references."""
+    text, cells = example.reference_completion, example.meta["cells"]
+    walk = text[:text.find("<chars>")]
+    return [(m.start(2), m.end(2), tuple(cells[m.group(1)])) for m in re.finditer(r"\b([a-z]) ([a-z]),", walk)]
 
 
 @dataclass
@@ -105,7 +233,42 @@ class CryptogramParams(TaskParams):
     vocab_size: int = 2000
     """Words are drawn from this many most frequent words of the shipped list."""
     image_size: int = 224
-    """Side of the square decoder image in pixels (letters stay legible from about 160)."""
+    """Side of the square decoder image in pixels (letters stay legible from about 160); table layout."""
+    letters: str = LETTERS
+    """The alphabet of the messages and the cipher: words with other letters are never drawn, and
+    the decoder shows these letters only."""
+    vocabulary: str = "words"
+    """words: English words from the shipped list; strings: random strings of `letters` (no word
+    to guess from the first letters: the decoder is the only way to the message)."""
+    min_word_length: int = 1
+    """Shortest word a message may hold."""
+    max_word_length: int = 20
+    """Longest word a message may hold."""
+    layout: str = "table"
+    """table: a 4 x 7 table of "coded -> plain" on an image_size square; grid: per coded letter
+    (sorted) one square cell of cell_px, the coded letter in its left half and its plain letter in
+    its right half, entries_per_row cells to a row (the image size follows)."""
+    cell_px: int = 28
+    """Side of a cell in the grid layout (28: one merged patch of a Qwen2-VL-family tower, 14-px
+    patches merged 2 x 2, holds both letters of an entry)."""
+    entries_per_row: int = 2
+    """Table entries (cells) per row in the grid layout."""
+    tiles: bool = False
+    """Grid layout: each plain letter in white on a tile of its own colour filling the cell's right
+    half (hues evenly spaced over `letters`), so a random vision tower tells the letters apart by
+    colour as well as by shape."""
+    entries: str = "all"
+    """Grid layout: all (every coded letter shows its plain letter) or message (only the coded
+    letters of the message do; the other cells hold the coded letter alone)."""
+    instructions: bool = True
+    """false: the prompt is the coded message alone (a model that learns the format from SFT)."""
+    reference: str = "walk"
+    """The reference completion's <think>: walk (each distinct coded letter looked up in prose, then
+    the <chars> block), pairs (each coded letter of the message in order followed by its plain
+    letter, "a t, o h,", then the <chars> block) or chars (the <chars> block alone)."""
+    held_out: str = "pairs"
+    """pairs: a test (message, cipher) pair never occurs in training; messages_and_ciphers: no test
+    message and no test cipher does (each is split by its own hash)."""
 
     def validate(self) -> None:
         super().validate()
@@ -115,6 +278,27 @@ class CryptogramParams(TaskParams):
         words = len(word_list())
         check(10 <= self.vocab_size <= words, f"vocab_size must be in 10..{words}, got {self.vocab_size}")
         check(112 <= self.image_size <= 2048, f"image_size must be in 112..2048, got {self.image_size}")
+        check(len(self.letters) >= 2 and set(self.letters) <= set(LETTERS)
+              and len(set(self.letters)) == len(self.letters),
+              f"letters must be 2 or more distinct letters a..z, got {self.letters!r}")
+        check(1 <= self.min_word_length <= self.max_word_length,
+              f"need 1 <= min_word_length <= max_word_length, got {self.min_word_length}, {self.max_word_length}")
+        check(self.layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        check(14 <= self.cell_px <= 256, f"cell_px must be in 14..256, got {self.cell_px}")
+        check(1 <= self.entries_per_row <= 26, f"entries_per_row must be in 1..26, got {self.entries_per_row}")
+        check(self.layout == "grid" or sorted(self.letters) == list(LETTERS),
+              f"the table layout shows all 26 letters; letters={self.letters!r} needs layout=grid")
+        check(self.entries in ENTRIES, f"entries must be one of {', '.join(ENTRIES)}, got {self.entries!r}")
+        check((self.entries == "all" and not self.tiles) or self.layout == "grid",
+              "entries=message and tiles=true need layout=grid")
+        check(self.reference in REFERENCES,
+              f"reference must be one of {', '.join(REFERENCES)}, got {self.reference!r}")
+        check(self.held_out in HELD_OUT, f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
+        check(self.vocabulary in VOCABULARIES,
+              f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
+        words = len(message_words(self)) if self.vocabulary == "words" else 2
+        check(words >= 2, f"only {words} of the {self.vocab_size} words fit letters={self.letters!r} and "
+                          f"word lengths {self.min_word_length}..{self.max_word_length}; allow more")
 
 
 @register_task
@@ -132,25 +316,22 @@ class CryptogramTask(Task):
 
     def _example(self, idx: int, split: str) -> Example:
         p, rng = self.params, self.rng(split, idx)
-        vocab = word_list()[:p.vocab_size]
+        vocab = message_words(p) if p.vocabulary == "words" else ()
         low, high = (p.max_words + 1, p.max_words + p.ood_extra_words) if split == "ood" else (p.min_words, p.max_words)
+        letters = p.letters
         for _ in range(1000):
-            message = " ".join(rng.choice(vocab) for _ in range(rng.randint(low, high)))
-            coded_letters = list(LETTERS)
-            while True:  # a derangement: expected e ~ 2.7 shuffles
-                rng.shuffle(coded_letters)
-                if all(a != b for a, b in zip(LETTERS, coded_letters)):
-                    break
-            cipher = "".join(coded_letters)
-            if in_split(f"{message}|{cipher}", split):
+            message = " ".join(self._word(rng, vocab) for _ in range(rng.randint(low, high)))
+            cipher = derangement(letters, rng)
+            if self._belongs(message, cipher, split):
                 break
         else:  # pragma: no cover - probability 2**-1000
             raise RuntimeError("no message landed in the split")
-        encode = dict(zip(LETTERS, cipher))
+        encode = dict(zip(letters, cipher))
         decode = {coded: plain for plain, coded in encode.items()}
         plain_spaced = spaced(message)
         coded_spaced = " ".join(encode.get(ch, ch) for ch in plain_spaced.split(" "))
-        prompt = ("The image is a decoder: each coded letter has an arrow pointing to the plain letter it "
+        prompt = f"Coded message: {coded_spaced}" if not p.instructions else (
+                  "The image is a decoder: each coded letter has an arrow pointing to the plain letter it "
                   "stands for.\n"
                   f"Coded message (letters separated by spaces, _ between words): {coded_spaced}\n"
                   "Decode it. Inside <think> </think>, write the decoded letters inside <chars> </chars>, "
@@ -163,14 +344,40 @@ class CryptogramTask(Task):
             if ch != "_" and ch not in seen:
                 seen[ch] = decode[ch]
         walk = ", ".join(f"{c}->{d}" for c, d in seen.items())
-        reference = (f"<think> Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
-                     f"<chars> {plain_spaced} </chars> and joining them into words gives the message. </think> "
-                     f"<answer> {message} </answer>")
+        pairs = " ".join(ch if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
+        think = {"walk": (f"Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
+                          f"<chars> {plain_spaced} </chars> and joining them into words gives the message."),
+                 "pairs": f"{pairs} <chars> {plain_spaced} </chars>",
+                 "chars": f"<chars> {plain_spaced} </chars>"}[p.reference]
+        reference = f"<think> {think} </think> <answer> {message} </answer>"
+        if p.layout == "grid":
+            shown = set(coded_spaced.split(" ")) - {"_"} if p.entries == "message" else None
+            image = grid_decoder_image(decode, p.cell_px, p.entries_per_row, shown,
+                                       tile_colors(letters) if p.tiles else None)
+            cells = grid_cells("".join(sorted(letters)), p.cell_px, p.entries_per_row)
+        else:
+            image, cells = decoder_image(decode, p.image_size), table_cells(p.image_size)
         meta = {"idx": idx, "split": split, "message": message, "spaced": plain_spaced,
-                "coded": coded_spaced, "cipher": cipher, "n_words": len(message.split()),
-                "image_size": [p.image_size, p.image_size]}
-        return Example(image=decoder_image(decode, p.image_size), prompt=prompt, answer=message, meta=meta,
-                       reference_completion=reference)
+                "coded": coded_spaced, "cipher": cipher, "letters": letters, "n_words": len(message.split()),
+                "image_size": list(image.size), "cells": {letter: list(cells[letter]) for letter in sorted(letters)}}
+        return Example(image=image, prompt=prompt, answer=message, meta=meta, reference_completion=reference)
+
+    def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
+        """Each decoded letter of the <chars> block and its table cell (`decoded_letter_cells`)."""
+        return decoded_letter_cells(example)
+
+    def _word(self, rng, vocab: tuple[str, ...]) -> str:
+        """One word of a message: from the vocabulary, or a random string of `letters`."""
+        p = self.params
+        if p.vocabulary == "words":
+            return rng.choice(vocab)
+        return "".join(rng.choice(p.letters) for _ in range(rng.randint(p.min_word_length, p.max_word_length)))
+
+    def _belongs(self, message: str, cipher: str, split: str) -> bool:
+        """Whether (message, cipher) may be drawn for `split` under `held_out`."""
+        if self.params.held_out == "pairs":
+            return in_split(f"{message}|{cipher}", split)
+        return in_split(f"message:{message}", split) and in_split(f"cipher:{cipher}", split)
 
     def score(self, example: Example, completion: str) -> dict[str, float]:
         """format + decoding + correctness, total in [0, 3]; accuracy 0/1 (module docstring)."""
