@@ -12,7 +12,8 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import decoded_letter_cells, grid_cells, message_words, spaced, tile_colors, word_list
+from vlmrl.tasks.cryptogram import (decoded_letter_cells, grid_cells, message_words, spaced, tile_colors,
+                                    walk_letter_cells, word_list)
 
 TASK = get_task("cryptogram", seed=0)
 # "i can see" under the shift cipher a->b, b->c, ...: 7 letters, each substituted.
@@ -237,6 +238,18 @@ def test_readable_examples_are_deterministic_from_seed_split_and_index():
     assert SMALL.example(5, "train").meta["message"] != a.meta["message"]
 
 
+def test_a_pairs_reference_is_measured_where_each_letter_is_looked_up():
+    """With reference=pairs a letter is decoded in the walk ("a t,": coded a, plain t), right after
+    its coded letter; the <chars> block copies the walk. The attention measure reads the walk."""
+    example = SMALL.example(0, "test")  # "t h e _ h i s" coded "a o s _ o t r"
+    walk = walk_letter_cells(example)
+    text = example.reference_completion
+    assert [text[a:b] for a, b, _ in walk] == list("thehis")
+    assert all(b <= text.index("<chars>") for _, b, _ in walk)
+    assert [box for *_, box in walk] == [box for *_, box in decoded_letter_cells(example)]
+    assert SMALL.answer_regions(example) == walk
+
+
 def test_decoded_letter_cells_point_each_letter_of_chars_at_its_coded_letters_cell():
     example = SMALL.example(0, "test")  # "t h e _ h i s" coded "a o s _ o t r"
     spans = decoded_letter_cells(example)
@@ -244,7 +257,8 @@ def test_decoded_letter_cells_point_each_letter_of_chars_at_its_coded_letters_ce
     assert [text[a:b] for a, b, _ in spans] == list("thehis")
     assert [box for _, _, box in spans] == [(0, 0, 28, 28), (56, 28, 84, 56), (28, 56, 56, 84),
                                             (56, 28, 84, 56), (56, 56, 84, 84), (0, 56, 28, 84)]
-    assert SMALL.answer_regions(example) == spans
+    chars = get_task("cryptogram", **(READABLE | {"reference": "chars"}))
+    assert chars.answer_regions(chars.example(0, "test")) == decoded_letter_cells(chars.example(0, "test"))
     default = TASK.example(0)
     assert len(decoded_letter_cells(default)) == len(default.meta["message"].replace(" ", ""))
 

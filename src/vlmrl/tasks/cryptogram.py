@@ -363,7 +363,12 @@ class CryptogramTask(Task):
         return Example(image=image, prompt=prompt, answer=message, meta=meta, reference_completion=reference)
 
     def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
-        """Each decoded letter of the <chars> block and its table cell (`decoded_letter_cells`)."""
+        """Each letter where it is decoded, and the table cell that decodes it: with reference="pairs"
+        the walk's plain letters, each written right after its coded letter (`walk_letter_cells`;
+        the <chars> block then copies them from the walk); otherwise the <chars> block's letters
+        (`decoded_letter_cells`)."""
+        if self.params.reference == "pairs":
+            return walk_letter_cells(example)
         return decoded_letter_cells(example)
 
     def _word(self, rng, vocab: tuple[str, ...]) -> str:
