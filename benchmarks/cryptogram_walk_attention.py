@@ -2,8 +2,8 @@
 
 With `reference=pairs` the reference writes each coded letter followed by its plain letter before
 the <chars> block ("a t, o h, ..."), and copies the <chars> letters from that walk. The demo's table
-measures the <chars> letters (`Task.answer_regions`); this measures the walk's plain letters
-(`cryptogram.walk_letter_cells`) the same way (`region_attention`), for each model folder given:
+measures the walk's letters (`Task.answer_regions` of a pairs task); this measures them the same way
+(`cryptogram.walk_letter_cells`, `region_attention`) for any model folders given, checkpoints too:
 
     python benchmarks/cryptogram_walk_attention.py runs/demo-cryptogram/sft/config.yaml \\
         runs/demo-cryptogram/model runs/demo-cryptogram/sft/final runs/demo-cryptogram/grpo/final
