@@ -101,7 +101,10 @@ PRESETS = {
     #   looked up at the position of its coded letter (one step); with the <chars> block alone the
     #   model had to copy the coded letter first and ended at 7.5% exact; with pairs it breaks out
     #   between SFT steps 200 and 300 (96% exact); 64 new tokens hold the walk;
-    # - held_out=messages_and_ciphers: no test message and no test cipher is ever trained on.
+    # - held_out=messages_and_ciphers: no test message and no test cipher is ever trained on;
+    # - GRPO at lr 2e-5: the warm start decodes every held-out <chars> block already, and at 1e-4
+    #   GRPO drifted off it (held-out 93, 87, 86, 88, 89, 89% at steps 10-60); at 2e-5 it holds
+    #   (93% at every evaluation on the same 100 messages).
     "cryptogram": DemoPreset(
         shared=["task.name=cryptogram", "task.params.letters=etaoinshr", "task.params.layout=grid",
                 "task.params.cell_px=28", "task.params.entries_per_row=3", "task.params.tiles=true",
@@ -113,7 +116,7 @@ PRESETS = {
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=100", "eval.every=100",
              "eval.n=64"],
         grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
-              "train.steps=60", "train.lr=1e-4", "train.warmup_steps=10", "train.schedule=cosine",
+              "train.steps=60", "train.lr=2e-5", "train.warmup_steps=10", "train.schedule=cosine",
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=100"],
         eval_n=200, max_new_tokens=64, attention_n=64),
