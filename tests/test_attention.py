@@ -15,15 +15,8 @@ from transformers import PretrainedConfig
 
 from vlmrl.cli import main
 from vlmrl.errors import VlmrlError
-from vlmrl.evaluation.attention import completion_image_attention, image_attention_share, resolve_layer
-from vlmrl.evaluation.attention_maps import (
-    attention_maps,
-    colormap,
-    heatmap_frame,
-    image_heatmaps,
-    safe_name,
-    token_grid,
-)
+from vlmrl.evaluation.attention import completion_image_attention, image_attention_share, resolve_layer, token_grid
+from vlmrl.evaluation.attention_maps import attention_maps, colormap, heatmap_frame, image_heatmaps, safe_name
 from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.prompts import image_token_id
 from vlmrl.tasks import Example

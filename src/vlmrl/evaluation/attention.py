@@ -9,6 +9,7 @@ model is switched to it for that one forward pass and back.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import torch
@@ -100,3 +101,26 @@ def completion_image_attention(model, processor, completions: Completions, layer
     attentions, inputs, query_mask = attention_forward(model, processor, completions.rows[:n], ids, mask)
     return image_attention_share(attentions, inputs["input_ids"], image_token_id(processor, model.config),
                                  query_mask, layer=layer)
+
+
+def image_grids(inputs: dict[str, torch.Tensor], processor, model, n_images: int,
+                n_tokens: int) -> list[tuple[int, int]]:
+    """(rows, cols) of each image's tokens, in order: from `image_grid_thw` over the merge size, else
+    `n_tokens` split evenly into squares."""
+    grid_thw = inputs.get("image_grid_thw")
+    if grid_thw is not None and len(grid_thw) == n_images:
+        merge = (getattr(processor.image_processor, "merge_size", None)
+                 or getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", None) or 1)
+        grids = [(int(t) * (int(h) // merge), int(w) // merge) for t, h, w in grid_thw]
+        if sum(r * c for r, c in grids) == n_tokens:
+            return grids
+    side = math.isqrt(n_tokens // n_images)
+    if n_tokens % n_images == 0 and side * side == n_tokens // n_images:
+        return [(side, side)] * n_images
+    raise VlmrlError(f"cannot tell the layout of the {n_tokens} image tokens of this model "
+                     "(no image_grid_thw from the processor and not a square)")
+
+
+def token_grid(inputs: dict[str, torch.Tensor], processor, model, n_tokens: int) -> tuple[int, int]:
+    """(rows, cols) of the tokens of a prompt's single image (see `image_grids`)."""
+    return image_grids(inputs, processor, model, 1, n_tokens)[0]

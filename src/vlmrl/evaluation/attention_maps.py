@@ -18,7 +18,6 @@ matplotlib.
 from __future__ import annotations
 
 import json
-import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
 from vlmrl.disk import output_folder, write_file, write_text
 from vlmrl.errors import VlmrlError
-from vlmrl.evaluation.attention import attention_forward, resolve_layer
+from vlmrl.evaluation.attention import attention_forward, image_grids, resolve_layer
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.tasks import Example
 
@@ -62,29 +61,6 @@ def image_heatmaps(attention: torch.Tensor, queries: torch.Tensor, image_positio
 
 
 # ---------------------------------------------------------------- model plumbing
-
-
-def image_grids(inputs: dict[str, torch.Tensor], processor, model, n_images: int,
-                n_tokens: int) -> list[tuple[int, int]]:
-    """(rows, cols) of each image's tokens, in order: from `image_grid_thw` over the merge size, else
-    `n_tokens` split evenly into squares."""
-    grid_thw = inputs.get("image_grid_thw")
-    if grid_thw is not None and len(grid_thw) == n_images:
-        merge = (getattr(processor.image_processor, "merge_size", None)
-                 or getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", None) or 1)
-        grids = [(int(t) * (int(h) // merge), int(w) // merge) for t, h, w in grid_thw]
-        if sum(r * c for r, c in grids) == n_tokens:
-            return grids
-    side = math.isqrt(n_tokens // n_images)
-    if n_tokens % n_images == 0 and side * side == n_tokens // n_images:
-        return [(side, side)] * n_images
-    raise VlmrlError(f"cannot tell the layout of the {n_tokens} image tokens of this model "
-                     "(no image_grid_thw from the processor and not a square)")
-
-
-def token_grid(inputs: dict[str, torch.Tensor], processor, model, n_tokens: int) -> tuple[int, int]:
-    """(rows, cols) of the tokens of a prompt's single image (see `image_grids`)."""
-    return image_grids(inputs, processor, model, 1, n_tokens)[0]
 
 
 # ---------------------------------------------------------------- drawing

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmrl.evaluation.attention import attention_forward
+from vlmrl.evaluation.attention import attention_forward, token_grid
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.tasks import Example
 
@@ -68,14 +68,6 @@ def box_token_mask(box: Box, image_size: tuple[int, int], grid: tuple[int, int])
     return inside_y[:, None] & inside_x[None, :]  # (rows, cols)
 
 
-def token_grid(grid_thw: torch.Tensor, processor) -> tuple[int, int]:
-    """(rows, cols) of one image's tokens from the processor's (t, h, w) patch grid and merge size
-    (the Qwen2-VL family's layout)."""
-    merge = processor.image_processor.merge_size
-    t, h, w = (int(v) for v in grid_thw)
-    return t * (h // merge), w // merge
-
-
 def span_token_indices(offsets: list[tuple[int, int]], spans: list[Span]) -> list[int]:
     """For each span, the index of the first token whose characters overlap it (offsets: each
     token's (start, end) in the text)."""
@@ -111,7 +103,8 @@ def region_attention(model, processor, examples: list[Example], spans: list[list
         prompt_len = inputs["input_ids"].shape[1] - length  # P
         for i, (example, e, example_spans) in enumerate(zip(rows, encoded, row_spans)):
             positions = (inputs["input_ids"][i] == image_id).nonzero().squeeze(-1)  # (N,)
-            grid = token_grid(inputs["image_grid_thw"][i], processor)
+            grid = token_grid({"image_grid_thw": inputs["image_grid_thw"][i:i + 1]}, processor, model,
+                              positions.numel())  # (rows, cols) of this row's image tokens
             tokens = span_token_indices(e.offset_mapping, example_spans)
             queries = torch.tensor([prompt_len - 1 + t for t in tokens], device=device)  # (n,)
             boxes = torch.stack([box_token_mask(box, example.image.size, grid).flatten()

@@ -15,6 +15,7 @@ read from the loaded model (its attention kernel, soft-capped logits) is probed,
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -119,10 +120,12 @@ def warn_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
+@functools.cache
 def deepspeed_accelerator_named() -> None:
     """DeepSpeed, once installed, is imported by accelerate wherever a model is unwrapped, and
     without CUDA it picks its CPU accelerator with a warning on stdout, above every run's first
-    line: on such a machine, name the CPU (DS_ACCELERATOR=cpu) unless the user named one."""
+    line: on such a machine, name the CPU (DS_ACCELERATOR=cpu) unless the user named one. Once a
+    process (hf_model is on the hot path)."""
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"
 

@@ -42,6 +42,12 @@ SAME_STOP_S = 1.0
 """Stop signals this many seconds or less after the first are the same request (see the module doc)."""
 
 
+def any_process(accelerator, flag: bool) -> bool:
+    """True when `flag` is True on any process (a collective: every process calls it)."""
+    total = accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum")
+    return bool(total > 0)
+
+
 class OptimizerUpdate:
     """How one optimizer update is made with accelerate (one process, DDP, FSDP2): the gradients
     clipped by accelerate, then the optimizer's step, or none; the gradients cleared after. A
@@ -56,8 +62,7 @@ class OptimizerUpdate:
         return float(norm) if norm is not None else 0.0
 
     def on_any_process(self, flag: bool) -> bool:
-        total = self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), "sum")
-        return bool(total > 0)
+        return any_process(self.accelerator, flag)
 
     def make(self, apply: bool) -> None:
         """The optimizer step when `apply`, then the gradients cleared."""

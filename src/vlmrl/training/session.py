@@ -29,7 +29,7 @@ from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.checkpoint import Gathered, find_resumable, restore_trainer_state, save_checkpoint, save_model
-from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals
+from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals, any_process
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
@@ -152,8 +152,7 @@ class TrainingSession:
 
     def any_process(self, flag: bool) -> bool:
         """True when `flag` is True on any process."""
-        total = self.accelerator.reduce(torch.tensor([float(flag)], device=self.accelerator.device), "sum")
-        return bool(total > 0)
+        return any_process(self.accelerator, flag)
 
     def record(self, metrics: dict) -> None:
         """Send one step's metrics to metrics.jsonl and the configured trackers (main process)."""
