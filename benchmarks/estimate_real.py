@@ -395,11 +395,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def save_folder(arch_name: str, out: str) -> str:
-    """A folder with the architecture at full size (random weights, bf16), the probes' tokenizer and
-    processor, that `vlmrl train` loads like the released model (for a GPU check of one step)."""
+def save_folder(arch_name: str, out: str, layers: int | None = None, blocks: int | None = None) -> str:
+    """A folder with the architecture at full size (random weights, bf16; or `layers` text layers and
+    `blocks` vision blocks at full width), the probes' tokenizer and processor, that `vlmrl train`
+    loads like the released model (for a GPU check of one step)."""
     arch = ARCHES[arch_name]
-    model, processor = build(arch, arch.text_layers, arch.vision_blocks, load_config(None, []))
+    model, processor = build(arch, layers or arch.text_layers, blocks or arch.vision_blocks, load_config(None, []))
     tok = processor.tokenizer
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
     model.save_pretrained(out)

@@ -128,3 +128,26 @@ def test_remote_code_is_off_unless_asked(tmp_path, tiny_model_dir):
     (folder / "modeling_evil.py").write_text("raise SystemExit('remote code ran')\n")
     model, _ = load_policy(str(folder), device="cpu")  # the stock class, the file never runs
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows the checks aimed at a GPU this machine lacks")
+def test_a_policy_kept_in_cpu_memory_for_a_gpu_is_settled_for_the_gpu(tiny_model_dir):
+    """FSDP2 loads into CPU memory and shards onto the device a unit at a time: the dtype ("auto")
+    and the speedups' self-checks are still those of the device the run trains on, not the CPU's."""
+    from vlmrl.config import load_config
+    from vlmrl.models.fused_kernels import computes_fused, fused_kernels_unsupported
+    from vlmrl.models.loading import load_trainable_policy
+    from vlmrl.models.vision_attention import batched_vision_unsupported, computes_batched
+
+    config = load_config(None, [f"model.name_or_path={tiny_model_dir}", "train.fused_kernels=true"])
+    gpu = torch.device("cuda")
+    model, _ = load_trainable_policy(config, gpu, None, place="host")
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}  # auto on a GPU; float32 on a CPU
+    assert not computes_fused(model) and not computes_batched(model)  # checked on the GPU, which is not here
+    assert fused_kernels_unsupported(model, device=gpu) != fused_kernels_unsupported(model)
+    assert fused_kernels_unsupported(model) == "needs a CUDA device: the kernels are Triton's"
+    assert batched_vision_unsupported(model, gpu).startswith("not checked on cuda: ")
+    assert batched_vision_unsupported(model) is None
+    model, _ = load_trainable_policy(config, torch.device("cpu"), None)
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and computes_batched(model)

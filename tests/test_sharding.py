@@ -43,8 +43,10 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
 
 @pytest.mark.slow  # two 4-step launches: about 30 s on 2 cores
 def test_fsdp2_stopped_at_step_2_and_resumed_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
-    """The optimizer state is saved whole and put back after sharding; the reference copy too."""
-    stopped_at_2_and_resumed(FSDP2, lambda out, *more: two_process_overrides(tiny_model_dir, out, *more), tmp_path)
+    """The optimizer state is saved whole and put back after sharding; the reference copy too. Here
+    every process reads the weights (fsdp_cpu_ram_efficient_loading false; the other tests: true)."""
+    each_reads = FSDP2[:-2] + ["--fsdp_cpu_ram_efficient_loading", "false", *FSDP2[-2:]]
+    stopped_at_2_and_resumed(each_reads, lambda out, *more: two_process_overrides(tiny_model_dir, out, *more), tmp_path)
 
 
 def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_path, tiny_model_dir):
@@ -55,6 +57,42 @@ def test_lora_with_gradient_checkpointing_under_fsdp2_equals_it_under_ddp(tmp_pa
     run_ok(ddp, two_process_overrides(tiny_model_dir, tmp_path / "ddp", *more))
     run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "fsdp2", *more))
     same_lora_runs(tmp_path / "ddp", tmp_path / "fsdp2", noise=3e-8)  # the surrogate's float noise: ~1e-8
+
+
+def _shards(rank: int, model_dir: str, folder: Path) -> None:
+    """One of two gloo processes: the model loaded by each process and sharded, then loaded by the
+    main process alone (the other built on the meta device) and sharded with its shards sent from the
+    main one; each way's local shards, buffers and whether the output layer stayed tied, saved."""
+    from vlmrl.models import load_policy
+    from vlmrl.models.support import hf_model
+    from vlmrl.training.sharding import shard
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder / 'store'}", rank=rank, world_size=2)
+    seen = {}
+    for way, place in (("each", "host"), ("from_main", "meta" if rank else "host")):
+        model, _ = load_policy(model_dir, device="cpu", place=place)
+        seen[f"{way}/meta"] = any(p.is_meta for p in model.parameters())
+        shard(model, 2, torch.device("cpu"), weights_from_main=way == "from_main")
+        seen[way] = {name: p.to_local().clone() for name, p in model.named_parameters()}
+        seen[f"{way}/buffers"] = [b.clone() for b in model.buffers()]
+        seen[f"{way}/tied"] = hf_model(model).lm_head.weight is hf_model(model).get_input_embeddings().weight
+    torch.save(seen, folder / f"rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_shards_sent_from_the_main_process_are_those_each_process_would_cut(tmp_path, tiny_model_dir):
+    """fsdp_cpu_ram_efficient_loading: the main process alone reads the weights, the other builds
+    the model on the meta device (no weights in memory); once sharded, each process holds exactly the
+    shards and buffers it would have cut from a model of its own, the output layer still tied."""
+    torch.multiprocessing.spawn(_shards, args=(tiny_model_dir, tmp_path), nprocs=2)
+    for rank in (0, 1):
+        seen = torch.load(tmp_path / f"rank{rank}.pt")
+        assert seen["from_main/meta"] == (rank == 1) and not seen["each/meta"]
+        assert seen["each"].keys() == seen["from_main"].keys()
+        for name, shard in seen["each"].items():
+            assert torch.equal(seen["from_main"][name], shard), name
+        assert all(torch.equal(a, b) for a, b in zip(seen["each/buffers"], seen["from_main/buffers"], strict=True))
+        assert seen["each/tied"] and seen["from_main/tied"]
 
 
 @pytest.fixture

@@ -37,6 +37,20 @@ def test_fsdp2_is_applied_by_vlmrl_on_cpu_processes_and_on_gpus():
     assert (on_gpus.line(), on_gpus.self_sharded) == ("processes: 8, strategy: FSDP2, backend: nccl", True)
 
 
+def test_where_each_process_loads_the_policy():
+    """Split strategies load into CPU memory (moved onto the device a piece at a time as they split);
+    with fsdp_cpu_ram_efficient_loading, all but the main process build the model without weights."""
+    fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    each = settle_strategy("FSDP", 2, "nccl", "cuda", fsdp2)
+    from_main = settle_strategy("FSDP", 2, "nccl", "cuda", fsdp2 | {"FSDP_CPU_RAM_EFFICIENT_LOADING": "true"})
+    assert [each.loading_place(rank) for rank in (0, 1)] == ["host", "host"] and not each.weights_from_main
+    assert [from_main.loading_place(rank) for rank in (0, 1)] == ["host", "meta"] and from_main.weights_from_main
+    alone = settle_strategy("FSDP", 1, "nccl", "cuda", fsdp2 | {"FSDP_CPU_RAM_EFFICIENT_LOADING": "true"})
+    assert alone.loading_place(0) == "host" and not alone.weights_from_main
+    assert settle_strategy("MULTI_GPU", 2, "nccl", "cuda", TORCHRUN).loading_place(1) == "device"  # DDP
+    assert settle_strategy("NO", 1, None, "cuda", {}).loading_place(0) == "device"
+
+
 @pytest.mark.parametrize(("engaged", "env", "message"), [
     ("MULTI_CPU", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
      r"^(ZeRO-3 was asked for but accelerate engaged MULTI_CPU on 2 process\(es\) on cpu; vlmrl would have run "
@@ -111,6 +125,8 @@ def test_the_refusal_comes_before_the_model_loads_in_one_line(tmp_path, tiny_mod
 @pytest.mark.parametrize(("setting", "message"), [
     ({"ACCELERATE_MIXED_PRECISION": "bf16"}, r"^mixed_precision: bf16 in the accelerate config is not applied under vlmrl's FSDP2"),
     ({"FSDP_OFFLOAD_PARAMS": "true"}, r"^fsdp_offload_params: true is not applied"),
+    ({"FSDP_ACTIVATION_CHECKPOINTING": "true"}, r"^fsdp_activation_checkpointing: true is not applied .* "
+                                                r"model.gradient_checkpointing=true"),
 ])
 def test_an_fsdp_setting_vlmrl_would_not_apply_on_cpu_processes_is_refused(setting, message):
     fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}

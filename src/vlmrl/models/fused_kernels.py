@@ -89,13 +89,16 @@ def fusable_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if _fused_forward(module) is not None]
 
 
-def fused_kernels_unsupported(model: torch.nn.Module, kernels: Kernels | None = None) -> str | None:
+def fused_kernels_unsupported(model: torch.nn.Module, kernels: Kernels | None = None,
+                              device: torch.device | None = None) -> str | None:
     """Why the model cannot compute with `kernels` (liger's when None), or None when it can: liger
     needs CUDA and its package; any kernels need a module to patch and must pass the self-check at
-    every width the model uses them (`self_check`)."""
+    every width the model uses them (`self_check`), on `device` (the model's when None: a model
+    still in CPU memory that will train on a GPU is checked for the GPU)."""
     parameter = next(model.parameters())
+    target = torch.device(device) if device is not None else parameter.device
     if kernels is None:
-        if parameter.device.type != "cuda":
+        if target.type != "cuda":
             return "needs a CUDA device: the kernels are Triton's"
         if importlib.util.find_spec("liger_kernel") is None:
             return "liger-kernel is not installed (pip install liger-kernel, or vlmrl's [kernels] extra)"
@@ -103,7 +106,8 @@ def fused_kernels_unsupported(model: torch.nn.Module, kernels: Kernels | None = 
     if not modules:
         return f"no RMSNorm or MLP of a checked kind ({', '.join(FUSABLE_NORMS + FUSABLE_MLPS)})"
     cases = sorted({_operation_and_width(module) for module in modules})
-    return self_check(kernels if kernels is not None else liger_kernels(), parameter, cases)
+    like = torch.empty(0, dtype=parameter.dtype, device=target)
+    return self_check(kernels if kernels is not None else liger_kernels(), like, cases)
 
 
 def self_check(kernels: Kernels, like: torch.Tensor, cases: list[tuple[str, int]]) -> str | None:
@@ -142,15 +146,16 @@ def _values_and_gradients(kernels: Kernels, name: str, inputs: list[torch.Tensor
     return [out.detach(), *grads]
 
 
-def use_fused_kernels(model: torch.nn.Module, on: bool, kernels: Kernels | None = None) -> int:
+def use_fused_kernels(model: torch.nn.Module, on: bool, kernels: Kernels | None = None,
+                      device: torch.device | None = None) -> int:
     """Put the model's fusable modules on `kernels` (on; liger's when None) or back on their own
     forward (off). Returns how many modules compute with the kernels. Kernels the model cannot use
-    (`fused_kernels_unsupported`: no CUDA or liger, a failed self-check) leave every module on its
-    own forward."""
+    on `device` (the model's when None; `fused_kernels_unsupported`: no CUDA or liger, a failed
+    self-check) leave every module on its own forward."""
     for module in model.modules():
         if _is_patched(module):
             del module.forward  # the instance attribute: the class's forward shows through again
-    if not on or fused_kernels_unsupported(model, kernels) is not None:
+    if not on or fused_kernels_unsupported(model, kernels, device) is not None:
         return 0
     kernels = kernels if kernels is not None else liger_kernels()
     patched = 0

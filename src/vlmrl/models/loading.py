@@ -31,6 +31,8 @@ from vlmrl.models.vision_attention import use_batched_vision_attention
 # LLaVA, Gemma 3: `vision_model` / `vision_tower`).
 VISION_MODULE_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder", "image_encoder")
 _VISION_RE = re.compile(r"(^|\.)(" + "|".join(VISION_MODULE_NAMES) + r")(\.|$)")
+PLACES = ("device", "host", "meta")
+"""Where `load_policy` puts the model: on the device, in CPU memory, or on the meta device (no weights)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -92,14 +94,21 @@ def load_policy(
     freeze_vision: bool = False,
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
+    place: str = "device",
 ):
     """Load an image-text-to-text model and its processor, ready to train.
 
     Returns (model, processor). With `lora`, the model is a peft model with only the adapter
-    trainable; with `freeze_vision`, the vision tower's parameters do not train.
+    trainable; with `freeze_vision`, the vision tower's parameters do not train. `place` (PLACES):
+    "device" puts the model on `device`; "host" leaves it in CPU memory, in the dtype chosen for
+    `device`, for a caller that moves it onto `device` a piece at a time (sharding), so that it is
+    never whole there; "meta" builds it on the meta device without reading any weight (they come
+    from another process once sharded: sharding.shard's `weights_from_main`).
     """
     from transformers import AutoModelForImageTextToText
 
+    if place not in PLACES:
+        raise ValueError(f"place must be one of {PLACES}; got {place!r}")
     processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
     target = resolve_device(device)
     try:
@@ -109,10 +118,12 @@ def load_policy(
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             use_safetensors=True,
+            **({"device_map": "meta"} if place == "meta" else {}),
         )
     except (OSError, ValueError, ImportError) as error:
         raise VlmrlError(f"cannot load model {name_or_path!r}: {first_line(error)}")
-    model.to(target)
+    if place == "device":
+        model.to(target)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     if freeze_vision:
@@ -124,18 +135,22 @@ def load_policy(
     return model, processor
 
 
-def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None):
-    """The policy and processor; from `checkpoint` when resuming (full weights or LoRA adapter)."""
+def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None, place: str = "device"):
+    """The policy and processor, for `device`; from `checkpoint` when resuming (full weights or LoRA
+    adapter). `place` as load_policy's: in CPU memory ("host") or without weights ("meta"), its
+    dtype and the speedups' self-checks are still settled for `device`."""
     settings = config.model
     source = str(checkpoint) if checkpoint is not None and not settings.lora.enabled else settings.name_or_path
     policy, processor = load_policy(
         source, dtype=settings.dtype, device=str(device), attn_implementation=settings.attn_implementation,
         lora=settings.lora, freeze_vision=settings.freeze_vision,
-        gradient_checkpointing=settings.gradient_checkpointing is True, trust_remote_code=settings.trust_remote_code)
-    if checkpoint is not None and settings.lora.enabled:
+        gradient_checkpointing=settings.gradient_checkpointing is True, trust_remote_code=settings.trust_remote_code,
+        place=place)
+    if checkpoint is not None and settings.lora.enabled and place != "meta":
         load_adapter_weights(policy, checkpoint)
-    use_fused_kernels(policy, config.train.fused_kernels)  # falls back where liger cannot serve (speed line)
-    use_batched_vision_attention(policy, config.train.batched_vision_attention)
+    # each falls back where it cannot serve on `device` (its reason in the speed line)
+    use_fused_kernels(policy, config.train.fused_kernels, device=device)
+    use_batched_vision_attention(policy, config.train.batched_vision_attention, device=device)
     return policy, processor
 
 

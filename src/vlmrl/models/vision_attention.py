@@ -30,6 +30,7 @@ line says why.
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 
@@ -86,11 +87,11 @@ def _batched_forward(module: torch.nn.Module, hidden_states: torch.Tensor, cu_se
     return module.proj(out.reshape(length, -1))
 
 
-def use_batched_vision_attention(model: torch.nn.Module, on: bool) -> int:
+def use_batched_vision_attention(model: torch.nn.Module, on: bool, device: torch.device | None = None) -> int:
     """Put the model's vision attention modules on one call per window length (on) or back on their
     class's forward (off). Returns how many modules compute batched: none where
-    `batched_vision_unsupported` gives a reason."""
-    on = on and batched_vision_unsupported(model) is None
+    `batched_vision_unsupported` gives a reason on `device` (the model's when None)."""
+    on = on and batched_vision_unsupported(model, device) is None
     patched = 0
     for module in model.modules():
         if _is_patched(module):
@@ -101,23 +102,31 @@ def use_batched_vision_attention(model: torch.nn.Module, on: bool) -> int:
     return patched
 
 
-def batched_vision_unsupported(model: torch.nn.Module) -> str | None:
-    """Why the model's vision attention cannot be batched here, or None when it can: a Qwen2-VL or
-    Qwen2.5-VL vision tower on SDPA, whose batched forward passes `self_check`."""
+def batched_vision_unsupported(model: torch.nn.Module, device: torch.device | None = None) -> str | None:
+    """Why the model's vision attention cannot be batched on `device` (the model's when None), or
+    None when it can: a Qwen2-VL or Qwen2.5-VL vision tower on SDPA, whose batched forward passes
+    `self_check` there."""
     modules = [module for module in model.modules() if _batchable(module)]
     if not modules:
         return "not a Qwen2-VL or Qwen2.5-VL vision tower"
     kernel = modules[0].config._attn_implementation
     if kernel not in SDPA_KERNELS:
         return f"the vision tower runs on {kernel}" + (", one varlen call already" if "flash" in str(kernel) else "")
-    return self_check(modules[0])
+    return self_check(modules[0], device)
 
 
-def self_check(module: torch.nn.Module) -> str | None:
+def self_check(module: torch.nn.Module, device: torch.device | None = None) -> str | None:
     """Why the batched forward cannot stand in for `module`'s own, or None: both on a small random
-    input (windows of 4, 2 and 6 positions) on its device and dtype, within a rounding (1e-5 of the
-    norm in float32, 2e-2 in 16 bits). Catches a transformers whose vision attention computes
-    something else than the forward copied here, before it trains anything."""
+    input (windows of 4, 2 and 6 positions) on `device` (the module's when None: a copy of the
+    module is checked there, for a model still in CPU memory that trains on a GPU) and its dtype,
+    within a rounding (1e-5 of the norm in float32, 2e-2 in 16 bits). Catches a transformers whose
+    vision attention computes something else than the forward copied here, before it trains anything."""
+    own_device = next(module.parameters()).device
+    if own_device.type == "meta" or (device is not None and own_device != torch.device(device)):
+        try:
+            module = _copy_on(module, device if device is not None else torch.device("cpu"))
+        except (RuntimeError, AssertionError) as error:  # a device this torch cannot reach
+            return f"not checked on {device}: {str(error).splitlines()[0][:200]}"
     parameter = next(module.parameters())
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(12, module.dim, generator=generator).to(parameter)  # (S, dim)
@@ -133,6 +142,19 @@ def self_check(module: torch.nn.Module) -> str | None:
     if not error <= (1e-5 if parameter.element_size() >= 4 else 2e-2):  # NaN fails too
         return f"the batched forward is off transformers' by {error:.2g} of its norm (its vision attention changed?)"
     return None
+
+
+def _copy_on(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A copy of `module` (one attention module: small) on `device`; a module built without weights
+    (meta device) gets random ones, which tell the two forwards apart as well as its own would."""
+    if next(module.parameters()).device.type != "meta":
+        return copy.deepcopy(module).to(device)
+    twin = copy.deepcopy(module).to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for parameter in twin.parameters():
+            parameter.normal_(0.0, 0.02, generator=generator)
+    return twin
 
 
 def computes_batched(model: torch.nn.Module) -> bool:

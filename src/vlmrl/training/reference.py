@@ -72,7 +72,9 @@ class ReferencePolicy:
                       str(folder / REFERENCE_FILE))
 
     def load(self, folder: Path) -> None:
-        if self.copy is not None:
+        """The copy's saved weights; none into a copy built without weights (meta device: its shards
+        come from the main process's copy, sharding.shard)."""
+        if self.copy is not None and not next(self.copy.parameters()).is_meta:
             load_model(self.copy, str(folder / REFERENCE_FILE))
 
 

@@ -69,17 +69,22 @@ class TrainingSession:
         checkpoint, state = found if found is not None else (None, None)
         set_seed(config.seed)
 
-        # FSDP2 too: loaded whole on the device, then sharded (loading on the CPU would settle "auto"
-        # dtypes and the kernels' fallbacks for the CPU, not for the device the run trains on)
-        self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint)
+        self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint,
+                                                            self.strategy.loading_place(self.rank))
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
         if checkpoint is not None and self.reference is not None:
             self.reference.load(checkpoint)
+        reference_copy = getattr(self.reference, "copy", None)
         if self.strategy.self_sharded:  # FSDP2, applied by vlmrl (sharding.py): policy and reference alike
-            for model in (self.policy, getattr(self.reference, "copy", None)):
+            for model in (self.policy, reference_copy):
                 if model is not None:
-                    shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward)
+                    shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward,
+                          self.strategy.weights_from_main)
+        elif self.strategy.deepspeed:  # ZeRO-3: the policy partitioned before prepare, the reference whole
+            zero3.partition(self.policy, self.accelerator)
+            if reference_copy is not None:
+                reference_copy.to(self.accelerator.device)
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0

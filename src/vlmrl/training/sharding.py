@@ -4,8 +4,13 @@ needs that a whole one does not.
 `shard` applies torch's `fully_shard` to each repeated block the model names in
 `_no_split_modules` (decoder layers, vision blocks), then to the root (embeddings, the output
 layer, norms, the merger): each process holds 1/world of every parameter, and a unit is gathered
-for its forward and backward only. vlmrl does this itself on CPU processes, where accelerate 1.15
-runs DDP instead (strategy.py); under accelerate's own FSDP2 (GPUs) the model arrives sharded alike.
+for its forward and backward only. vlmrl does this itself, on GPUs as on CPU processes (where
+accelerate 1.15 would run DDP instead): one code path (strategy.py).
+
+Loading (`shard`): the model arrives in CPU memory and each unit moves onto the device as it is
+sharded, so the whole model is never on one device; with `weights_from_main` (accelerate's
+`fsdp_cpu_ram_efficient_loading`) the processes other than the main one built it on the meta device
+and receive their shards from the main one, one tensor at a time.
 
 What changes once the parameters are DTensors:
 - generation (`gathered`): a generate call runs hundreds of forwards, and `generate` calls the
@@ -29,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
@@ -46,21 +52,45 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(model: torch.nn.Module, world: int, device: torch.device, reshard_after_forward: bool = True) -> int:
+def shard(model: torch.nn.Module, world: int, device: torch.device, reshard_after_forward: bool = True,
+          weights_from_main: bool = False) -> int:
     """Apply FSDP2 to `model` in place: each block of `shard_units` (freeing its gathered
     parameters after its forward unless `reshard_after_forward` is False), then the root, which stays
-    gathered from its forward through its backward (it holds the output layer). Returns the number
-    of units (the root included); VlmrlError when the model names no blocks to shard."""
+    gathered from its forward through its backward (it holds the output layer). A model in CPU
+    memory moves onto `device` a unit at a time, each cut to this process's shards as it goes.
+    `weights_from_main` (every process passes the same): the main process holds the weights, the
+    others built the model on the meta device (loading.PLACES); once sharded, each process
+    receives its shards from the main one, one tensor at a time. Returns the number of units (the
+    root included); VlmrlError when the model names no blocks to shard."""
     mesh = init_device_mesh(device.type, (world,))
     units = shard_units(model)
     if not units:
         raise VlmrlError(f"FSDP2: {type(hf_model(model)).__name__} names no blocks to shard (_no_split_modules is "
                          "empty), so each process would gather the whole model for every forward: launch with "
                          "configs/accelerate/ddp.yaml instead")
+    main = torch.distributed.get_rank() == 0
+    weights = model.state_dict() if weights_from_main and main else {}  # the CPU tensors as read, kept
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    if weights_from_main:
+        if not main:  # room for this process's shards alone, the same parameter objects (tied ones stay tied)
+            swapping = torch.__future__.get_swap_module_params_on_conversion()
+            torch.__future__.set_swap_module_params_on_conversion(True)
+            try:
+                model.to_empty(device=device)
+            finally:
+                torch.__future__.set_swap_module_params_on_conversion(swapping)
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        send_buffers_from_main(model)
     return len(units) + 1
+
+
+def send_buffers_from_main(model: torch.nn.Module) -> None:
+    """Every buffer of `model` (rotary tables: small, kept whole) made the main process's: a process
+    that built the model on the meta device has none of their values."""
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
 
 
 def is_sharded(model: torch.nn.Module | None) -> bool:

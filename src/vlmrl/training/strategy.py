@@ -45,6 +45,10 @@ class Strategy:
     reshard_after_forward: bool = True
     """FSDP2: each block frees its gathered parameters after its forward (fsdp_reshard_after_forward;
     false keeps them to backward: less communication, more memory)."""
+    weights_from_main: bool = False
+    """FSDP2 with fsdp_cpu_ram_efficient_loading: the main process alone reads the weights (into CPU
+    memory), the others build the model on the meta device, and each process's shards are sent from
+    the main one once the model is sharded (sharding.shard)."""
 
     def line(self) -> str:
         return f"processes: {self.processes}, strategy: {self.name}, backend: {self.backend}"
@@ -53,6 +57,14 @@ class Strategy:
     def sharded(self) -> bool:
         """Parameters are split over the processes (FSDP2, ZeRO-3): gather them to generate or save."""
         return self.name in ("FSDP2", "ZeRO-3")
+
+    def loading_place(self, rank: int) -> str:
+        """Where process `rank` loads the policy (loading.PLACES): FSDP2 and ZeRO-3 into CPU memory, to
+        be moved onto the device a piece at a time as they split it, so the whole model is never on
+        one device; with `weights_from_main`, every process but the main one on the meta device."""
+        if self.weights_from_main and rank != 0:
+            return "meta"
+        return "host" if self.sharded else "device"
 
     @property
     def deepspeed(self) -> bool:
@@ -130,9 +142,9 @@ def refuse_unapplied_zero3_settings(env: Mapping[str, str]) -> None:
             raise VlmrlError(f"{setting}: {env[name]} is not run by vlmrl's ZeRO-3 (its gradient norm and checkpoints "
                              f"read the partitions on the device): set {setting}: none, or shard over more GPUs")
     if _on(env, "ACCELERATE_DEEPSPEED_ZERO3_INIT"):
-        raise VlmrlError("zero3_init_flag: true is not run by vlmrl: it loads the model whole on each process and "
-                         "partitions it in accelerate's prepare; set zero3_init_flag: false "
-                         "(configs/accelerate/zero3.yaml)")
+        raise VlmrlError("zero3_init_flag: true is not run by vlmrl: it partitions the weights as transformers "
+                         "reads them, before the speedups' self-checks can; vlmrl partitions them itself as they "
+                         "move onto the device: set zero3_init_flag: false (configs/accelerate/zero3.yaml)")
     if env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none").strip().lower() not in ("none", ""):
         raise VlmrlError("deepspeed_config_file is not read by vlmrl's ZeRO-3 (it builds the optimizer and the "
                          "schedule itself): put zero_stage: 3 in the accelerate config (configs/accelerate/zero3.yaml)")
@@ -148,6 +160,9 @@ def refuse_unapplied_fsdp_settings(env: Mapping[str, str]) -> None:
     if _on(env, "FSDP_OFFLOAD_PARAMS"):
         raise VlmrlError("fsdp_offload_params: true is not applied under vlmrl's FSDP2 (the parameters stay on the "
                          "device): set fsdp_offload_params: false, or shard over more GPUs")
+    if _on(env, "FSDP_ACTIVATION_CHECKPOINTING"):
+        raise VlmrlError("fsdp_activation_checkpointing: true is not applied under vlmrl's FSDP2 (vlmrl checkpoints "
+                         "activations itself): set it to false there and model.gradient_checkpointing=true in vlmrl")
 
 
 def settle_strategy(engaged: str, processes: int, backend: str | None, device: str,
@@ -167,7 +182,8 @@ def settle_strategy(engaged: str, processes: int, backend: str | None, device: s
     if asked == "FSDP2" and engaged in ("FSDP", "MULTI_CPU"):  # GPUs; CPU processes (accelerate runs DDP)
         refuse_unapplied_fsdp_settings(env)
         reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() not in ("false", "0", "no")
-        return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard)
+        return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard,
+                        weights_from_main=processes > 1 and _on(env, "FSDP_CPU_RAM_EFFICIENT_LOADING"))
     if asked == "ZeRO-3" and engaged == "DEEPSPEED":
         return Strategy(processes, asked, backend)
     raise VlmrlError(f"{asked} was asked for but accelerate engaged {engaged} on {processes} process(es) "

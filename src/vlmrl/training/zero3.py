@@ -3,9 +3,11 @@
 accelerate engages DeepSpeed (`configs/accelerate/zero3.yaml`; strategy.py) and `prepare` hands
 the policy to a DeepSpeed engine, which splits every parameter, gradient and AdamW moment over the
 processes and installs hooks that gather each module's parameters for its forward and backward.
-The model is loaded whole on each process and partitioned there (transformers' load-time
-partitioning, `zero3_init_flag: true`, is refused: every self-check of a fast path would see empty
-weights). The pieces vlmrl adds, each the counterpart of one in sharding.py (FSDP2):
+The model is loaded into each process's CPU memory and partitioned from there onto the device one
+parameter at a time (`partition`, before `prepare`), so the whole policy is never on one device;
+transformers' load-time partitioning, `zero3_init_flag: true`, is refused: every self-check of a
+fast path would see empty weights. The pieces vlmrl adds, each the counterpart of one in
+sharding.py (FSDP2):
 - generation (`gathered`): `generate` runs hundreds of forwards, a different number on each process;
   with the hooks each forward gathers each layer (a collective), and ranks that generate different
   lengths hang. Here every parameter is gathered once for the whole call and DeepSpeed's hooks are
@@ -178,6 +180,22 @@ class FullStateOptimizer:
             for key in MOMENTS:
                 safe_set_full_optimizer_state(param, saved[name][key], key)
             _group_state(self.model, param)["step"] = torch.as_tensor(saved[name]["step"], dtype=torch.float32).clone()
+
+
+def partition(model: torch.nn.Module, accelerator) -> None:
+    """Split `model`, loaded into CPU memory, over the processes: one parameter at a time moved to
+    the device and cut to this process's partition (DeepSpeed's `zero.Init` on a built module), so the
+    whole model is never on one device; `prepare` then leaves it where it is (a model not yet
+    partitioned it would move whole onto the device first). The buffers (rotary tables) are small and
+    move whole, in place, as FSDP2 moves them (an attribute that aliases one moves with it)."""
+    import deepspeed
+
+    device = accelerator.device
+    with torch.no_grad():
+        for buffer in model.buffers():
+            buffer.data = buffer.data.to(device)
+    deepspeed.zero.Init(module=model, config_dict_or_path=accelerator.state.deepspeed_plugin.deepspeed_config,
+                        dtype=next(model.parameters()).dtype)
 
 
 def configure(accelerator, max_grad_norm: float) -> None:
