@@ -28,6 +28,7 @@ backward: the chunked output layer (output_layer.py) recomputes chunks with it i
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -68,6 +69,10 @@ def shard(model: torch.nn.Module, world: int, device: torch.device, reshard_afte
         raise VlmrlError(f"FSDP2: {type(hf_model(model)).__name__} names no blocks to shard (_no_split_modules is "
                          "empty), so each process would gather the whole model for every forward: launch with "
                          "configs/accelerate/ddp.yaml instead")
+    # torch warns whenever the root returns a view that requires grad (the packed passes' and the
+    # preflight's probes do): an in-place op on it would skip the all-gather in backward; vlmrl never
+    # modifies a model's output in place (the equivalence tests would see a skipped all-gather)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     main = torch.distributed.get_rank() == 0
     weights = model.state_dict() if weights_from_main and main else {}  # the CPU tensors as read, kept
     for unit in units:
