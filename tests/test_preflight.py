@@ -400,3 +400,14 @@ def test_vlmrl_check_plans_one_process_of_n_under_fsdp2(tiny_model_dir, letter_t
     assert planned.splits[0].prompts == alone.splits[0].prompts // 2  # one process's share of the batch
     with pytest.raises(VlmrlError, match="rollout.prompts_per_step=4 must be divisible by the 3 processes"):
         check(config, processes=3, strategy="FSDP2")
+
+
+def test_check_planning_zero3_says_log_probs_come_from_the_logits(tiny_model_dir):
+    """`vlmrl check --strategy ZeRO-3` runs on a model it has not partitioned: its speed line still
+    says what the run will do (no chunked output layer under ZeRO-3), as the run's own preflight does."""
+    from vlmrl.models.support import ZERO3_UNTAPPABLE
+
+    config = load_config(None, overrides(tiny_model_dir, "eval.every=0"))
+    planned = check(config, processes=2, strategy="ZeRO-3").speed
+    assert f"no output layer in chunks of 1024 ({ZERO3_UNTAPPABLE})" in planned
+    assert "; output layer in chunks of 1024;" in check(config, processes=2, strategy="FSDP2").speed

@@ -231,13 +231,16 @@ def output_layer_unchunkable(model: torch.nn.Module) -> str | None:
     return None
 
 
+ZERO3_UNTAPPABLE = ("DeepSpeed ZeRO-3 partitions the output layer, and its backward hooks see only the layer's "
+                    "own output: log-probs come from the model's logits")
+
+
 def output_layer_untappable(model: torch.nn.Module) -> str | None:
     """Why log-probs cannot be computed inside the output layer's forward hook (output_layer.py:
     chunked, and the packed passes' read) and come from the model's logits instead, or None."""
     head = hf_model(model).get_output_embeddings()
     if head is not None and any(hasattr(p, "ds_id") for p in head.parameters()):  # training/zero3.py
-        return ("DeepSpeed ZeRO-3 partitions the output layer, and its backward hooks see only the layer's own "
-                "output: log-probs come from the model's logits")
+        return ZERO3_UNTAPPABLE
     return None
 
 

@@ -44,6 +44,7 @@ from vlmrl.errors import VlmrlError, warn
 from vlmrl.models.fused_kernels import computes_fused, fused_kernels_unsupported
 from vlmrl.models.loading import checkpoint_activations, is_vision_parameter, load_trainable_policy, resolve_device
 from vlmrl.models.support import (
+    ZERO3_UNTAPPABLE,
     block_attention_unsupported,
     hf_model,
     output_layer_unchunkable,
@@ -255,7 +256,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                            trainable=trainable, dtype=dtype_note(config, params),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
-                           speed=speed_line(config, policy, mode), costs=costs)
+                           speed=speed_line(config, policy, mode, sharding.deepspeed), costs=costs)
 
 
 def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:
@@ -267,10 +268,11 @@ def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:
     return dtype
 
 
-def speed_line(config: Config, policy, mode: str = "train") -> str:
+def speed_line(config: Config, policy, mode: str = "train", deepspeed: bool = False) -> str:
     """The speedups a run takes with this model, each switch's fallback and its reason; SFT
     (mode "sft") generates nothing and packs no groups, so its line names the output layer, the
-    vision windows and the fused kernels only."""
+    vision windows and the fused kernels only. `deepspeed`: as under ZeRO-3 (`vlmrl check` plans one
+    on a model it has not partitioned)."""
     def switch(name: str, on: bool, reason: str | None) -> str:
         return name if on and reason is None else f"no {name} ({'off' if not on else reason})"
 
@@ -283,7 +285,8 @@ def speed_line(config: Config, policy, mode: str = "train") -> str:
             parts.append(switch("block attention", config.train.block_attention, block_attention_unsupported(policy)))
     chunk = config.train.logprob_chunk
     parts.append(switch(f"output layer in chunks of {chunk}" if chunk > 0 else "chunked output layer", chunk > 0,
-                        output_layer_unchunkable(policy) or output_layer_untappable(policy)))
+                        output_layer_unchunkable(policy) or output_layer_untappable(policy)
+                        or (ZERO3_UNTAPPABLE if deepspeed else None)))
     parts.append(switch("vision windows batched", config.train.batched_vision_attention,
                         batched_vision_unsupported(policy)))
     if config.train.fused_kernels:  # opt-in: named only when asked for
