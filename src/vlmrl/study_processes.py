@@ -14,8 +14,11 @@ checkpoint. So while `StopForwarder` is entered:
 - a run stopped by a signal sent to it alone (exit 130 / 143, or killed by one) is an `Outcome`
   that says where it continues; the other runs go on.
 
-A study killed outright (SIGKILL) cannot pass anything on: its runs train on to their end, and the
-study started again refuses their folders while they do (folder_lock.py).
+A study killed outright (SIGKILL) cannot pass anything on: on Linux each run has asked the kernel
+for a SIGTERM when the study dies (faults.stop_with_parent), so it stops after its step with a
+checkpoint as if the study had passed one on, and the same command continues it. Elsewhere the
+runs train on to their end, and the study started again refuses their folders while they do
+(folder_lock.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from vlmrl.safety.faults import STOP_WITH_PARENT
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -128,7 +133,7 @@ class StopForwarder:
 def start(job: Job, threads: int) -> subprocess.Popen:
     """The job's process, in its own session, `threads` torch threads, its output to FOLDER/run.log."""
     job.folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **{STOP_WITH_PARENT: str(os.getpid())})
     with (job.folder / "run.log").open("a") as log:  # the child keeps its own copy of the file
         log.write(f"$ {' '.join(job.argv)}\n")
         log.flush()

@@ -19,6 +19,9 @@ of the first are not a second one: one stop often comes from several senders at 
 Ctrl-C to a process group, a scheduler that signals every process of a job, and the `vlmrl compare`
 that passes it on), and must not cost the checkpoint. `vlmrl compare` also starts its runs in their
 own process group, so a terminal's Ctrl-C reaches a run only through the study (study_processes.py).
+A run started with STOP_WITH_PARENT set to its parent's process id (a study's runs) asks Linux for a
+SIGTERM when that parent dies (`stop_with_parent`): a study killed outright (SIGKILL) cannot pass a
+stop on, and its runs stop after their step with a checkpoint all the same.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import functools
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -37,6 +41,9 @@ import torch
 from vlmrl.errors import warn
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_WITH_PARENT = "VLMRL_STOP_WITH_PARENT"
+"""Environment variable: the process id of a parent whose death stops this run as a SIGTERM would."""
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 SAME_STOP_S = 1.0
 """Stop signals this many seconds or less after the first are the same request (see the module doc)."""
@@ -133,12 +140,30 @@ class StopSignals:
             previous = signal.getsignal(signum)
             self._previous[signum] = previous
             signal.signal(signum, functools.partial(_on_signal, this, previous))
+        stop_with_parent(os.environ.get(STOP_WITH_PARENT))
 
     def restore(self) -> None:
         """Put back the handlers that were there before."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+
+
+def stop_with_parent(parent: str | None) -> bool:
+    """With `parent` (a process id, from STOP_WITH_PARENT): have Linux send this process a SIGTERM
+    when its parent dies (prctl PR_SET_PDEATHSIG), and send it now if the parent `parent` is gone
+    already (this process was re-parented before it asked). Returns whether it was armed: never
+    without `parent` or off Linux (there a killed study's runs train on to their end)."""
+    if not parent or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != int(parent):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
 
 
 def _on_signal(stops_ref, previous, signum, frame) -> None:
