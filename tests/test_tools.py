@@ -534,10 +534,15 @@ def test_a_strip_too_long_to_pad_within_the_pixel_limit_is_too_large(helpers, co
                                      "to a sane shape; the limit is 1048576 pixels", error="too_large")
 
 
-@pytest.mark.parametrize("mode, pixel", [("F", (255, 255, 255)), ("I", (128, 128, 128)), ("CMYK", (255, 255, 255)),
-                                         ("P", (0, 255, 0)), ("LA", (100, 100, 100)), ("RGBA", (0, 0, 0)),
-                                         ("I;16", (255, 255, 255)), ("1", (255, 255, 255))])
+@pytest.mark.parametrize("mode, pixel", [("F", (0, 0, 0)),  # constant: no range to scale (as a dataset's image)
+                                         ("I", (128, 128, 128)), ("CMYK", (255, 255, 255)), ("P", (0, 255, 0)),
+                                         ("LA", (100, 100, 100)),
+                                         ("RGBA", (255, 255, 255)),  # transparent: laid over white, not black
+                                         ("I;16", (155, 155, 155)),  # 40000 of 65535, scaled (not clipped to 255)
+                                         ("1", (255, 255, 255))])
 def test_an_image_in_any_mode_comes_back_rgb(helpers, context, mode, pixel):
+    """A tool's image goes through the datasets' conversion (tasks/images.py): a chart saved with a
+    transparent background reads as drawn on white."""
     result = run_tool(call("mode_tool", mode=mode), resolve_tools(["tool_helpers:mode_tool"]), context, ToolLimits())
     (image,) = result.images
     assert (result.error, image.mode, image.size, image.getpixel((14, 14))) == (None, "RGB", (28, 28), pixel)

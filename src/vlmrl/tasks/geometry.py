@@ -58,6 +58,7 @@ from PIL import Image, UnidentifiedImageError
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task, stable_unit
 from vlmrl.tasks.geometry_gen import KINDS, Problem, make_problem
+from vlmrl.tasks.images import BadImage, to_rgb
 from vlmrl.tasks.rewards import Rubric, extract_tag, math_equal, think_answer_format
 
 PROCEDURAL = "procedural"
@@ -233,10 +234,6 @@ def load_source(source: str) -> tuple[dict[str, Any], dict[str, tuple[Path, ...]
     return dict(loaded), folders, data_files
 
 
-class BadImage(VlmrlError):
-    """An image value that cannot become the RGB image the model sees; the message says why."""
-
-
 class NoImage(BadImage):
     """No image at all: null, empty, an empty list, a dict with neither bytes nor path."""
 
@@ -289,30 +286,6 @@ def fit_size(size: tuple[int, int], max_pixels: int = 0, max_side: int = 0) -> t
     if scale >= 1.0:
         return size
     return max(1, int(width * scale + 1e-6)), max(1, int(height * scale + 1e-6))
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB from any PIL mode: transparency laid over white, 16-bit and float greys scaled to 8 bits."""
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode in ("I", "F") or mode.startswith("I;16"):
-        low, high = image.getextrema()
-        if mode.startswith("I;16"):
-            low, high = 0, 65535
-        elif mode == "F" and low >= 0 and high <= 1:
-            low, high = 0.0, 1.0
-        elif low >= 0 and high <= 255:
-            low, high = 0, 255
-        scale = 255.0 / (high - low) if high > low else 0.0
-        return image.convert("F").point(lambda v: v * scale - low * scale).convert("L").convert("RGB")
-    try:
-        if "A" in mode or "a" in mode or "transparency" in image.info:
-            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-            return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
-        return image.convert("RGB")
-    except ValueError as error:
-        raise BadImage(f"image mode {mode} cannot be converted to RGB ({error})") from error
 
 
 def load_image(value: Any, folders: tuple[Path, ...] = (), max_pixels: int = 0, max_side: int = 0) -> Image.Image:

@@ -56,6 +56,7 @@ from typing import Any, Callable, Iterable
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
+from vlmrl.tasks.images import to_rgb
 from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -386,8 +387,9 @@ def sane_size(width: int, height: int) -> tuple[int, int]:
 
 
 def sane_image(image: Image.Image) -> Image.Image:
-    """`image` as RGB, padded (black, centred; no pixel resampled) to `sane_size`."""
-    rgb = image.convert("RGB")
+    """`image` as RGB (`to_rgb`: transparency laid over white, 16-bit and float greys scaled), padded
+    (black, centred; no pixel resampled) to `sane_size`."""
+    rgb = to_rgb(image)
     size = sane_size(*rgb.size)
     if size == rgb.size:
         return rgb
