@@ -316,6 +316,9 @@ class TrainingSession:
         if self.main:
             with writing("the final model", self.run_dir / "final"):
                 save_model(self.run_dir / "final", self.policy, self.processor, whole and whole.weights)
+        # every process tears its process group down together: one that left while the main one still
+        # wrote has been seen to abort at exit ("terminate called without an active exception")
+        self.accelerator.wait_for_everyone()
         self.close()
         return self.run_dir
 
