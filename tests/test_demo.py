@@ -67,15 +67,19 @@ def test_every_preset_builds_valid_configs_and_is_offered_by_the_cli(tmp_path):
             get_task(config.task.name, seed=config.seed, **config.task.params)  # checks the task parameters
 
 
-def test_a_demo_with_tools_also_answers_with_the_tools_disabled(tmp_path, monkeypatch, capsys):
-    preset = demo.PRESETS["zoom"]
-    smoke = demo.DemoPreset(
-        shared=preset.shared,
+def one_step_preset(name: str, **more) -> demo.DemoPreset:
+    """Preset `name`'s task and shared settings at the smallest run: one step of each phase, two
+    held-out examples, the tiny model."""
+    return demo.DemoPreset(
+        shared=demo.PRESETS[name].shared,
         sft=["sft.batch_size=2", "train.steps=1", "train.micro_batch_size=2", "train.trackers=[]"],
         grpo=["rollout.prompts_per_step=1", "rollout.group_size=2", "algorithm.beta=0", "train.steps=1",
               "train.micro_batch_size=2", "train.save_every=1", "train.trackers=[]"],
-        eval_n=2, max_new_tokens=4, size="tiny")
-    monkeypatch.setitem(demo.PRESETS, "smoke_tools", smoke)
+        eval_n=2, max_new_tokens=4, size="tiny", **more)
+
+
+def test_a_demo_with_tools_also_answers_with_the_tools_disabled(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(demo.PRESETS, "smoke_tools", one_step_preset("zoom"))
     summary = demo.run_demo(str(tmp_path / "demo"), "smoke_tools")
     assert "test, tools disabled" in capsys.readouterr().out
     for phase in ("sft", "grpo"):
@@ -85,14 +89,7 @@ def test_a_demo_with_tools_also_answers_with_the_tools_disabled(tmp_path, monkey
 
 
 def test_the_cryptogram_demo_measures_attention_on_each_letters_cell(tmp_path, monkeypatch, capsys):
-    preset = demo.PRESETS["cryptogram"]
-    smoke = demo.DemoPreset(
-        shared=preset.shared,
-        sft=["sft.batch_size=2", "train.steps=1", "train.micro_batch_size=2", "train.trackers=[]"],
-        grpo=["rollout.prompts_per_step=1", "rollout.group_size=2", "algorithm.beta=0", "train.steps=1",
-              "train.micro_batch_size=2", "train.save_every=1", "train.trackers=[]"],
-        eval_n=2, max_new_tokens=4, size="tiny", attention_n=2)
-    monkeypatch.setitem(demo.PRESETS, "smoke_cells", smoke)
+    monkeypatch.setitem(demo.PRESETS, "smoke_cells", one_step_preset("cryptogram", attention_n=2))
     summary = demo.run_demo(str(tmp_path / "demo"), "smoke_cells")
     printed = capsys.readouterr().out
     attention = summary["attention"]

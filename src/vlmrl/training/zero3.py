@@ -122,6 +122,8 @@ def full_state(model: torch.nn.Module, with_optimizer: bool) -> tuple[dict, dict
     from deepspeed.utils import safe_get_full_optimizer_state
 
     names = distinct_names(model)
+    optimizer = _zero_optimizer(model)
+    group_states = _group_states(optimizer) if with_optimizer else {}
     weights, state = {}, {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         if name not in names:
@@ -129,31 +131,24 @@ def full_state(model: torch.nn.Module, with_optimizer: bool) -> tuple[dict, dict
         with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None, enabled=hasattr(tensor, "ds_id")):
             weights[name] = tensor.detach().cpu().clone()
         if with_optimizer and isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad:
-            state[name] = {"step": _step_of(model, tensor)} | {
-                key: safe_get_full_optimizer_state(tensor, key).cpu() for key in MOMENTS}
+            step = torch.as_tensor(group_states[id(tensor)].get("step", 0), dtype=torch.float32).clone()
+            state[name] = {"step": step} | {key: safe_get_full_optimizer_state(tensor, key).cpu() for key in MOMENTS}
     if not with_optimizer:
         return weights, None
     groups = []
-    for group, params in zip(_zero_optimizer(model).optimizer.param_groups, _zero_optimizer(model).fp16_groups):
+    for group, params in zip(optimizer.optimizer.param_groups, optimizer.fp16_groups):
         ids = {id(p) for p in params}
         groups.append({k: v for k, v in group.items() if k != "params"}
                       | {"params": [n for n, p in model.named_parameters() if id(p) in ids]})
     return weights, {"state": state, "param_groups": groups}
 
 
-def _group_state(model: torch.nn.Module, param: torch.nn.Parameter) -> dict:
-    """AdamW's state of the fp32 partition group holding `param` (DeepSpeed steps one per group)."""
-    optimizer = _zero_optimizer(model)
-    for index, params in enumerate(optimizer.fp16_groups):
-        if any(p is param for p in params):
-            flat = optimizer.fp32_partitioned_groups_flat[index]
-            return optimizer.optimizer.state[flat]
-    raise KeyError(f"no ZeRO-3 group holds the parameter {param.ds_id}")
-
-
-def _step_of(model: torch.nn.Module, param: torch.nn.Parameter) -> torch.Tensor:
-    step = _group_state(model, param).get("step", 0)
-    return torch.as_tensor(step, dtype=torch.float32).clone()
+def _group_states(optimizer) -> dict[int, dict]:
+    """AdamW's state of the fp32 partition group holding each parameter, by the parameter's id
+    (DeepSpeed steps one flat group at a time), from DeepSpeed's ZeRO-3 `optimizer`."""
+    return {id(param): optimizer.optimizer.state[flat]
+            for params, flat in zip(optimizer.fp16_groups, optimizer.fp32_partitioned_groups_flat, strict=True)
+            for param in params}
 
 
 class FullStateOptimizer:
@@ -174,12 +169,13 @@ class FullStateOptimizer:
             if not optimizer.optimizer.state[flat]:
                 optimizer.optimizer.state[flat] = {"step": torch.tensor(0.0)} | {
                     key: torch.zeros_like(flat, memory_format=torch.preserve_format) for key in MOMENTS}
+        group_states = _group_states(optimizer)
         for name, param in self.model.named_parameters():
             if name not in saved:
                 continue
             for key in MOMENTS:
                 safe_set_full_optimizer_state(param, saved[name][key], key)
-            _group_state(self.model, param)["step"] = torch.as_tensor(saved[name]["step"], dtype=torch.float32).clone()
+            group_states[id(param)]["step"] = torch.as_tensor(saved[name]["step"], dtype=torch.float32).clone()
 
 
 def partition(model: torch.nn.Module, accelerator) -> None:
