@@ -79,11 +79,20 @@ def test_tool_rollouts_take_the_same_turns_with_a_static_cache(tiny_model_dir):
 
 @pytest.mark.slow
 def test_the_compiled_decode_step_gives_the_same_tokens(tiny_model_dir, examples):
-    """torch.compile of the decode step on the CPU (~40 s to compile), greedy and sampled."""
+    """torch.compile of the decode step on the CPU (~40 s to compile), greedy and sampled; the
+    sampler's log-probs are the training pass's within 1e-5 (issue 46: a cache slot off by one in
+    the compiled step would show here; measured 4.8e-7)."""
+    from vlmrl.training.logprobs import LogprobScorer
+
     model, processor = load_policy(tiny_model_dir, device="cpu")
     for temperature in (0, 1.0, 1.0):  # the third call reuses the kept cache
         dynamic = completions(model, processor, examples, "dynamic", True, temperature)
         assert torch.equal(dynamic, completions(model, processor, examples, "compiled", True, temperature))
+    settings = GenerationSettings(group_size=3, max_new_tokens=12, temperature=1.0, decode="compiled")
+    rollout = generate_groups(model, processor, examples, settings, seed=5)
+    with torch.no_grad():
+        trained = LogprobScorer(processor, temperature=1.0)(model, rollout)[0]  # (N, T)
+    assert (rollout.sampler_logp - trained)[rollout.completion_mask.bool()].abs().max() < 1e-5
 
 
 def test_the_decode_setting(tiny_model_dir, monkeypatch):
@@ -167,16 +176,24 @@ def test_a_kept_cache_gives_the_same_tokens_call_after_call(tiny_model_dir, exam
 def test_on_cuda_the_compiled_decode_step_gives_the_dynamic_caches_tokens(arch, tiny_model_factory, examples):
     """The compiled step replayed as a CUDA graph ("auto" on CUDA), in fp32 (torch's default: no TF32
     in matrix products): greedy, token for token; sampled, the log-probs each row recorded are those
-    of the training pass (LogprobScorer)."""
+    of the training pass (LogprobScorer): to rounding (1e-5) from the eager static cache, whose slots
+    the compiled step uses; within 1e-2 from the compiled step. Why 1e-2 (measured on an H100,
+    benchmarks/probe_logprob_gap.py, RESULTS.md 2026-11-27): inductor's generated Triton code rounds
+    differently from eager kernels (the rotary's sin/cos and fused float32 arithmetic): 3.9e-3
+    (qwen2_5_vl), 2.0e-3 (qwen2_vl), the same with TF32 off, with math attention and without CUDA
+    graphs, and 0 when the same traced step runs on eager kernels (aot_eager). A slot off by one is
+    not the cause: it would show on the CPU too, where the compiled step is within 1e-5 (the slow
+    test_the_compiled_decode_step_gives_the_same_tokens)."""
     from vlmrl.training.logprobs import LogprobScorer
 
     model, processor = load_policy(tiny_model_factory(arch), device="cuda")
     assert decoding.decode_mode(model, "auto") == "compiled"
     greedy = [completions(model, processor, examples, decode, True, 0) for decode in ("dynamic", "auto", "auto")]
     assert torch.equal(greedy[0], greedy[1]) and torch.equal(greedy[0], greedy[2])  # the graph replays too
-    settings = GenerationSettings(group_size=3, max_new_tokens=12, temperature=1.0, decode="auto")
-    rollout = generate_groups(model, processor, examples, settings, seed=5)
-    with torch.no_grad():
-        trained = LogprobScorer(processor, temperature=1.0)(model, rollout)[0]  # (N, T)
-    mask = rollout.completion_mask.bool()
-    assert (rollout.sampler_logp - trained)[mask].abs().max() < 1e-4
+    for decode, tolerance in (("static", 1e-5), ("auto", 1e-2)):
+        settings = GenerationSettings(group_size=3, max_new_tokens=12, temperature=1.0, decode=decode)
+        rollout = generate_groups(model, processor, examples, settings, seed=5)
+        with torch.no_grad():
+            trained = LogprobScorer(processor, temperature=1.0)(model, rollout)[0]  # (N, T)
+        mask = rollout.completion_mask.bool()
+        assert (rollout.sampler_logp - trained)[mask].abs().max() < tolerance, decode

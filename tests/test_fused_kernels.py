@@ -132,6 +132,50 @@ def test_kernels_that_fail_their_self_check_are_refused_before_step_1(tiny_model
         assert fused_kernels_unsupported(model, TORCH_KERNELS) is None
 
 
+class InPlaceSiluMul(torch.autograd.Function):
+    """silu(gate) * up whose backward writes the gradients over its saved inputs, as liger's
+    swiglu_backward does (the kernel's way to spare two buffers)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        d_gate = grad * up * sig * (1 + gate * (1 - sig))
+        d_up = grad * gate * sig
+        gate.data.copy_(d_gate)  # over the inputs, unseen by autograd's version counter, as Triton's stores
+        up.data.copy_(d_up)
+        return gate, up
+
+
+def test_a_kernel_that_overwrites_its_inputs_in_backward_passes_the_self_check(tiny_model_dir):
+    """liger's silu_mul overwrites gate and up with their gradients in its backward: right wherever
+    gate and up are fresh tensors, as gate_proj(x) and up_proj(x) are in the model. The self-check
+    once fed x itself as the gate beside `x * w`, whose backward then read the overwritten x, and it
+    refused liger on CUDA ('weight gradients are off torch's by 2.79 of their norm'). Here the same
+    in-place backward passes the check, and patched into the model gives its own gradients."""
+    in_place = Kernels(rms_norm=torch_rms_norm, silu_mul=InPlaceSiluMul.apply)
+    widths = [("silu_mul", 64), ("silu_mul", 3420)]
+    assert self_check(in_place, torch.zeros(()), widths) is None
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    completions = rollout_of(model, processor)
+    model.train()
+    own_logp, own_grad = scored(model, processor, completions, True)
+    assert use_fused_kernels(model, True, in_place) == expected_count(model)
+    fused_logp, fused_grad = scored(model, processor, completions, True)
+    assert torch.equal(own_logp, fused_logp)
+    assert (own_grad - fused_grad).abs().max() <= 1e-6 * own_grad.abs().max()  # the formula's rounding
+    x, w = torch.randn(4, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+    (InPlaceSiluMul.apply(x, x * w)).sum().backward()  # the old check's use: x is saved by x * w as well
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    (torch_silu_mul(x2, x2 * w2)).sum().backward()
+    assert not torch.allclose(w.grad, w2.grad, rtol=0.1)  # x overwritten before w's gradient read it
+
+
 def test_in_bf16_rounding_passes_the_self_check_at_qwen25_vl_3b_widths():
     """torch's own formulas in bf16, which round more often than a fused kernel, pass against the
     float32 reference: the check refuses wrong kernels, not bf16."""

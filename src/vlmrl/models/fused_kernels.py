@@ -25,6 +25,14 @@ torch (TORCH_KERNELS). A kernel that fails to compile or launch (an old GPU, a T
 not match the driver), or that computes something else, is refused with its reason before step 1,
 and the model keeps its own forward.
 
+liger's silu_mul saves its two inputs, and its backward writes their gradients over them in place
+(swiglu_backward stores da and db into a and b: no new buffers). The model's use
+allows it: gate_proj(x) and up_proj(x) are fresh outputs that no other operation saves (a linear
+layer saves its input, not its output). A use where an input is also saved elsewhere does not: the
+self-check once fed x itself as the gate while `x * w` saved x for w's gradient, so liger's
+backward overwrote that x and the weight gradients came out wrong (2.79 of their norm on an H200),
+which refused a correct kernel. The check now feeds fresh tensors, as the model does.
+
 tests/test_fused_kernels.py checks the patch points on the CPU by running TORCH_KERNELS through
 them (the patched model equals the original exactly); liger's kernels need CUDA, and the tests
 marked gpu check them against the original within bf16/fp32 tolerances.
@@ -141,7 +149,11 @@ def _check_one(kernels: Kernels, name: str, width: int, like: torch.Tensor) -> s
 def _values_and_gradients(kernels: Kernels, name: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The operation's output on (x, w), and the gradients of <output, upstream> w.r.t. x and w."""
     x, w, upstream = (t.clone().requires_grad_(i < 2) for i, t in enumerate(inputs))
-    out = kernels.rms_norm(x, w, 1e-6) if name == "rms_norm" else kernels.silu_mul(x, x * w)  # (4, 3, width)
+    if name == "rms_norm":
+        out = kernels.rms_norm(x, w, 1e-6)  # (4, 3, width)
+    else:  # gate and up fresh tensors that nothing else saves, as gate_proj(x) and up_proj(x) are in
+        # the model: liger's backward writes its gradients over them in place (module docstring)
+        out = kernels.silu_mul(x * 1.0, x * w)  # (4, 3, width)
     grads = torch.autograd.grad((out * upstream).sum(), (x, w))
     return [out.detach(), *grads]
 
