@@ -185,7 +185,10 @@ def test_many_configs_are_refused_in_one_line_or_run_one_step(tiny_model_dir, dr
     ({"rollout.top_p": 1.5}, r"rollout.top_p must be in \(0, 1\]; got 1.5"),
     ({"rollout.group_size": 1}, "rollout.group_size must be >= 2"),
     ({"rollout.group_size": 0}, "rollout.group_size must be >= 2"),  # the stricter rule, not generation's >= 1
-    ({"rollout.temperature": -1.0}, "rollout.temperature must be > 0"),
+    ({"rollout.temperature": -1.0}, r"rollout.temperature must be in \[0.001, 100\]"),
+    ({"rollout.temperature": 1e-300}, r"rollout.temperature must be in \[0.001, 100\] \(sampling divides the "
+                                      r"logits by it: smaller overflows float32"),  # once NaN probabilities at step 1
+    ({"rollout.temperature": 0.0}, r"rollout.temperature must be in \[0.001, 100\]"),  # GRPO needs samples
     ({"algorithm.beta": NAN, "algorithm.tis_cap": float("inf")}, r"algorithm.beta=nan, tis_cap=inf: must be finite"),
     ({"train.adam_betas": [1.0, 0.9]}, r"train.adam_betas must be two numbers in \[0, 1\)"),
     ({"seed": -1}, r"seed must be in \[0, 2\*\*32\)"),

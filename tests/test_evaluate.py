@@ -4,6 +4,7 @@ evaluation and `vlmrl eval` on the offline tiny model."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -137,10 +138,12 @@ def test_scalar_metrics_and_table_show_the_numbers():
 def test_settings_out_of_range_are_one_line_errors():
     for settings, message in [(EvalSettings(batch_size=0), "batch size must be >= 1"),
                               (EvalSettings(k=-1), "k must be >= 0"),
-                              (EvalSettings(temperature=0.0), "temperature must be > 0"),
+                              (EvalSettings(temperature=0.0), "temperature must be in [0.001, 100]"),
+                              (EvalSettings(temperature=float("inf")), "temperature must be in [0.001, 100]"),
+                              (EvalSettings(temperature=1e-300), "temperature must be in [0.001, 100]"),
                               (EvalSettings(top_p=1.5), "top_p must be in (0, 1]"),
                               (EvalSettings(length_buckets=0), "length buckets must be >= 1")]:
-        with pytest.raises(VlmrlError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        with pytest.raises(VlmrlError, match=re.escape(message)):
             settings.validate()
 
 

@@ -20,7 +20,9 @@ from vlmrl import grpo
 from vlmrl.config import load_config
 from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.models import load_policy
+from vlmrl.cli import main
 from vlmrl.report.tracking import read_metrics
+from vlmrl.rollout.sampling import SampledLogprobs
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.safety.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
 from vlmrl.safety.faults import SAME_STOP_S, StopSignals
@@ -138,6 +140,64 @@ def test_sft_skips_nan_updates(tmp_path, tiny_model_dir, letter_task, monkeypatc
                                 "train.max_bad_steps=0"))
     assert [r["skipped_steps"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
     assert same_params(Path(tiny_model_dir), run / "final")
+
+
+def test_the_sampler_marks_non_finite_logits_instead_of_crashing():
+    """NaN or +inf logits, or a row with every token at -inf, would stop `generate` ('probability
+    tensor contains either inf, nan or element < 0'): such a row samples uniformly and is counted.
+    -inf on some tokens is no fault (min_new_tokens masks the end of turn with it)."""
+    recorder = SampledLogprobs(1.0, banned=[])
+    scores = torch.tensor([[0.0, 1.0, float("-inf")], [float("nan"), 0.0, 0.0], [float("inf"), 0.0, 0.0],
+                           [float("-inf")] * 3])  # (4, 3)
+    out = recorder(torch.zeros(4, 1, dtype=torch.long), scores)
+    assert torch.equal(out[0], scores[0]) and torch.equal(out[1:], torch.zeros(3, 3))
+    assert recorder.broken_rows() == 3
+    recorder(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, 3))
+    assert recorder.broken_rows() == 3  # a row stays counted once
+    assert torch.isfinite(recorder.logprobs(torch.zeros(4, 2, dtype=torch.long))).all()
+
+
+def nan_model(tiny_model_dir: str, folder: Path) -> Path:
+    """A copy of the tiny model with NaN in one text layer's weights."""
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    name, weight = next((n, p) for n, p in model.named_parameters() if "layers.0" in n and "q_proj.weight" in n)
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    model.save_pretrained(folder)
+    for item in Path(tiny_model_dir).iterdir():  # tokenizer and processor files
+        if not (folder / item.name).exists():
+            shutil.copy(item, folder / item.name)
+    return folder
+
+
+def test_nan_weights_stop_training_at_step_1_naming_the_tensors(tmp_path, tiny_model_dir, letter_task):
+    bad = nan_model(tiny_model_dir, tmp_path / "nan-model")
+    with pytest.raises(VlmrlError, match=r"stopped at step 1: the logits of \d+ completion\(s\) were NaN/inf: \d+ "
+                                         r"weight tensor\(s\) hold NaN/inf \(.*layers\.0\..*q_proj\.weight.*\); they "
+                                         r"came with the model folder.*no checkpoint was written"):
+        train(config(tmp_path / "run", str(bad), "train.steps=2", "train.save_every=1"))
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_nan_weights_are_one_line_in_eval(tmp_path, tiny_model_dir, capsys):
+    bad = nan_model(tiny_model_dir, tmp_path / "nan-model")
+    assert main(["eval", str(bad), "--task", "shapes", "--n", "2", "--max-new-tokens", "4", "--k", "0", "--no-blind",
+                 "--out", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert "evaluation stopped: the logits of 2 completion(s) were NaN/inf" in err and "Traceback" not in err
+
+
+def test_an_update_that_makes_the_weights_inf_is_never_saved(tmp_path, tiny_model_dir, letter_task):
+    """train.lr=1e39 (past float32's largest, 3.4e38): the first update's loss and gradient are
+    finite, its weights are not. The checkpoint of step 1 is refused (it would rotate good
+    checkpoints out), naming the tensors. At 1e30 the weights stay finite and the next step's
+    logits are not: that stop names an overflow."""
+    with pytest.raises(VlmrlError, match=r"the weights hold NaN/inf \(.*\); the checkpoint of step 1 is not written"):
+        train(config(tmp_path / "run", tiny_model_dir, "train.steps=3", "train.save_every=1", "train.lr=1e39"))
+    assert not (tmp_path / "run" / "checkpoints" / "step_000001").exists()
+    with pytest.raises(VlmrlError, match=r"stopped at step 2: the logits of \d+ completion\(s\) were NaN/inf with finite "
+                                         r"weights: an activation overflowed .*Checkpoint of step 1: "):
+        train(config(tmp_path / "run2", tiny_model_dir, "train.steps=3", "train.save_every=1", "train.lr=1e30"))
 
 
 # --------------------------------------------------------------------------- stop signals

@@ -37,6 +37,23 @@ def tool_image_side_rule(name: str, side: int) -> str:
             f"at most {high} x {high} pixels); got {side}")
 
 
+TEMPERATURES = (1e-3, 100.0)
+"""Smallest and largest sampling temperature (0 = greedy apart). Sampling divides the logits by it in
+float32: at 1e-300 they overflow to inf and the softmax is NaN ('probability tensor contains inf or
+nan'); at inf every logit is 0 or NaN. Below 1e-3 sampling is greedy in all but name (use 0 where
+that is allowed), above 100 it is uniform over the vocabulary to within a few percent."""
+
+
+def temperature_rule(name: str, temperature: float, greedy: bool) -> tuple[bool, str]:
+    """(whether `temperature`, given as `name`, is allowed, the one-line complaint when not): in
+    TEMPERATURES, or 0 where `greedy` decoding is allowed."""
+    low, high = TEMPERATURES
+    allowed = low <= temperature <= high or (greedy and temperature == 0)  # NaN fails both
+    zero = "0 (greedy) or " if greedy else ""
+    return allowed, (f"{name} must be {zero}in [{low:g}, {high:g}] (sampling divides the logits by it: smaller "
+                     f"overflows float32, larger samples the vocabulary uniformly); got {temperature}")
+
+
 RENAMED_KEYS: dict[str, str] = {
     "rollout.shared_prefill": "rollout.share_prompt_cache",
     "train.shared_prefix": "train.pack_groups",
@@ -155,7 +172,7 @@ class GenerationSettings:
         require((self.decode in DECODES, f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}"),
                 (self.group_size >= 1 and self.max_new_tokens >= 1,
                  f"group_size and max_new_tokens must be >= 1; got {self.group_size}, {self.max_new_tokens}"),
-                (math.isfinite(self.temperature) and self.temperature >= 0, f"temperature must be >= 0; got {self.temperature}"),
+                temperature_rule("temperature", self.temperature, greedy=True),
                 (math.isfinite(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1]; got {self.top_p}"))
 
 
@@ -199,8 +216,7 @@ class RolloutConfig(GenerationSettings):
     def validate(self) -> None:
         require((self.fsdp_generation in ("whole", "layers"),
                  f"rollout.fsdp_generation must be whole or layers; got {self.fsdp_generation!r}"))
-        require((math.isfinite(self.temperature) and self.temperature > 0,  # stricter than generation's rule: first
-                 f"rollout.temperature must be > 0 (GRPO learns from samples); got {self.temperature}"),
+        require(temperature_rule("rollout.temperature", self.temperature, greedy=False),  # GRPO learns from samples
                 (self.group_size >= 2, f"rollout.group_size must be >= 2 (advantages compare the completions of one "
                                        f"prompt: a group of one never learns); got {self.group_size}"))
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlmrl.config import TOOL_IMAGE_SIDES, tool_image_side_rule
+from vlmrl.config import TOOL_IMAGE_SIDES, temperature_rule, tool_image_side_rule
 from vlmrl.errors import require
 
 
@@ -52,7 +52,7 @@ class EvalSettings:
         checks = [(self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
                   (self.max_new_tokens >= 1, f"max new tokens must be >= 1, got {self.max_new_tokens}"),
                   (self.k >= 0, f"k must be >= 0 (0 skips pass@k), got {self.k}"),
-                  (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+                  temperature_rule("temperature", self.temperature, greedy=False),
                   (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
                   (self.length_buckets >= 1, f"length buckets must be >= 1, got {self.length_buckets}"),
                   (self.max_turns >= 1, f"max turns must be >= 1, got {self.max_turns}"),

@@ -40,6 +40,7 @@ from vlmrl.evaluation.eval_settings import (
     EvalSettings,  # re-exported: `from vlmrl.evaluation.evaluate import EvalSettings`
 )
 from vlmrl.rollout.generation import generate_groups
+from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
 from vlmrl.seeds import derive_seed
@@ -187,10 +188,23 @@ def _sampler(model, processor, settings: EvalSettings):
         def run(batch: list[Example], start: int):
             seed = derive_seed(settings.seed, "eval", start)
             if toolbox is None:
-                return generate_groups(model, processor, batch, generation, seed=seed)
-            return generate_trajectories(model, processor, batch, toolbox, seed=seed)
+                rollout = generate_groups(model, processor, batch, generation, seed=seed)
+            else:
+                rollout = generate_trajectories(model, processor, batch, toolbox, seed=seed)
+            stop_at_broken_logits(model)
+            return rollout
         return run
     return sample
+
+
+def stop_at_broken_logits(model) -> None:
+    """One line naming the cause when the model sampled from NaN/inf logits (sampling.py), at the first
+    batch that did. Within a run of several processes the trainer's next check stops every process
+    together instead (an error on the evaluating process alone would leave the others waiting)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        return
+    if rows := take_broken_rows(model):
+        raise VlmrlError(f"evaluation stopped: {broken_logits_cause(rows, non_finite_parameters(model))}")
 
 
 def _tool_settings(settings: EvalSettings, generation: GenerationSettings) -> RolloutConfig:

@@ -29,7 +29,7 @@ from vlmrl.rollout.completions import Completions, pad_right
 from vlmrl.rollout.decoding import decode_kwargs, decode_mode
 from vlmrl.rollout.prefill import last_prompt_token_is_text, prefill_once
 from vlmrl.rollout.prompts import encode_prompts
-from vlmrl.rollout.sampling import SampledLogprobs, sampling_kwargs
+from vlmrl.rollout.sampling import SampledLogprobs, note_broken_rows, sampling_kwargs
 from vlmrl.tasks import Example
 
 
@@ -148,6 +148,7 @@ def sample_on(model, processor, inputs: dict, settings: GenerationSettings,
                          eos_token_id=stop_token_ids(processor, model), pad_token_id=processor.tokenizer.pad_token_id,
                          use_cache=True, return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
     ids = out[:, inputs["input_ids"].shape[1]:]  # (N, T)
+    note_broken_rows(model, recorder.broken_rows())  # one host sync per call; the caller stops on it
     return ids, recorder.logprobs(ids)
 
 

@@ -14,9 +14,18 @@ the same computation they are equal, and where the decode step differs (a compil
 kernels, a static cache) the difference is the rollout/training mismatch that truncated
 importance sampling corrects (grpo.py, `algorithm.tis_cap`). Only one step's distribution
 (N x V floats) is held at a time; nothing of the vocabulary is kept per step.
+
+Logits that are NaN or +inf, or a row with every token at -inf (NaN weights, an activation that
+overflowed) would stop `generate` with torch's 'probability tensor contains either inf, nan or
+element < 0'. The recorder marks such rows on the device (no host sync per step), lets them
+sample uniformly so the call finishes, and `generate_groups` reports them once per call
+(`non_finite_logits`): the trainer then stops with the cause named (faults.py), and `vlmrl eval`
+says so in one line. -inf alone is no fault: other processors mask tokens with it (min_new_tokens).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -33,9 +42,13 @@ class SampledLogprobs:
         self.banned_here: torch.Tensor | None = None  # the same on the logits' device (first call)
         self.previous: torch.Tensor | None = None  # (N, V) log-probs of the last step
         self.picked: list[torch.Tensor] = []  # per decode step: (N,) log-prob of the drawn token
+        self.broken: torch.Tensor | None = None  # (N, 1) rows whose logits were not finite at some step
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """input_ids (N, L) so far (the last one drawn from the previous step); scores (N, V)."""
+        broken = (scores.isnan() | scores.isposinf()).any(-1, keepdim=True) | scores.isneginf().all(-1, keepdim=True)
+        self.broken = broken if self.broken is None else self.broken | broken  # (N, 1), on the device
+        scores = torch.where(broken, torch.zeros_like(scores), scores)  # such a row samples uniformly: no crash
         if self.temperature > 0:
             if self.previous is not None:
                 self._pick(input_ids[:, -1])
@@ -48,6 +61,10 @@ class SampledLogprobs:
     def _pick(self, tokens: torch.Tensor) -> None:
         self.picked.append(self.previous.gather(-1, tokens[:, None]).squeeze(-1))  # (N,)
         self.previous = None
+
+    def broken_rows(self) -> int:
+        """How many rows had NaN/inf logits at some step (one host sync, after `generate`)."""
+        return 0 if self.broken is None else int(self.broken.sum())
 
     def logprobs(self, new_ids: torch.Tensor) -> torch.Tensor | None:
         """(N, T) the recorded log-probs of `new_ids` (N, T), the tokens `generate` returned after the
@@ -70,3 +87,38 @@ def sampling_kwargs(settings: GenerationSettings, recorder: SampledLogprobs) -> 
     from transformers import LogitsProcessorList
 
     return chosen | {"repetition_penalty": 1.0, "logits_processor": LogitsProcessorList([recorder])}
+
+
+_broken_rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> rows it sampled from non-finite logits since `take_broken_rows` last asked."""
+
+
+def note_broken_rows(model: torch.nn.Module, rows: int) -> None:
+    if rows:
+        _broken_rows[model] = _broken_rows.get(model, 0) + rows
+
+
+def take_broken_rows(model: torch.nn.Module) -> int:
+    """Rows `model` sampled from NaN/inf logits since the last call (then 0 again)."""
+    return _broken_rows.pop(model, 0)
+
+
+def non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters holding NaN/inf: this process's part of a sharded one (FSDP2's local
+    shard, ZeRO-3's partition), so no collective runs here."""
+    def local(p: torch.Tensor) -> torch.Tensor:
+        return p.to_local() if hasattr(p, "to_local") else getattr(p, "ds_tensor", p)
+
+    return [name for name, p in model.named_parameters() if local(p).numel() and not bool(torch.isfinite(local(p)).all())]
+
+
+def broken_logits_cause(rows: int, bad: list[str]) -> str:
+    """What a user reads when `rows` rows were sampled from NaN/inf logits while the parameters
+    `bad` (non_finite_parameters) held NaN/inf."""
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        return (f"the logits of {rows} completion(s) were NaN/inf: {len(bad)} weight tensor(s) hold NaN/inf "
+                f"({shown}); they came with the model folder, or an update made them (NaN optimizer state "
+                "restored from a checkpoint, too high a learning rate)")
+    return (f"the logits of {rows} completion(s) were NaN/inf with finite weights: an activation overflowed "
+            "(weights grown huge by too high a train.lr, or float16: try model.dtype=bfloat16) or the inputs hold NaN")

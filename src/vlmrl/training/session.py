@@ -27,6 +27,7 @@ from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.evaluation.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
 from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
+from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.checkpoint import Gathered, find_resumable, restore_trainer_state, save_checkpoint, save_model
 from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals, any_process
@@ -175,6 +176,7 @@ class TrainingSession:
         """A checkpoint now (all processes call this); returns its folder."""
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         self.accelerator.wait_for_everyone()
+        self.refuse_non_finite_weights(f"checkpoint of step {steps_done}")
         whole = self.gather_state(for_checkpoint=True)  # every process takes part in gathering a sharded run's
         if self.main:
             folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
@@ -183,6 +185,17 @@ class TrainingSession:
                                      extra={"faults": self.guard.state_dict()}, gathered=whole)
         self.saved_step = steps_done
         return folder
+
+    def refuse_non_finite_weights(self, what: str) -> None:
+        """Stop in one line, writing nothing, when the policy's weights hold NaN/inf on any process:
+        such a save would replace good checkpoints (keep_checkpoints) with a broken one."""
+        bad = non_finite_parameters(self.policy)
+        if self.any_process(bool(bad)):
+            self.close()
+            named = ", ".join(bad[:3]) or "on another process"
+            raise VlmrlError(f"the weights hold NaN/inf ({named}); the {what} is not written, the checkpoints on "
+                             "disk are older. An update made them: look for NaN optimizer state restored from a "
+                             "checkpoint, or too high a train.lr")
 
     def gather_state(self, for_checkpoint: bool) -> Gathered | None:
         """The full state dicts of a sharded run's policy, gathered on every process (all must call
@@ -233,6 +246,26 @@ class TrainingSession:
             self.close()
             raise VlmrlError(f"bad held-out data: {stop or 'the main process met a bad eval example'}; fix the data, "
                              "or set task.params.on_bad_row=skip to replace bad rows by the next good ones")
+
+    def stop_at_broken_logits(self, steps_done: int, cursor: int) -> None:
+        """When any process sampled this step from NaN/inf logits (sampling.py): stop in one line
+        naming the cause. The weights are the last finished step's (`cursor`: its data cursor): saved
+        when finite (unless saved already), never when not, so the checkpoints on disk stay good ones."""
+        rows = take_broken_rows(self.policy)
+        if not self.any_process(rows > 0):
+            return
+        bad = non_finite_parameters(self.policy)
+        cause = broken_logits_cause(rows, bad) if rows else "another process sampled from NaN/inf logits"
+        if self.any_process(bool(bad)):
+            kept = sorted((self.run_dir / "checkpoints").glob("step_*"))
+            where = f"the last checkpoint, {kept[-1]}, is older" if kept else "no checkpoint was written"
+            self.close()
+            raise VlmrlError(f"stopped at step {steps_done + 1}: {cause}. Nothing saved from these weights ({where})")
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        if self.saved_step != steps_done:
+            folder = self.save(steps_done, cursor)
+        self.close()
+        raise VlmrlError(f"stopped at step {steps_done + 1}: {cause}. Checkpoint of step {steps_done}: {folder}")
 
     def stop_at_bad_row(self, rows: RowGuard, steps_done: int, cursor: int) -> None:
         """When any process met a bad train example and the task's on_bad_row is "error": save a
@@ -312,6 +345,7 @@ class TrainingSession:
     def finish(self) -> Path:
         """Save the final model into run_dir/final and close the processes; returns run_dir."""
         self.accelerator.wait_for_everyone()
+        self.refuse_non_finite_weights("final model")
         whole = self.gather_state(for_checkpoint=False)
         if self.main:
             with writing("the final model", self.run_dir / "final"):

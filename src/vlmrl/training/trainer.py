@@ -59,6 +59,7 @@ def train(config: Config) -> Path:
             session.policy.eval()
             experience, next_cursor = collect_experience(sampler, step, cursor)
             session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
+            session.stop_at_broken_logits(step, cursor)  # NaN/inf logits: the cause in one line
             cursor = next_cursor
             session.policy.train()
             torch.manual_seed(derive_seed(config.seed, step, "update"))  # dropout, identical on resume
