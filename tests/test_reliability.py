@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from vlmrl import grpo
+from launching import launcher
 from vlmrl.config import load_config
 from vlmrl.errors import Interrupted, VlmrlError
 from vlmrl.models import load_policy
@@ -26,6 +27,7 @@ from vlmrl.rollout.sampling import SampledLogprobs
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.safety.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
 from vlmrl.safety.faults import SAME_STOP_S, StopSignals
+from vlmrl.safety.folder_lock import holder
 from vlmrl.tasks import Example
 from vlmrl.training.trainer import train
 
@@ -278,6 +280,59 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_d
     resumed_rows, straight_rows = read_metrics(resumed / "metrics.jsonl"), read_metrics(straight / "metrics.jsonl")
     assert without_timing(resumed_rows) == without_timing(straight_rows)
     assert same_params(resumed / "final", straight / "final")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigkill_to_the_launcher_stops_its_processes_with_a_checkpoint(tmp_path, tiny_model_dir):
+    """SIGKILL to `accelerate launch` (two processes): they once trained on to their last step,
+    holding the run folder. Each follows its launcher (faults.parent_to_follow): a SIGTERM when it
+    dies, so both stop after their step with a checkpoint, and the folder is free."""
+    run = tmp_path / "run"
+    command = launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                       "--dynamo_backend", "no") + ["train", *overrides(run, tiny_model_dir, "train.steps=500")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()):
+            assert time.monotonic() < deadline and process.poll() is None, "no metrics line within 180 s"
+            time.sleep(0.05)
+        workers = children(process.pid)
+        assert len(workers) == 2
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 120
+        while any(running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(running(pid) for pid in workers), "the launcher's processes trained on"
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    steps = len(read_metrics(run / "metrics.jsonl"))
+    assert steps < 500 and read_checkpoint(run / "checkpoints" / f"step_{steps:06d}")["step"] == steps
+    assert holder(run) is None
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -409,6 +409,70 @@ def test_a_worker_whose_parent_is_killed_mid_call_ends_itself(tmp_path):
     assert not process_exists(worker)
 
 
+def run_script(script: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`script` in a fresh Python that leads a process group of its own (as a `vlmrl` command run from
+    a shell does), with vlmrl and tests/ importable."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True, env={"PYTHONPATH": f"{TESTS.parent / 'src'}:{TESTS}", "PATH": ""})
+
+
+def test_what_a_tool_starts_ends_with_the_worker(tmp_path):
+    """A tool that spawns a long-lived process (a server, a `sleep`): it once outlived the run as an
+    orphan. The worker leads a process group of its own and is stopped by killing the group."""
+    (tmp_path / "spawning_tools.py").write_text(
+        "import subprocess\n"
+        "def spawn(context, pid_file):\n"
+        "    child = subprocess.Popen(['/bin/sleep', '300'])\n"
+        "    open(pid_file, 'w').write(str(child.pid))\n"
+        "    return 'started'\n")
+    done = run_script("import sys\n"
+                      f"sys.path.insert(0, {str(tmp_path)!r})\n"
+                      "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+                      f"call = ToolCall('spawn', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
+                      "tools = resolve_tools(['spawning_tools:spawn'])\n"
+                      "print(run_tool(call, tools, ToolContext([]), ToolLimits()).text)\n")
+    assert (done.returncode, done.stdout) == (0, "started\n"), done.stderr
+    child = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 5
+    while process_exists(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_exists(child)
+
+
+def test_a_tool_signalling_its_process_group_cannot_stop_the_trainer(tmp_path):
+    """os.killpg(0, SIGTERM) in a tool reaches the worker's group, never the trainer's: the call is
+    an error and the trainer goes on (it once got the SIGTERM, and stopped)."""
+    (tmp_path / "group_tools.py").write_text(
+        "import os, signal\n"
+        "def stop_group(context):\n"
+        "    os.killpg(0, signal.SIGTERM)\n"
+        "    return 'sent'\n")
+    done = run_script("import sys\n"
+                      f"sys.path.insert(0, {str(tmp_path)!r})\n"
+                      "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+                      "result = run_tool(ToolCall('stop_group', {}), resolve_tools(['group_tools:stop_group']),\n"
+                      "                  ToolContext([]), ToolLimits())\n"
+                      "print(result.error, 'alive')\n")
+    assert (done.returncode, done.stdout) == (0, "raised alive\n"), (done.returncode, done.stderr)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("import sys\nsys.exit(3)\n", r"cannot import the module of tool 'bad_import:f': SystemExit: 3"),
+    ("import os\nos._exit(0)\n", r"cannot import the module of tool 'bad_import:f': the tool worker stopped"),
+    ("import time\ntime.sleep(600)\n", r"the module of tool 'bad_import:f' did not finish importing within 1 s"),
+])
+def test_a_tool_module_that_exits_or_hangs_at_import_is_one_line(tmp_path, monkeypatch, body, message):
+    """Imported first in the tool worker, within IMPORT_S: sys.exit at import once ended `vlmrl`
+    silently, a hang hung it."""
+    (tmp_path / "bad_import.py").write_text(body + "def f(context):\n    return 'x'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(tools, "IMPORT_S", 1.0)
+    started = time.monotonic()
+    with pytest.raises(VlmrlError, match=message):
+        resolve_tools(["bad_import:f"])
+    assert time.monotonic() - started < 30
+
+
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_worker(tmp_path):
     """multiprocessing's 'spawn' would run the parent's script again in the worker (a training script
     would train again there); the worker is started from its own command instead."""

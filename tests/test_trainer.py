@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
-from launching import CLI, launcher, run_all_or_kill
+from launching import CLI, LR, assert_same_statistics, assert_same_weights, launcher, run_all_or_kill
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import read_metrics
@@ -153,7 +153,7 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     overrides = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", f"task.name={LETTER_TASK}",
                  "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
                  "rollout.generation_batch_size=2", "train.micro_batch_size=4", "train.steps=1",
-                 "train.lr=1e-2", "algorithm.aggregation=token", "algorithm.beta=0.1",
+                 f"train.lr={LR}", "algorithm.aggregation=token", "algorithm.beta=0.1",
                  "train.log_rollouts_every=1"]
     one = tmp_path / "one"
     two = tmp_path / "two"
@@ -169,13 +169,8 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     assert any(not torch.equal(a[k], base[k]) for k in a)
     ma, mb = read_metrics(one / "metrics.jsonl")[0], read_metrics(two / "metrics.jsonl")[0]
     assert ma["reward"] == pytest.approx(mb["reward"]) and ma["groups_drawn"] == mb["groups_drawn"] == 4
-    assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-5)  # the same gradient
-    for key in ("loss", "kl", "entropy", "clip_fraction", "ratio_mean"):  # statistics of the whole batch
-        assert ma[key] == pytest.approx(mb[key], rel=1e-5, abs=1e-7), key
-    # Adam's first step is lr * g / (|g| + eps): float noise on a near-zero g moves an element by up
-    # to lr; 1% of lr (1e-4) still fails any real difference in the update.
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-4)
+    assert_same_statistics(ma, mb, ("grad_norm", "loss", "kl", "entropy", "clip_fraction", "ratio_mean"))
+    assert_same_weights(a, b, LR)  # Adam passes a near-cancelled gradient's rounding on at lr's scale
     assert len((two / "rollouts" / "step_000001.jsonl").read_text().splitlines()) == 16
 
 

@@ -21,7 +21,8 @@ that passes it on), and must not cost the checkpoint. `vlmrl compare` also start
 own process group, so a terminal's Ctrl-C reaches a run only through the study (study_processes.py).
 A run started with STOP_WITH_PARENT set to its parent's process id (a study's runs) asks Linux for a
 SIGTERM when that parent dies (`stop_with_parent`): a study killed outright (SIGKILL) cannot pass a
-stop on, and its runs stop after their step with a checkpoint all the same.
+stop on, and its runs stop after their step with a checkpoint all the same. The processes of
+`accelerate launch` (or torchrun) follow their launcher the same way (`parent_to_follow`).
 """
 
 from __future__ import annotations
@@ -140,13 +141,23 @@ class StopSignals:
             previous = signal.getsignal(signum)
             self._previous[signum] = previous
             signal.signal(signum, functools.partial(_on_signal, this, previous))
-        stop_with_parent(os.environ.get(STOP_WITH_PARENT))
+        stop_with_parent(parent_to_follow())
 
     def restore(self) -> None:
         """Put back the handlers that were there before."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+
+
+def parent_to_follow() -> str | None:
+    """The process id whose death stops this run: a launcher's (`accelerate launch` and `torchrun`
+    start each process with TORCHELASTIC_RUN_ID set, as their children), so that SIGKILL to the
+    launcher stops its processes after their step with a checkpoint, where they used to train on to
+    their end holding the run folder; else STOP_WITH_PARENT's (a study's runs), else none."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return str(os.getppid())
+    return os.environ.get(STOP_WITH_PARENT)
 
 
 def stop_with_parent(parent: str | None) -> bool:

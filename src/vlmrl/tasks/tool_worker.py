@@ -18,6 +18,11 @@ the caller's timeout, so a slow import never counts against a tool's time. After
 crash the worker is killed (SIGKILL) and a new one started at once, so it is usually ready by the
 next job. A worker ignores SIGINT (Ctrl-C is the trainer's to handle), exits when its pipe closes,
 and a watchdog thread ends it if its parent dies, so none is left behind.
+
+The worker leads a process group (a session) of its own, and is stopped by killing that group: a
+process a tool forks or spawns dies with the worker, not left behind after the run, and a tool that
+signals its own group (`os.killpg(0, ...)`) reaches the worker's, never the trainer's. The watchdog
+likewise kills the whole group when the parent is gone.
 """
 
 from __future__ import annotations
@@ -50,10 +55,11 @@ class WorkerFailed(Exception):
 
 
 def _watch_parent(parent_pid: int) -> None:
-    """End this worker once its parent is gone (then it is re-parented and getppid changes)."""
+    """End this worker, and every process of its group (what tools started), once its parent is gone
+    (then it is re-parented and getppid changes)."""
     while os.getppid() == parent_pid:
         time.sleep(1.0)
-    os._exit(0)
+    os.killpg(0, signal.SIGKILL)
 
 
 BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
@@ -110,13 +116,17 @@ class Worker:
     def _start(self) -> None:
         parent_end, child_end = socket.socketpair()
         command = [sys.executable, "-c", BOOT, json.dumps(sys.path), str(child_end.fileno()), str(os.getpid())]
-        self._process = subprocess.Popen(command, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL)
+        self._process = subprocess.Popen(command, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
+                                         start_new_session=True)  # its own group: see the module's docstring
         child_end.close()
         self._connection, self._ready = Connection(parent_end.detach()), False
 
     def _stop(self) -> None:
         if self._process is not None:
-            self._process.kill()
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)  # the worker and what its tools started
+            except ProcessLookupError:  # the group is gone already
+                pass
             self._process.wait()
             self._connection.close()
         self._process = self._connection = None

@@ -298,11 +298,28 @@ BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoo
 # --------------------------------------------------------------------------- the registry
 
 
+IMPORT_S = 60.0
+"""Seconds a tool's module may take to import, tried first in the tool worker: a module that hangs,
+exits or kills its process at import stops there, in one line, and never takes the trainer along."""
+
+
+def import_only(module_name: str) -> None:
+    """Import `module_name` (a tool worker's job: nothing comes back but success)."""
+    importlib.import_module(module_name)
+
+
 def _import_tool(path: str) -> Callable[..., Any]:
-    """The callable at `package.module:function` (only that module is imported)."""
+    """The callable at `package.module:function` (only that module is imported), once its import has
+    succeeded in the tool worker within IMPORT_S."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute.isidentifier():
         raise VlmrlError(f"tool {path!r} must be written package.module:function")
+    try:
+        WORKER.run(import_only, (module_name,), IMPORT_S)
+    except WorkerTimeout:
+        raise VlmrlError(f"the module of tool {path!r} did not finish importing within {IMPORT_S:g} s") from None
+    except WorkerFailed as error:
+        raise VlmrlError(f"cannot import the module of tool {path!r}: {error}") from None
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # a user's module may fail at import in any way; report it as config
