@@ -1,6 +1,6 @@
-"""Model weights that are damaged or incomplete (models/folder_check.py): each one line naming the
-file or the tensors, where vlmrl loads a policy, a LoRA adapter or a reference copy, and from
-`vlmrl check`, `eval` and `sft`."""
+"""Model files that are damaged, incomplete or from two models (models/folder_check.py): each one
+line naming the file, the tensors or the part that disagrees, where vlmrl loads a policy, a LoRA
+adapter or a reference copy, and from `vlmrl check`, `eval` and `sft`."""
 
 from __future__ import annotations
 
@@ -121,8 +121,8 @@ def test_a_tensor_the_model_has_no_place_for_is_named(tiny_model_dir, tmp_path):
     assert "no place for (1): model.language_model.layers.0.extra.weight" in refusal(folder)
 
 
-@pytest.mark.parametrize("command", [["check", "configs/shapes_sft_tiny.yaml"], ["eval", "{folder}", "--task", "shapes"],
-                                     ["sft", "configs/shapes_sft_tiny.yaml"]])
+@pytest.mark.parametrize("command", [["check", "configs/shapes_sft_tiny.yaml"], ["sft", "configs/shapes_sft_tiny.yaml"],
+                                     ["eval", "{folder}", "--task", "shapes"]])
 def test_the_commands_report_a_model_that_loads_half_in_one_line(tiny_model_dir, tmp_path, capsys, command):
     folder = copy_of(tiny_model_dir, tmp_path)
     rewrite(folder / WEIGHTS, lambda tensors: tensors.pop(UP))
@@ -143,9 +143,10 @@ def test_a_lora_adapter_that_is_damaged_or_does_not_fit_is_named(tiny_model_dir,
     load_adapter_weights(policy, tmp_path / "r8")  # whole and fitting: loads
     adapter = "adapter_model.safetensors"
     first = sorted(load_file(tmp_path / "r8" / adapter))[0]
+    stray = {"stray.weight": torch.ones(1)}
     for name, change in [("truncated", lambda f: damage(f, "truncated")),
                          ("missing", lambda f: rewrite(f, lambda tensors: tensors.pop(first))),
-                         ("extra", lambda f: rewrite(f, lambda tensors: tensors.update({"stray.weight": torch.zeros(1)})))]:
+                         ("extra", lambda f: rewrite(f, lambda tensors: tensors.update(stray)))]:
         folder = copy_of(tmp_path / "r8", tmp_path, name)
         change(folder / adapter)
         with pytest.raises(VlmrlError) as error:
@@ -175,3 +176,46 @@ def test_reference_weights_that_are_damaged_or_do_not_fit_are_named(tiny_model_d
         expected = {"truncated": str(folder / REFERENCE_FILE), "missing": f"not in {REFERENCE_FILE} and would start "
                     f"from random values: {name}", "shape": f"{name} is [2, 2] in {REFERENCE_FILE} but [64, 128]"}[case]
         assert expected in str(error.value)
+
+
+# ------------------------------------------------------------------ parts of two models in one folder
+
+
+@pytest.mark.parametrize("other, files, said", [
+    ("llava", ["processor_config.json"], "config.json's model type is qwen2_5_vl (processor Qwen2_5_VLProcessor) but "
+                                         "processor_config.json names LlavaProcessor"),
+    ("gemma3", ["processor_config.json"], "processor_config.json names Gemma3Processor"),
+    ("llava", ["config.json"], "config.json's model type is llava (processor LlavaProcessor) but processor_config.json "
+                               "names Qwen2_5_VLProcessor"),
+    ("llava", ["tokenizer.json"], "config.json's image token id is 500 ('</s>' in the tokenizer), the processor writes "
+                                  "'<|image_pad|>' (not in the tokenizer)"),
+    ("gemma3", ["tokenizer.json", "tokenizer_config.json"], "the processor writes '<image_soft_token>' (id 501)"),
+    ("llava", ["config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json"],
+     "model.safetensors and config.json are of different models: 64 weights are not in model.safetensors "
+     "(lm_head.weight, model.language_model.embed_tokens.weight"),  # all but the weights
+])
+def test_parts_of_another_family_are_refused_naming_the_part(tiny_model_dir, tiny_model_factory, tmp_path, other,
+                                                              files, said):
+    folder = copy_of(tiny_model_dir, tmp_path)
+    for file in files:
+        shutil.copy(Path(tiny_model_factory(other)) / file, folder / file)
+    assert said in refusal(folder)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    folder = copy_of(tiny_model_dir, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(8)])  # ids 512-519, past the 512 rows
+    tokenizer.save_pretrained(folder)
+    assert "the tokenizer has 520 tokens but the model's embedding has 512 rows (config.json's vocab_size 512)" \
+        in refusal(folder)
+
+
+def test_a_config_of_other_widths_names_the_embedding_and_both_shapes(tiny_model_dir, tmp_path):
+    folder = copy_of(tiny_model_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["vocab_size"] = 1024  # another Qwen2.5-VL's config.json
+    (folder / "config.json").write_text(json.dumps(config))
+    assert "is [512, 64] in model.safetensors but [1024, 64] by config.json" in refusal(folder)

@@ -22,10 +22,11 @@ import torch
 from vlmrl.config import Config, LoraConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.models.folder_check import (
-    check_fit, check_loaded_weights, check_weight_file, check_weight_files, shape_fit, tensor_shapes,
-    withheld_load_report)
+    check_fit, check_image_token, check_loaded_weights, check_processor_family, check_vocabulary, check_weight_file,
+    check_weight_files, shape_fit, tensor_shapes, withheld_load_report)
 from vlmrl.models.fused_kernels import use_fused_kernels
-from vlmrl.models.model_source import check_model_source, first_line, processor_class, saved_processor_class
+from vlmrl.models.model_source import (
+    check_model_source, find_model_config, first_line, processor_class, saved_processor_class)
 from vlmrl.models.processing import image_text_processor_class
 from vlmrl.models.support import hf_model
 from vlmrl.models.vision_attention import use_batched_vision_attention
@@ -65,10 +66,12 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
     """The model's processor (image processor + tokenizer + chat template).
 
     `AutoProcessor` first; where it cannot load (the Qwen2-VL family needs torchvision for its video
-    processor), the family's own processor class without the video slot.
+    processor), the family's own processor class without the video slot. Refused in one line where
+    the processor files are another family's than config.json (folder_check.py).
     """
     from transformers import AutoProcessor, ProcessorMixin
-    check_model_source(name_or_path, trust_remote_code)
+    config = check_model_source(name_or_path, trust_remote_code)
+    check_processor_family(name_or_path, config)
     try:
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ImportError, ValueError) as auto_error:
@@ -110,15 +113,18 @@ def load_policy(
     from another process once sharded: sharding.shard's `weights_from_main`).
 
     A damaged weights file, a weight missing from the files (which transformers would start from
-    random values), one the model has no place for or of another shape are refused in one line
+    random values), one the model has no place for or of another shape, a tokenizer whose image
+    token is not config.json's and one larger than the model's embedding are refused in one line
     (folder_check.py).
     """
     if place not in PLACES:
         raise ValueError(f"place must be one of {PLACES}; got {place!r}")
     processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
+    check_image_token(name_or_path, find_model_config(name_or_path), processor)  # the hub asked once
     target = resolve_device(device)
     model = load_checked_model(name_or_path, resolve_dtype(dtype, target), attn_implementation, trust_remote_code,
                                on_meta=place == "meta")
+    check_vocabulary(name_or_path, model, processor.tokenizer)
     if place == "device":
         model.to(target)
     if model.generation_config.pad_token_id is None:
