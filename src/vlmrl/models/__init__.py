@@ -7,6 +7,8 @@ family supports.
     processing.py         image+text processors that need no torchvision
     model_source.py       a model name or folder checked before anything loads, and refused
                           from its config when vlmrl cannot train it
+    folder_check.py       weight files whole and fully loaded, config, processor and tokenizer
+                          of one model (a policy, a LoRA adapter, a reference copy)
     fast_paths.py         a fast path that fails on first use falls back to the plain path
     support.py            what each family supports, as data in one table (packing, blocks, ...)
     token_inputs.py       processor outputs along the token axis, and their position ids

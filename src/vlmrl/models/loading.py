@@ -21,8 +21,12 @@ import torch
 
 from vlmrl.config import Config, LoraConfig
 from vlmrl.errors import VlmrlError
+from vlmrl.models.folder_check import (
+    check_fit, check_image_token, check_loaded_weights, check_processor_family, check_vocabulary, check_weight_file,
+    check_weight_files, shape_fit, tensor_shapes, withheld_load_report)
 from vlmrl.models.fused_kernels import use_fused_kernels
-from vlmrl.models.model_source import check_model_source, first_line, processor_class, saved_processor_class
+from vlmrl.models.model_source import (
+    check_model_source, find_model_config, first_line, processor_class, saved_processor_class)
 from vlmrl.models.processing import image_text_processor_class
 from vlmrl.models.support import hf_model
 from vlmrl.models.vision_attention import use_batched_vision_attention
@@ -34,6 +38,7 @@ _VISION_RE = re.compile(r"(^|\.)(" + "|".join(VISION_MODULE_NAMES) + r")(\.|$)")
 PLACES = ("device", "host", "meta")
 """Where `load_policy` puts the model: on the device, in CPU memory, or on the meta device (no weights)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ADAPTER_FILE = "adapter_model.safetensors"
 
 
 def is_vision_parameter(name: str) -> bool:
@@ -61,10 +66,12 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
     """The model's processor (image processor + tokenizer + chat template).
 
     `AutoProcessor` first; where it cannot load (the Qwen2-VL family needs torchvision for its video
-    processor), the family's own processor class without the video slot.
+    processor), the family's own processor class without the video slot. Refused in one line where
+    the processor files are another family's than config.json (folder_check.py).
     """
     from transformers import AutoProcessor, ProcessorMixin
-    check_model_source(name_or_path, trust_remote_code)
+    config = check_model_source(name_or_path, trust_remote_code)
+    check_processor_family(name_or_path, config)
     try:
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ImportError, ValueError) as auto_error:
@@ -104,24 +111,20 @@ def load_policy(
     `device`, for a caller that moves it onto `device` a piece at a time (sharding), so that it is
     never whole there; "meta" builds it on the meta device without reading any weight (they come
     from another process once sharded: sharding.shard's `weights_from_main`).
-    """
-    from transformers import AutoModelForImageTextToText
 
+    A damaged weights file, a weight missing from the files (which transformers would start from
+    random values), one the model has no place for or of another shape, a tokenizer whose image
+    token is not config.json's and one larger than the model's embedding are refused in one line
+    (folder_check.py).
+    """
     if place not in PLACES:
         raise ValueError(f"place must be one of {PLACES}; got {place!r}")
     processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
+    check_image_token(name_or_path, find_model_config(name_or_path), processor)  # the hub asked once
     target = resolve_device(device)
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            name_or_path,
-            dtype=resolve_dtype(dtype, target),
-            attn_implementation=attn_implementation,
-            trust_remote_code=trust_remote_code,
-            use_safetensors=True,
-            **({"device_map": "meta"} if place == "meta" else {}),
-        )
-    except (OSError, ValueError, ImportError) as error:
-        raise VlmrlError(f"cannot load model {name_or_path!r}: {first_line(error)}")
+    model = load_checked_model(name_or_path, resolve_dtype(dtype, target), attn_implementation, trust_remote_code,
+                               on_meta=place == "meta")
+    check_vocabulary(name_or_path, model, processor.tokenizer)
     if place == "device":
         model.to(target)
     if model.generation_config.pad_token_id is None:
@@ -133,6 +136,34 @@ def load_policy(
     if gradient_checkpointing:
         checkpoint_activations(model)
     return model, processor
+
+
+def load_checked_model(name_or_path: str, dtype: torch.dtype, attn_implementation: str | None,
+                       trust_remote_code: bool, on_meta: bool):
+    """The model of `name_or_path` (on the meta device: `on_meta`), after checking its weight files,
+    with every weight from them: none missing, unused or of another shape (folder_check.py)."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForImageTextToText
+
+    check_weight_files(name_or_path)
+    try:
+        with withheld_load_report():
+            model, info = AutoModelForImageTextToText.from_pretrained(
+                name_or_path,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+                trust_remote_code=trust_remote_code,
+                use_safetensors=True,
+                ignore_mismatched_sizes=True,  # reported in `info`, refused by check_loaded_weights
+                output_loading_info=True,
+                **({"device_map": "meta"} if on_meta else {}),
+            )
+    except SafetensorError as error:  # a hub model's file (a local folder's are checked before)
+        raise VlmrlError(f"cannot load model {name_or_path!r}: a weights file is damaged ({first_line(error)})")
+    except (OSError, ValueError, ImportError) as error:
+        raise VlmrlError(f"cannot load model {name_or_path!r}: {first_line(error)}")
+    check_loaded_weights(name_or_path, info)
+    return model
 
 
 def load_trainable_policy(config: Config, device: torch.device, checkpoint: Path | None, place: str = "device"):
@@ -209,16 +240,19 @@ def apply_lora(model: torch.nn.Module, settings: LoraConfig):
 
 
 def load_adapter_weights(model: torch.nn.Module, folder: Path) -> None:
-    """Put a saved LoRA adapter's weights into a peft model."""
-    from peft import set_peft_model_state_dict
+    """Put a saved LoRA adapter's weights into a peft model, after checking that the file is whole and
+    holds exactly the adapter's tensors, in their shapes (folder_check.py): one line otherwise."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    path = folder / "adapter_model.safetensors"
+    path = folder / ADAPTER_FILE
     if not path.exists():
-        raise VlmrlError(f"checkpoint {folder} has no adapter_model.safetensors")
-    result = set_peft_model_state_dict(model, load_file(path))
-    if getattr(result, "unexpected_keys", None):
-        raise VlmrlError(f"adapter in {folder} does not fit the model: {result.unexpected_keys[:3]}")
+        raise VlmrlError(f"checkpoint {folder} has no {ADAPTER_FILE}")
+    check_weight_file(path, "LoRA adapter file")
+    expected = {name: tuple(value.shape) for name, value in get_peft_model_state_dict(model).items()}
+    check_fit(f"LoRA adapter in {folder}", ADAPTER_FILE, *shape_fit(expected, tensor_shapes(path)),
+              "the run's LoRA settings")
+    set_peft_model_state_dict(model, load_file(path))
 
 
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:

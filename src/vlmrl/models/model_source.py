@@ -57,12 +57,14 @@ def build_hint(name_or_path: str) -> str:
     return f"build the offline model with: vlmrl tiny-model {name_or_path} --size {size or 'small'}"
 
 
-def check_model_source(name_or_path: str, trust_remote_code: bool = False) -> None:
+def check_model_source(name_or_path: str, trust_remote_code: bool = False) -> dict | None:
     """Fail at once, in one line, for a model that cannot load from here (`find_model_config`) or
-    that vlmrl cannot train (`check_model_kind`, where its config is at hand)."""
+    that vlmrl cannot train (`check_model_kind`, where its config is at hand); its config.json as a
+    dict (None where the hub said nothing of it)."""
     config = find_model_config(name_or_path)
     if config is not None:
         check_model_kind(name_or_path, config, trust_remote_code)
+    return config
 
 
 def find_model_config(name_or_path: str) -> dict | None:
@@ -198,12 +200,19 @@ def processor_class(class_name: str) -> type | None:
 
 def saved_processor_class(name_or_path: str) -> str | None:
     """The processor class named in a local folder's processor or preprocessor config."""
+    saved = saved_processor_file(name_or_path)
+    return saved[1] if saved else None
+
+
+def saved_processor_file(name_or_path: str) -> tuple[str, str] | None:
+    """(file, processor class) of the processor or preprocessor config of a local folder that names
+    its processor class."""
     for file in ("processor_config.json", "preprocessor_config.json"):
         path = Path(name_or_path).expanduser() / file
         if path.exists():
             name = _read_json(path).get("processor_class")
             if name:
-                return name
+                return file, name
     return None
 
 

@@ -10,8 +10,8 @@ saving is one DiskFull error: the temporary folder is removed, the previous chec
 intact, and `resume=true` continues from it once space is freed. Weights are safetensors,
 and `trainer_state.pt` holds only tensors, numbers, strings and containers, read back with
 `torch.load(weights_only=True)`: no checkpoint can run code. On resume, `find_resumable` takes the
-newest checkpoint that is whole (trainer state readable, every safetensors file as long as its
-header says) and says which damaged ones it passed over.
+newest checkpoint that is whole (trainer state readable, every safetensors file whole:
+folder_check.safetensors_problem) and says which damaged ones it passed over.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import random
 import re
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 
 from vlmrl.disk import DiskFull, writing
 from vlmrl.errors import VlmrlError, warn
+from vlmrl.models.folder_check import safetensors_problem
 
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -148,27 +148,6 @@ def read_checkpoint(folder: Path) -> dict:
         if problem:
             raise DamagedCheckpoint(f"checkpoint {folder} is damaged: {file.name} {problem}")
     return state
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file cannot be whole (unreadable header, shorter than the header says),
-    or None. Reads the header only, never the tensors."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return f"is truncated ({size} bytes)"
-        (length,) = struct.unpack("<Q", head)
-        if length > size - 8:
-            return f"is truncated: its header alone should be {length} bytes, the file has {size}"
-        try:
-            header = json.loads(f.read(length))
-            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
-        except (ValueError, KeyError, TypeError, IndexError):
-            return "has an unreadable header"
-    if 8 + length + end > size:
-        return f"is truncated: {size} of {8 + length + end} bytes"
-    return None
 
 
 def find_resumable(run_dir: Path) -> tuple[Path, dict] | None:

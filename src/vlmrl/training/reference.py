@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_model, save_file, save_model
 
 from vlmrl.config import AlgorithmConfig
+from vlmrl.models.folder_check import check_fit, check_weight_file, shape_fit, tensor_shapes
 from vlmrl.rollout.completions import Completions
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training import zero3
@@ -73,9 +74,18 @@ class ReferencePolicy:
 
     def load(self, folder: Path) -> None:
         """The copy's saved weights; none into a copy built without weights (meta device: its shards
-        come from the main process's copy, sharding.shard)."""
-        if self.copy is not None and not next(self.copy.parameters()).is_meta:
-            load_model(self.copy, str(folder / REFERENCE_FILE))
+        come from the main process's copy, sharding.shard). One line, naming the file or the tensors,
+        for a damaged file or one whose tensors are not the copy's (folder_check.py)."""
+        if self.copy is None or next(self.copy.parameters()).is_meta:
+            return
+        path = folder / REFERENCE_FILE
+        check_weight_file(path, "reference weights file")
+        expected = {name: tuple(value.shape) for name, value in self.copy.state_dict().items()}
+        found = tensor_shapes(path)
+        mismatched = shape_fit(expected, found)[2]
+        check_fit(f"reference copy in {folder}", REFERENCE_FILE, [], [], mismatched)
+        missing, unexpected = load_model(self.copy, str(path), strict=False)  # a tied weight is saved once
+        check_fit(f"reference copy in {folder}", REFERENCE_FILE, sorted(missing), sorted(unexpected), [])
 
 
 def build_reference(policy: torch.nn.Module, settings: AlgorithmConfig) -> ReferencePolicy | None:
