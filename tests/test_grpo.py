@@ -544,6 +544,48 @@ def test_gmpo_and_cispo_need_token_ratios_and_no_dual_clip():
             grpo.policy_loss(logp, inputs, bad)
 
 
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_gates_the_ratio_softly_by_the_sign_of_the_advantage():
+    # row 0: w = 1.5, A = +1, tau_pos = 1: l = -(4/1) sigmoid(0.5) * 1 = -2.48984
+    # row 1: w = 0.5, A = -1, tau_neg = 1.05: l = -(4/1.05) sigmoid(-0.525) * -1 = +1.41595
+    logp = torch.tensor([[math.log(1.5)], [math.log(0.5)]], requires_grad=True)
+    inputs = grpo.LossInputs(torch.zeros(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2, 1))
+    out = grpo.policy_loss(logp, inputs, grpo.LossSettings(surrogate="sapo", aggregation="token"))
+    s0, s1 = sigmoid(0.5), sigmoid(1.05 * -0.5)  # 0.622459, 0.371686
+    assert_close(out.loss, scalar((-4 * s0 + 4 / 1.05 * s1) / 2))
+    out.loss.backward()
+    # d l / d logp = -A * 4 s (1 - s) * w (the gate's slope, times dw/dlogp = w); token mean over 2
+    assert_close(logp.grad, torch.tensor([[-4 * s0 * (1 - s0) * 1.5], [4 * s1 * (1 - s1) * 0.5]]) / 2)
+    assert_close(out.clip_fraction, scalar(0.0))  # both gates above 1/2: |tau (w - 1)| <= 1.76
+
+
+def test_sapo_on_policy_is_reinforce_and_far_off_policy_tokens_fade():
+    logp = torch.tensor([[-0.3, -1.2]], requires_grad=True)
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), torch.tensor([2.0]), torch.ones(1, 2)),
+                           grpo.LossSettings(surrogate="sapo", aggregation="token"))
+    out.loss.backward()
+    assert_close(logp.grad, torch.tensor([[-1.0, -1.0]]))  # 4 s (1 - s) = 1 at w = 1: -A / 2 tokens
+    assert_close(out.loss, scalar(-2.0 * 2.0))  # -(4/tau) * 1/2 * A on each token
+    # w = 4 (|tau (w - 1)| = 3 > 1.76): the gradient fades to 4 s (1 - s) w = 0.18 of REINFORCE's
+    far = torch.tensor([[math.log(4.0)]], requires_grad=True)
+    out = grpo.policy_loss(far, grpo.LossInputs(torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1)),
+                           grpo.LossSettings(surrogate="sapo"))
+    out.loss.backward()
+    s = sigmoid(3.0)
+    assert_close(far.grad, torch.tensor([[-4 * s * (1 - s) * 4.0]]))  # not 0, as the clip would give
+    assert_close(out.clip_high_fraction, scalar(1.0))  # its gate weight 4 s (1 - s) = 0.18 < 1/2
+
+
+def test_sapo_refuses_temperatures_that_are_not_positive():
+    logp, old, mask = one_token(0.0)
+    with pytest.raises(ValueError, match="sapo_tau"):
+        grpo.policy_loss(logp, grpo.LossInputs(old, torch.tensor([1.0]), mask),
+                         grpo.LossSettings(surrogate="sapo", sapo_tau=(1.0, 0.0)))
+
+
 def test_high_entropy_mask_keeps_the_top_share_of_valid_tokens():
     entropy = torch.tensor([[0.1, 2.0, 0.5, 9.0], [1.5, 0.2, 3.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])  # 9.0 is padding: never counted or kept

@@ -267,11 +267,17 @@ class AlgorithmConfig:
     c > 1, commonly 3; 0 = off). Only binds when ratios move (updates_per_batch > 1)."""
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or per sequence, length-normalised (GSPO)."""
-    surrogate: Literal["clip", "cispo", "gmpo"] = "clip"
+    surrogate: Literal["clip", "cispo", "gmpo", "sapo"] = "clip"
     """Policy-gradient surrogate: PPO's clipped one (GRPO, DAPO, GSPO), CISPO (the importance
-    weight clipped, every token keeps its gradient; eps_low=1 means no lower bound), or GMPO (the
-    geometric mean of token ratios, clipped in log space to [-eps_low, eps_high]). See
-    docs/algorithms.md."""
+    weight clipped, every token keeps its gradient; eps_low=1 means no lower bound), GMPO (the
+    geometric mean of token ratios, clipped in log space to [-eps_low, eps_high]), or SAPO (a
+    smooth gate (4/tau) sigmoid(tau (ratio - 1)) in place of the clip; eps_low and eps_high unused).
+    See docs/algorithms.md."""
+    sapo_tau_pos: float = 1.0
+    """SAPO's gate temperature for tokens of positive advantage (higher: the gate closes sooner)."""
+    sapo_tau_neg: float = 1.05
+    """SAPO's gate temperature for the other tokens (the paper's and TRL's 1.05: negative updates
+    damped a little faster)."""
     top_entropy_share: float = 1.0
     """Train only on the highest-entropy share of each micro-batch's tokens (0.2: the "80/20"
     forking tokens); 1 = every token."""
@@ -309,15 +315,20 @@ class AlgorithmConfig:
     def validate(self) -> None:
         numbers = {"eps_low": self.eps_low, "eps_high": self.eps_high, "beta": self.beta, "dual_clip": self.dual_clip,
                    "ref_mix": self.ref_mix, "overlong_penalty": self.overlong_penalty, "tis_cap": self.tis_cap,
-                   "top_entropy_share": self.top_entropy_share}
+                   "top_entropy_share": self.top_entropy_share, "sapo_tau_pos": self.sapo_tau_pos,
+                   "sapo_tau_neg": self.sapo_tau_neg}
         infinite = [f"{name}={value}" for name, value in numbers.items() if not math.isfinite(value)]
         require((not infinite, f"algorithm.{', '.join(infinite)}: must be finite (no nan or inf)"),
                 (0 < self.ref_mix <= 1, f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}"),
                 (self.updates_per_batch >= 1, f"algorithm.updates_per_batch must be >= 1; got {self.updates_per_batch}"),
                 (self.eps_low >= 0 and self.eps_high >= 0 and self.beta >= 0, "algorithm.eps_low, eps_high and beta must be >= 0"),
                 (self.eps_low <= 1, f"algorithm.eps_low must be <= 1 (the ratio's lower clip is 1 - eps_low); got {self.eps_low}"),
-                (self.surrogate == "clip" or (self.ratio_level == "token" and self.dual_clip == 0),
-                 f"algorithm.surrogate={self.surrogate} needs ratio_level=token and no dual_clip"),
+                (self.surrogate in ("clip", "sapo") or self.ratio_level == "token",
+                 f"algorithm.surrogate={self.surrogate} needs ratio_level=token"),
+                (self.surrogate == "clip" or self.dual_clip == 0,
+                 f"algorithm.dual_clip goes with surrogate=clip only; got surrogate={self.surrogate}"),
+                (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0,
+                 f"algorithm.sapo_tau_pos and sapo_tau_neg must be > 0; got {self.sapo_tau_pos}, {self.sapo_tau_neg}"),
                 (0 < self.top_entropy_share <= 1, f"algorithm.top_entropy_share must be in (0, 1]; got {self.top_entropy_share}"),
                 (self.dual_clip == 0 or self.dual_clip > 1, f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}"),
                 (self.tis_cap == 0 or self.tis_cap >= 1, f"algorithm.tis_cap must be 0 (off) or >= 1; got {self.tis_cap}"),

@@ -31,12 +31,21 @@ surrogate is PPO's clipped one (`surrogate="clip"`, GRPO and its variants), or o
     gmpo:   l_t = -A exp( (1/|y|) sum_s sgn(A) min(sgn(A) d_s, sgn(A) clip(d_s, -eps_low, eps_high)) )
                                                                                   + beta * KL_t
             with d_s = logp_s - old_s: the same value on every token of a row
+    sapo:   l_t = -(4 / tau) sigmoid(tau (w_t - 1)) A                               + beta * KL_t
+            tau = tau_pos where A > 0, else tau_neg
 
 CISPO (MiniMax-M1) clips the importance weight, never the gradient: every token keeps its
 gradient, scaled by the clipped weight (its preset sets eps_low = 1, no lower bound). GMPO
 (geometric-mean policy optimization) maximises the geometric mean of the token ratios, each
 clipped in log space to [-eps_low, eps_high] (its preset: 0.4 both), a sequence-level objective
 whose gradient per token is A rho / |y|. Both need per-token ratios (`ratio_level="token"`).
+SAPO (soft adaptive policy optimization, Gao et al. 2025, arXiv 2511.20347; TRL's `loss_type="sapo"`
+and verl's "sapo" compute the same) replaces the hard clip by a smooth gate: the gradient on token t
+is -A 4 s (1 - s) grad(w_t) with s = sigmoid(tau (w_t - 1)), exactly the clip-free gradient at w = 1
+(4 s (1 - s) = 1 there) and decaying smoothly as w leaves 1, instead of dropping to 0 at a bound;
+tau_neg > tau_pos (1.05 / 1.0, the paper's and TRL's defaults) damps negative-advantage tokens a little
+faster. Works at either ratio level; its "clip" statistics count the tokens whose gate weight
+4 s (1 - s) fell below 1/2 (|w - 1| > 1.76 / tau), below or above 1.
 `high_entropy_mask` keeps only the highest-entropy share of tokens in the loss ("80/20": the
 forking tokens, `top_entropy_share=0.2`).
 
@@ -61,6 +70,7 @@ KL(sampler || training) estimated with k3 from the sampled tokens, and how often
     GSPO      z-score ("group")  3e-4 / 4e-4         sequence  sequence     beta=0     -
     CISPO     z-score ("group")  1.0 / 0.28          token     token        beta=0     surrogate="cispo"
     GMPO      z-score ("group")  0.4 / 0.4 (log)     token     sequence     beta=0     surrogate="gmpo"
+    SAPO      z-score ("group")  - (tau 1.0 / 1.05)  token     sequence     beta=0     surrogate="sapo"
     80/20     any                any                 any       any          any        top_entropy_share=0.2
     cubic     any, then A**3     any                 any       any          any        `shape_advantages`
 
@@ -84,7 +94,7 @@ AdvantageScale = Literal["group", "batch", "none"]
 Shaping = Literal["none", "cubic", "cubic_rescaled"]
 Aggregation = Literal["token", "sequence", "constant"]
 RatioLevel = Literal["token", "sequence"]
-Surrogate = Literal["clip", "cispo", "gmpo"]
+Surrogate = Literal["clip", "cispo", "gmpo", "sapo"]
 KLKind = Literal["k1", "k2", "k3"]
 
 LOG_RATIO_CLAMP = 20.0
@@ -324,6 +334,8 @@ class LossSettings(NamedTuple):
     tis_cap: float | None = None
     """C >= 1: weight each token's surrogate by min(exp(old - sampler), C) when the sampler's
     log-probs are given (truncated importance sampling); None = off."""
+    sapo_tau: tuple[float, float] = (1.0, 1.05)
+    """SAPO's gate temperatures (tau_pos for A > 0, tau_neg otherwise), each > 0."""
 
 
 def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
@@ -382,15 +394,33 @@ def gmpo_surrogate(logp: Tensor, old: Tensor, adv: Tensor, valid: Tensor, s: Los
     return SurrogateTerms(pg, torch.exp(log_ratio).detach(), clip_low, clip_high)
 
 
-SURROGATES = {"clip": clipped_surrogate, "cispo": cispo_surrogate, "gmpo": gmpo_surrogate}
+SAPO_HALF_GATE = 2 * math.log(1 + math.sqrt(2))
+"""|tau (w - 1)| beyond which SAPO's gate weight 4 s (1 - s) is below 1/2 (1.7627...)."""
+
+
+def sapo_surrogate(logp: Tensor, old: Tensor, adv: Tensor, valid: Tensor, s: LossSettings) -> SurrogateTerms:
+    """SAPO: -(4 / tau) sigmoid(tau (w - 1)) A, tau by the sign of A: a soft trust region."""
+    ratio = importance_ratio(logp, old, valid, s.ratio_level)  # (B, T)
+    tau_pos, tau_neg = s.sapo_tau
+    tau = torch.where(adv > 0, tau_pos, tau_neg).to(ratio.dtype)  # (B, 1) or (B, T)
+    pg = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv  # (B, T)
+    gated = (tau * (ratio.detach() - 1.0)).abs() > SAPO_HALF_GATE  # (B, T) gate weight < 1/2
+    return SurrogateTerms(pg, ratio.detach(), gated & (ratio < 1.0), gated & (ratio > 1.0))
+
+
+SURROGATES = {"clip": clipped_surrogate, "cispo": cispo_surrogate, "gmpo": gmpo_surrogate, "sapo": sapo_surrogate}
+NEEDS_TOKEN_RATIOS = ("cispo", "gmpo")
+"""The surrogates that read each token's own ratio (no GSPO sequence ratio)."""
 
 
 def check_settings(s: LossSettings) -> None:
     """ValueError for knobs out of range or that do not go together."""
     if s.surrogate not in SURROGATES:
         raise ValueError(f"surrogate must be one of {', '.join(SURROGATES)}; got {s.surrogate!r}")
-    if s.surrogate != "clip" and s.ratio_level != "token":
+    if s.surrogate in NEEDS_TOKEN_RATIOS and s.ratio_level != "token":
         raise ValueError(f"surrogate {s.surrogate!r} needs ratio_level 'token'")
+    if s.surrogate == "sapo" and not min(s.sapo_tau) > 0:
+        raise ValueError(f"sapo_tau must be two temperatures > 0; got {s.sapo_tau}")
     if s.dual_clip is not None and (s.dual_clip <= 1.0 or s.surrogate != "clip"):
         raise ValueError(f"dual_clip must be > 1 and goes with surrogate 'clip'; got {s.dual_clip}")
     if s.tis_cap is not None and s.tis_cap < 1.0:
@@ -415,7 +445,8 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
     logp (B, T) requires grad; everything in `inputs` is treated as a constant.
     clip_fraction counts valid tokens at a clip bound: under "clip", those whose gradient it removed
     (A > 0 and w > 1 + eps_high, A < 0 and w < 1 - eps_low, or with dual_clip A < 0 and w > c);
-    under "cispo", those whose weight it capped; under "gmpo", those whose log-ratio it clipped.
+    under "cispo", those whose weight it capped; under "gmpo", those whose log-ratio it clipped;
+    under "sapo", those whose gate weight fell below 1/2.
     """
     s = settings
     check_settings(s)

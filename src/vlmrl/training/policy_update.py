@@ -41,7 +41,7 @@ def loss_settings(config: Config) -> grpo.LossSettings:
         eps_low=algo.eps_low, eps_high=algo.eps_high, ratio_level=algo.ratio_level,
         aggregation=algo.aggregation, max_len=config.rollout.max_new_tokens, beta=algo.beta,
         kl_kind=algo.kl_estimator, dual_clip=algo.dual_clip or None, tis_cap=algo.tis_cap or None,
-        surrogate=algo.surrogate)
+        surrogate=algo.surrogate, sapo_tau=(algo.sapo_tau_pos, algo.sapo_tau_neg))
 
 
 @dataclass
