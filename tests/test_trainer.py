@@ -120,9 +120,9 @@ def test_dynamic_sampling_keeps_the_batch_full(tmp_path, tiny_model_dir, letter_
     assert len(rollouts) == 16
 
 
-@pytest.mark.parametrize("surrogate", ["cispo", "gmpo"])
+@pytest.mark.parametrize("surrogate", ["cispo", "gmpo", "sapo"])
 def test_other_surrogates_and_the_forking_tokens_train(tmp_path, tiny_model_dir, letter_task, monkeypatch, surrogate):
-    """Two updates per batch (ratios move) under CISPO / GMPO, the loss seeing only the top 25% of
+    """Two updates per batch (ratios move) under CISPO / GMPO / SAPO, the loss seeing only the top 25% of
     tokens by entropy: the weights move and the loss saw a quarter of the tokens."""
     from vlmrl import grpo
 
