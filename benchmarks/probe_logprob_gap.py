@@ -18,7 +18,7 @@ moves with the setting (and vanishes on a CPU). Each (setting, path) runs in a p
 so a compiled graph never outlives the setting it was compiled under.
 
     python benchmarks/probe_logprob_gap.py --device cuda --arch qwen2_5_vl
-    python benchmarks/probe_logprob_gap.py --device cpu --paths dynamic,static,compiled
+    python benchmarks/probe_logprob_gap.py --device cpu --paths dynamic,static,compiled [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ SETTINGS = {"default": {}, "no-tf32": {"tf32": False}, "no-tf32+math-sdpa": {"tf
 """name -> what it changes: TF32 flags, the attention backend, the compiled step's mode or backend."""
 
 
-def measure(folder: str, device: str, path: str, setting: str) -> dict:
+def measure(folder: str, device: str, path: str, setting: str, dtype: str = "float32") -> dict:
     """One (path, setting): the largest gaps at the first and at later decode steps."""
     import contextlib
 
@@ -67,7 +67,7 @@ def measure(folder: str, device: str, path: str, setting: str) -> dict:
                 extra["compile_config"].backend = change.get("backend", extra["compile_config"].backend)
             return extra
         generation.decode_kwargs = with_compile_change
-    model, processor = load_policy(folder, device=device)
+    model, processor = load_policy(folder, device=device, dtype=dtype)
     examples = [Example(Image.new("RGB", (56, 84), (200, 10, 10)), "Count.", "1"),
                 Example(Image.new("RGB", (112, 112), (20, 100, 10)), "How many circles are in the image?", "2")]
     settings = GenerationSettings(group_size=3, max_new_tokens=12, temperature=1.0, decode=path)
@@ -75,15 +75,19 @@ def measure(folder: str, device: str, path: str, setting: str) -> dict:
         rollout = generate_groups(model, processor, examples, settings, seed=5)
         with torch.no_grad():
             trained = LogprobScorer(processor, temperature=1.0)(model, rollout)[0]  # (N, T)
-    gap = (rollout.sampler_logp - trained).abs() * rollout.completion_mask  # (N, T)
+    mask = rollout.completion_mask.bool()  # (N, T)
+    gap = (rollout.sampler_logp - trained.float()).abs() * mask  # (N, T)
+    d = (trained.float() - rollout.sampler_logp)[mask]  # old - sampler on the sampled tokens
     return {"first": float(gap[:, 0].max()), "later": float(gap[:, 1:].max()),
-            "later_step": int(gap[:, 1:].max(0).values.argmax()) + 1}
+            "later_step": int(gap[:, 1:].max(0).values.argmax()) + 1,
+            "kl": float((torch.expm1(d) - d).mean())}  # k3 of KL(sampler || training), as the run logs it
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--arch", default="qwen2_5_vl")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--paths", default="dynamic,static,compiled")
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--jobs", type=int, default=1, help="(setting, path) runs at once")
@@ -91,18 +95,19 @@ def main() -> None:
     parser.add_argument("--one", nargs=3, metavar=("FOLDER", "PATH", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one[0], args.device, args.one[1], args.one[2])))
+        print(json.dumps(measure(args.one[0], args.device, args.one[1], args.one[2], args.dtype)))
         return
     from vlmrl.models import build_tiny_model
 
     folder = str(build_tiny_model(Path(tempfile.mkdtemp()) / args.arch, size="tiny", arch=args.arch, seed=0))
-    print(f"{args.arch}, float32, {args.device}: largest |sampler - training| log-prob")
-    print("| setting | path | first step | later steps (at step) |\n|---|---|---:|---:|")
+    print(f"{args.arch}, {args.dtype}, {args.device}: largest |sampler - training| log-prob, mismatch KL (k3)")
+    print("| setting | path | first step | later steps (at step) | mismatch KL |\n|---|---|---:|---:|---:|")
     runs = [(setting, path) for setting in args.settings.split(",") for path in args.paths.split(",")
             if path == "compiled" or not ("mode" in SETTINGS[setting] or "backend" in SETTINGS[setting])]
     for start in range(0, len(runs), args.jobs):
         batch = runs[start:start + args.jobs]
-        started = [subprocess.Popen([sys.executable, __file__, "--device", args.device, "--one", folder, path, setting],
+        started = [subprocess.Popen([sys.executable, __file__, "--device", args.device, "--dtype", args.dtype,
+                                     "--one", folder, path, setting],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for setting, path in batch]
         for (setting, path), process in zip(batch, started):
             out, err = process.communicate()
@@ -112,7 +117,8 @@ def main() -> None:
                 print(f"| {setting} | {path} | failed: {err.strip().splitlines()[-1][:120]} | |")
                 continue
             gap = json.loads(out.strip().splitlines()[-1])
-            print(f"| {setting} | {path} | {gap['first']:.2e} | {gap['later']:.2e} ({gap['later_step']}) |", flush=True)
+            print(f"| {setting} | {path} | {gap['first']:.2e} | {gap['later']:.2e} ({gap['later_step']}) | "
+                  f"{gap['kl']:.2e} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -482,6 +482,53 @@ def test_tis_is_exactly_one_when_the_sampler_is_the_training_pass():
     assert on.mismatch_kl == 0 and on.tis_weight_mean == 1 and on.tis_capped_fraction == 0
 
 
+def test_the_mismatch_modes_bound_token_or_sequence_ratios_by_truncation_or_masking():
+    # token ratios exp(old - sampler) = 2, 5, 1/2 (row 1's second token is padding); row ratios 10, 1/2
+    sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 50.0]])
+    cases = {  # mode, cap, floor -> weights (padding 1), tokens whose weight a bound changed
+        ("token_truncate", 3.0, 0.6): ([[2.0, 3.0], [0.6, 1.0]], [[False, True], [True, False]]),
+        ("token_mask", 3.0, 0.6): ([[2.0, 0.0], [0.0, 1.0]], [[False, True], [True, False]]),  # IcePop
+        ("token_mask", None, 0.6): ([[2.0, 5.0], [0.0, 1.0]], [[False, False], [True, False]]),
+        ("sequence_truncate", 3.0, None): ([[3.0, 3.0], [0.5, 1.0]], [[True, True], [False, False]]),
+        ("sequence_mask", 3.0, None): ([[0.0, 0.0], [0.5, 1.0]], [[True, True], [False, False]]),  # MIS
+    }
+    for (mode, cap, floor), (weights, bound) in cases.items():
+        weight, changed = grpo.tis_weights(torch.zeros(2, 2), sampler, TIS_MASK, cap, floor, mode)
+        assert_close(weight, torch.tensor(weights)), mode
+        assert changed.tolist() == bound, mode
+
+
+def test_sequence_masking_drops_a_far_rows_surrogate_and_counts_it():
+    sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 0.0]])
+    logp, inputs = tis_inputs(sampler)
+    out = grpo.policy_loss(logp, inputs, grpo.LossSettings(aggregation="token", tis_cap=3.0, tis_mode="sequence_mask"))
+    # row 0's ratio 10 > 3: both its tokens weigh 0; row 1 (A = -2) weighs 1/2: -0.5 * -2 = 1; token mean 1/3
+    assert_close(out.loss, scalar(1.0 / 3.0))
+    assert_close(out.tis_capped_fraction, scalar(2.0 / 3.0))
+    assert_close(out.tis_weight_mean, scalar(0.5 / 3.0))
+
+
+def test_off_policy_sequence_masking_drops_negative_rows_that_drifted_from_the_sampler():
+    """DeepSeek-V3.2: a row is dropped when A < 0 and the mean of sampler - policy over its tokens
+    exceeds delta. Row 0 (A = +1) is kept whatever its drift; row 1 (A = -2) drifted by ln 2 = 0.69."""
+    sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 0.0]])
+    logp, inputs = tis_inputs(sampler)
+    dropped = grpo.policy_loss(logp, inputs, grpo.LossSettings(aggregation="token", off_policy_mask=0.5))
+    assert_close(dropped.loss, scalar(-2.0 / 3.0))  # row 0: -1, -1; row 1 dropped: 0; over 3 tokens
+    assert_close(dropped.off_policy_masked_fraction, scalar(0.5))
+    kept = grpo.policy_loss(logp, inputs, grpo.LossSettings(aggregation="token", off_policy_mask=0.7))
+    assert_close(kept.loss, scalar(0.0))  # ln 2 < 0.7: kept; -1 - 1 + 2 = 0
+    assert kept.off_policy_masked_fraction == 0
+
+
+def test_mismatch_settings_out_of_range_are_rejected():
+    logp, inputs = tis_inputs(torch.zeros(2, 2))
+    for bad in (grpo.LossSettings(tis_floor=1.5), grpo.LossSettings(tis_floor=0.0),
+                grpo.LossSettings(tis_mode="sequence"), grpo.LossSettings(off_policy_mask=0.0)):
+        with pytest.raises(ValueError):
+            grpo.policy_loss(logp, inputs, bad)
+
+
 def test_tis_cap_below_one_is_rejected():
     logp, inputs = tis_inputs(torch.zeros(2, 2))
     with pytest.raises(ValueError, match="tis_cap"):

@@ -58,7 +58,8 @@ def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path, tiny
     for key in ("reward", "accuracy", "reward/share", "reward_std/share", "loss", "kl", "clip_fraction",
                 "clip_low_fraction", "clip_high_fraction", "entropy", "completion_length", "completion_length_max", "groups_drawn",
                 "zero_variance_groups", "advantage/std", "grad_norm", "lr", "time/generate", "time/score",
-                "time/train", "tokens_per_s", "mismatch_kl", "tis_weight_mean", "tis_capped_fraction"):
+                "time/train", "tokens_per_s", "mismatch_kl", "tis_weight_mean", "tis_capped_fraction",
+                "off_policy_masked_fraction"):
         assert key in row, key
     # fp32 on the CPU: the sampler's log-probs are the training pass's to rounding, so TIS weighs ~1
     assert 0 <= row["mismatch_kl"] < 1e-9 and row["tis_weight_mean"] == pytest.approx(1, abs=1e-5)

@@ -311,12 +311,23 @@ class AlgorithmConfig:
     is weighted by min(pi_train / pi_sampler, tis_cap), from the log-probs the sampler recorded
     (a compiled or bf16 decode step is not the training forward); 0 = off. The mismatch is logged
     either way (mismatch_kl, tis_capped_fraction)."""
+    tis_floor: float = 0.0
+    """Lower bound of those weights, in (0, 1]; 0 = none. With tis_mode=token_mask, 0.5 and
+    tis_cap=2 are IcePop's two-sided token masking."""
+    tis_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
+    """How the weights are taken and bounded (docs/algorithms.md): per token or per sequence (the
+    row's summed log-ratio), clipped to [tis_floor, tis_cap] (truncate) or zeroed outside it (mask:
+    sequence_mask is TRL's default, MIS)."""
+    off_policy_mask: float = 0.0
+    """DeepSeek-V3.2's off-policy sequence masking: drop the rows of negative advantage whose mean
+    log-ratio sampler / policy exceeds this (e.g. 0.5); 0 = off."""
 
     def validate(self) -> None:
         numbers = {"eps_low": self.eps_low, "eps_high": self.eps_high, "beta": self.beta, "dual_clip": self.dual_clip,
                    "ref_mix": self.ref_mix, "overlong_penalty": self.overlong_penalty, "tis_cap": self.tis_cap,
                    "top_entropy_share": self.top_entropy_share, "sapo_tau_pos": self.sapo_tau_pos,
-                   "sapo_tau_neg": self.sapo_tau_neg}
+                   "sapo_tau_neg": self.sapo_tau_neg, "tis_floor": self.tis_floor,
+                   "off_policy_mask": self.off_policy_mask}
         infinite = [f"{name}={value}" for name, value in numbers.items() if not math.isfinite(value)]
         require((not infinite, f"algorithm.{', '.join(infinite)}: must be finite (no nan or inf)"),
                 (0 < self.ref_mix <= 1, f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}"),
@@ -332,6 +343,8 @@ class AlgorithmConfig:
                 (0 < self.top_entropy_share <= 1, f"algorithm.top_entropy_share must be in (0, 1]; got {self.top_entropy_share}"),
                 (self.dual_clip == 0 or self.dual_clip > 1, f"algorithm.dual_clip must be 0 (off) or > 1; got {self.dual_clip}"),
                 (self.tis_cap == 0 or self.tis_cap >= 1, f"algorithm.tis_cap must be 0 (off) or >= 1; got {self.tis_cap}"),
+                (0 <= self.tis_floor <= 1, f"algorithm.tis_floor must be in [0, 1] (0: none); got {self.tis_floor}"),
+                (self.off_policy_mask >= 0, f"algorithm.off_policy_mask must be >= 0 (0: off); got {self.off_policy_mask}"),
                 (self.ref_refresh_steps >= 0 and self.overlong_buffer >= 0 and self.overlong_penalty >= 0,
                  "algorithm.ref_refresh_steps, overlong_buffer and overlong_penalty must be >= 0"),
                 (self.max_sampling_rounds >= 1, f"algorithm.max_sampling_rounds must be >= 1; got {self.max_sampling_rounds}"))

@@ -54,12 +54,23 @@ sequence then over sequences ("sequence"), or sum divided by B * max_len ("const
 
 Rollout/training mismatch. The sampler's log-probs samp_t (recorded during generation) can differ
 from old_t, the training forward's log-probs of the same policy (another kernel, bf16, a compiled
-decode step). Truncated importance sampling (TIS) reweights each token's surrogate by
+decode step). Importance sampling against it reweights each token's surrogate by a constant c_t
+(no gradient), l_t = -c_t * min(w_t A, clip(w_t) A) + beta * KL_t, from the ratio
+rho_t = exp(old_t - samp_t) per token or rho = exp(sum_t (old_t - samp_t)) per sequence
+(`tis_mode`; bounds C_max = `tis_cap`, C_min = `tis_floor`):
 
-    c_t = min(exp(old_t - samp_t), C)          (constant: no gradient; C = `tis_cap`)
+    token_truncate     c_t = clip(rho_t, C_min, C_max)            TIS (vlmrl's default, verl's token TIS)
+    token_mask         c_t = rho_t, 0 outside [C_min, C_max]      IcePop's two-sided token masking
+    sequence_truncate  c_t = clip(rho, C_min, C_max)              on every token of the row
+    sequence_mask      c_t = rho, 0 outside [C_min, C_max]        MIS (TRL's default since 2026)
 
-so that l_t = -c_t * min(w_t A, clip(w_t) A) + beta * KL_t. The mismatch itself is logged as
-KL(sampler || training) estimated with k3 from the sampled tokens, and how often C binds.
+A missing bound is open (truncation with no floor keeps small weights). Off-policy sequence masking
+(DeepSeek-V3.2, eq. 9; TRL's `off_policy_mask_threshold`) drops the rows that both have A < 0 and
+have drifted from the sampler: (1/|y|) sum_t (samp_t - logp_t) > delta (`off_policy_mask`), with
+logp the policy being trained (detached): negative updates from samples the policy no longer
+produces are the ones that destabilise. The mismatch itself is logged as KL(sampler || training)
+estimated with k3 from the sampled tokens, with the share of tokens whose weight a bound changed
+(`tis_capped_fraction`: clipped or masked) and the share of rows the off-policy mask dropped.
 
     preset    advantages         eps_low / eps_high  ratio     aggregation  KL         extras
     --------  -----------------  ------------------  --------  -----------  ---------  ---------------------------
@@ -96,6 +107,7 @@ Aggregation = Literal["token", "sequence", "constant"]
 RatioLevel = Literal["token", "sequence"]
 Surrogate = Literal["clip", "cispo", "gmpo", "sapo"]
 KLKind = Literal["k1", "k2", "k3"]
+TisMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 LOG_RATIO_CLAMP = 20.0
 """KL estimators clamp log(ref / policy) to [-20, 20]: exp(20) ~ 5e8 is finite in fp16/bf16/fp32,
@@ -128,7 +140,10 @@ class LossOutput(NamedTuple):
     tis_weight_mean: Tensor
     """Scalar, detached: mean TIS weight c_t over valid tokens (1 when off; 0 on an empty mask)."""
     tis_capped_fraction: Tensor
-    """Scalar, detached: fraction of valid tokens whose TIS weight the cap C bound."""
+    """Scalar, detached: fraction of valid tokens whose importance weight a bound changed (clipped
+    under *_truncate, zeroed under *_mask)."""
+    off_policy_masked_fraction: Tensor
+    """Scalar, detached: fraction of rows the off-policy sequence mask dropped (0 when off)."""
 
 
 def _check_groups(n: int, group_size: int) -> int:
@@ -332,19 +347,47 @@ class LossSettings(NamedTuple):
     surrogate: Surrogate = "clip"
     """The policy-gradient surrogate: PPO's clipped one, CISPO's or GMPO's (see the module doc)."""
     tis_cap: float | None = None
-    """C >= 1: weight each token's surrogate by min(exp(old - sampler), C) when the sampler's
-    log-probs are given (truncated importance sampling); None = off."""
+    """C_max >= 1 of the importance weights against the sampler (when its log-probs are given);
+    None: no upper bound (with no tis_floor either: no correction)."""
+    tis_floor: float | None = None
+    """C_min in (0, 1] of the importance weights; None: no lower bound."""
+    tis_mode: TisMode = "token_truncate"
+    """How the weights are taken and bounded (see the module doc)."""
+    off_policy_mask: float | None = None
+    """delta > 0: drop the rows with A < 0 whose mean sampler - policy log-ratio exceeds it
+    (DeepSeek-V3.2's off-policy sequence masking); None = off."""
     sapo_tau: tuple[float, float] = (1.0, 1.05)
     """SAPO's gate temperatures (tau_pos for A > 0, tau_neg otherwise), each > 0."""
 
 
-def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
-    """(B, T) truncated importance weights min(exp(old - sampler), cap), 1 on padding, and (B, T)
-    bool where the cap bound. Both inputs are constants here."""
+TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float | None,
+                floor: float | None = None, mode: TisMode = "token_truncate") -> tuple[Tensor, Tensor]:
+    """(B, T) importance weights of the training pass against the sampler, bounded as `mode` says
+    (module doc), 1 on padding; and (B, T) bool where a bound changed the weight. Both inputs are
+    constants here."""
     valid = mask.bool()  # (B, T)
     log_w = torch.where(valid, old_logp - sampler_logp, torch.zeros_like(old_logp))  # (B, T)
-    weight = torch.exp(log_w)  # (B, T), may be inf before the cap
-    return weight.clamp(max=cap), valid & (weight > cap)  # (B, T) each
+    if mode.startswith("sequence"):
+        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)  # (B, T) the row's ratio on each token
+    weight = torch.exp(log_w)  # (B, T), may be inf or 0 before the bounds
+    high = cap if cap is not None else math.inf
+    low = floor if floor is not None else 0.0
+    outside = valid & ((weight > high) | (weight < low))  # (B, T)
+    if mode.endswith("truncate"):
+        return torch.where(valid, weight.clamp(min=low, max=high), torch.ones_like(weight)), outside
+    return torch.where(outside, torch.zeros_like(weight), torch.where(valid, weight, torch.ones_like(weight))), outside
+
+
+def off_policy_rows(logp: Tensor, sampler_logp: Tensor, adv: Tensor, mask: Tensor, delta: float) -> Tensor:
+    """(B, 1) bool: the rows DeepSeek-V3.2's off-policy sequence mask drops, those with A < 0 whose
+    mean log-ratio sampler / policy over their tokens exceeds `delta`."""
+    valid = mask.bool()  # (B, T)
+    drift = masked_mean(sampler_logp - logp.detach(), valid, dim=-1).unsqueeze(-1)  # (B, 1)
+    row_adv = masked_mean(adv.expand_as(logp), valid, dim=-1).unsqueeze(-1)  # (B, 1)
+    return (row_adv < 0) & (drift > delta)  # (B, 1)
 
 
 class SurrogateTerms(NamedTuple):
@@ -425,6 +468,12 @@ def check_settings(s: LossSettings) -> None:
         raise ValueError(f"dual_clip must be > 1 and goes with surrogate 'clip'; got {s.dual_clip}")
     if s.tis_cap is not None and s.tis_cap < 1.0:
         raise ValueError(f"tis_cap must be >= 1; got {s.tis_cap}")
+    if s.tis_floor is not None and not 0 < s.tis_floor <= 1:
+        raise ValueError(f"tis_floor must be in (0, 1]; got {s.tis_floor}")
+    if s.tis_mode not in TIS_MODES:
+        raise ValueError(f"tis_mode must be one of {', '.join(TIS_MODES)}; got {s.tis_mode!r}")
+    if s.off_policy_mask is not None and not s.off_policy_mask > 0:
+        raise ValueError(f"off_policy_mask must be > 0; got {s.off_policy_mask}")
 
 
 def high_entropy_mask(entropy: Tensor, mask: Tensor, share: float) -> Tensor:
@@ -460,15 +509,19 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
     pg, ratio, clip_low, clip_high = SURROGATES[s.surrogate](logp, old, adv, counted, s)  # (B, T) each
 
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    mismatch_kl, tis_capped = zero, zero
+    mismatch_kl, tis_capped, dropped_share = zero, zero, zero
     tis_mean = valid.any().to(logp.dtype)  # 1 (0 on an empty mask) when off
     if inputs.sampler_logp is not None:
         old, sampler = old.to(logp.dtype), inputs.sampler_logp.detach().to(logp.dtype)  # (B, T)
         mismatch_kl = masked_mean(kl_penalty(sampler, old, "k3"), valid)  # samples drawn by the sampler
-        if s.tis_cap is not None:
-            weight, capped = tis_weights(old, sampler, valid, s.tis_cap)  # (B, T) each
+        if s.tis_cap is not None or s.tis_floor is not None:
+            weight, capped = tis_weights(old, sampler, valid, s.tis_cap, s.tis_floor, s.tis_mode)  # (B, T) each
             pg = pg * weight  # (B, T)
             tis_mean, tis_capped = masked_mean(weight, valid), masked_mean(capped.to(logp.dtype), valid)
+        if s.off_policy_mask is not None:
+            dropped = off_policy_rows(logp, sampler, adv, valid, s.off_policy_mask)  # (B, 1)
+            pg = torch.where(dropped, torch.zeros_like(pg), pg)  # (B, T)
+            dropped_share = dropped.to(logp.dtype).mean()
 
     per_token = pg  # (B, T)
     kl_mean = zero
@@ -489,4 +542,5 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
         mismatch_kl=mismatch_kl,
         tis_weight_mean=tis_mean,
         tis_capped_fraction=tis_capped,
+        off_policy_masked_fraction=dropped_share,
     )

@@ -31,7 +31,7 @@ from vlmrl.training.experience import Experience
 from vlmrl.training.logprobs import LogprobScorer
 
 LOSS_STATISTICS = ("loss", "pg_loss", "kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
-                   "ratio_mean", "mismatch_kl", "tis_weight_mean", "tis_capped_fraction")
+                   "ratio_mean", "mismatch_kl", "tis_weight_mean", "tis_capped_fraction", "off_policy_masked_fraction")
 
 
 def loss_settings(config: Config) -> grpo.LossSettings:
@@ -41,6 +41,7 @@ def loss_settings(config: Config) -> grpo.LossSettings:
         eps_low=algo.eps_low, eps_high=algo.eps_high, ratio_level=algo.ratio_level,
         aggregation=algo.aggregation, max_len=config.rollout.max_new_tokens, beta=algo.beta,
         kl_kind=algo.kl_estimator, dual_clip=algo.dual_clip or None, tis_cap=algo.tis_cap or None,
+        tis_floor=algo.tis_floor or None, tis_mode=algo.tis_mode, off_policy_mask=algo.off_policy_mask or None,
         surrogate=algo.surrogate, sapo_tau=(algo.sapo_tau_pos, algo.sapo_tau_neg))
 
 
