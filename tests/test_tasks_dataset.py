@@ -199,3 +199,14 @@ def test_a_dataset_trains_two_steps_from_the_command_line(tmp_path, tiny_model_d
     out = capfd.readouterr()
     assert "data       prompt<-prompt, answer<-answer, images<-images (TRL layout); rows: 7 train, 1 test" in out.out + out.err
     assert len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+
+
+def test_a_datasets_object_from_python_is_read_like_a_file(tmp_path):
+    from vlmrl.tasks.dataset import DatasetParams, DatasetTask
+
+    path = write_layout(tmp_path, "trl")
+    ds = datasets.Dataset.from_list([json.loads(line) for line in path.read_text().splitlines()])
+    ds = ds.map(lambda row: {"images": [str(tmp_path / p) for p in row["images"]]})
+    task = DatasetTask(DatasetParams(test_fraction=0.25), data=ds)
+    reference = get_task("dataset", path=str(path), test_fraction=0.25)
+    assert [summary(task.example(i)) for i in range(6)] == [summary(reference.example(i)) for i in range(6)]
