@@ -13,8 +13,7 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks import get_task
-from vlmrl.tasks.geometry import load_image
-from vlmrl.tasks.images import to_rgb
+from vlmrl.data.images import load_image, to_rgb
 
 
 def write_rows(folder: Path, rows: list[dict], name: str = "train.jsonl") -> Path:

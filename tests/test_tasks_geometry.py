@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from vlmrl.data.images import image_values, load_image
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.geometry import _to_image, answer_from_solution, last_boxed, reasoning_from_solution
+from vlmrl.tasks.geometry import answer_from_solution, last_boxed, reasoning_from_solution
 
 COLORS = ["red", "green", "blue", "yellow", "purple"]
 
@@ -166,10 +167,11 @@ def test_relative_image_paths_fall_back_to_the_source_folder(tmp_path):
 def test_image_forms():
     buffer = io.BytesIO()
     picture(2).save(buffer, format="PNG")
-    assert _to_image({"bytes": buffer.getvalue(), "path": None}).getpixel((0, 0)) == (0, 0, 255)
-    assert _to_image([picture(1), picture(2)]).getpixel((0, 0)) == (0, 128, 0)
-    assert _to_image(picture(0).convert("L")).mode == "RGB"
-    assert _to_image(None) is None and _to_image([]) is None
+    assert load_image({"bytes": buffer.getvalue(), "path": None}).getpixel((0, 0)) == (0, 0, 255)
+    assert [load_image(v).getpixel((0, 0)) for v in image_values([picture(1), picture(2)])] == [
+        (0, 128, 0), (0, 0, 255)]  # every image of a row, in order
+    assert load_image(picture(0).convert("L")).mode == "RGB"
+    assert image_values(None) == [] and image_values([]) == [] and image_values({"bytes": None, "path": None}) == []
 
 
 def test_solution_parsing():

@@ -17,10 +17,23 @@ from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example
 
 
+IMAGE_MARKER = "<image>"
+"""Where a prompt places an image (EasyR1's, verl's and OpenRLHF's marker); one per image, else unused."""
+
+
 def chat_messages(example: Example) -> list[dict]:
-    """The user turn: the example's images in order, then the task's question."""
-    images = [{"type": "image"} for _ in example.images]
-    return [{"role": "user", "content": [*images, {"type": "text", "text": example.prompt}]}]
+    """The system turn (when the example has one) and the user turn: each image at its `<image>`
+    marker when the prompt has exactly one per image, else the images in order, then the question."""
+    pieces = example.prompt.split(IMAGE_MARKER)
+    if example.images and len(pieces) == len(example.images) + 1:
+        content = []
+        for text, _ in zip(pieces, example.images):
+            content += ([{"type": "text", "text": text}] if text else []) + [{"type": "image"}]
+        content += [{"type": "text", "text": pieces[-1]}] if pieces[-1] else []
+    else:
+        content = [*({"type": "image"} for _ in example.images), {"type": "text", "text": example.prompt}]
+    system = [{"role": "system", "content": [{"type": "text", "text": example.system}]}] if example.system else []
+    return [*system, {"role": "user", "content": content}]
 
 
 NOT_MODEL_INPUTS = frozenset({"labels"})

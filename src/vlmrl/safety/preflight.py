@@ -170,6 +170,8 @@ class PreflightReport:
     """What the model keeps for backward per token, as the preflight measured it."""
     processes: str = ""
     """What runs (training/strategy.py): `processes: 2, strategy: FSDP2, backend: gloo`; the first line."""
+    data: str = ""
+    """The data a file-backed task reads: its column mapping, rows and order (`data_line`), and epochs."""
 
     def advice(self) -> list[str]:
         """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
@@ -214,6 +216,8 @@ class PreflightReport:
         out.append(self.disk.line())
         if self.speed:
             out.append(f"speed      {self.speed}")
+        if self.data:
+            out.append(f"data       {self.data}")
         if self.bad_rows:
             split, row, problem = self.bad_rows[0]
             out.append(f"data       {len(self.bad_rows)} bad rows skipped (first: {problem})")
@@ -256,7 +260,20 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                            trainable=trainable, dtype=dtype_note(config, params),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
-                           speed=speed_line(config, policy, mode, sharding.deepspeed), costs=costs)
+                           speed=speed_line(config, policy, mode, sharding.deepspeed), costs=costs,
+                           data=data_line(config, task, mode))
+
+
+def data_line(config: Config, task: Task, mode: str) -> str:
+    """What a file-backed task reads (its mapping, rows and order) and how many epochs the run makes
+    of its train rows; "" for a procedural task."""
+    line = task.data_line() if hasattr(task, "data_line") else ""
+    if not line or not hasattr(task, "size"):
+        return line
+    per_step = config.sft.batch_size if mode == "sft" else config.rollout.prompts_per_step
+    rows = task.size("train")
+    return (f"{line}; {-(-rows // per_step)} steps per epoch of {per_step} prompts, "
+            f"{config.train.steps * per_step / rows:.2f} epochs in {config.train.steps} steps")
 
 
 def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:

@@ -14,7 +14,6 @@ belongs to the requested split. No torch here.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import operator
 import random
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image
 
+from vlmrl.data.order import stable_unit
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, build, closest, field_docs, type_name
 
@@ -39,7 +39,8 @@ class Example:
     """One prompt: the images the model sees, the question, the gold answer and a model solution.
 
     Most tasks show one image: `Example(image, prompt, answer)`. A task that shows several passes
-    `images=[...]` (the prompt shows them in order, before the question); `image` is always the
+    `images=[...]` (the prompt shows them in order, before the question, or each at its `<image>`
+    marker when the prompt has one per image: rollout/prompts.py); `image` is always the
     first of them. `originals` are the full-resolution images that tools read (a task may show a
     downscaled first view); they default to the images themselves.
     """
@@ -57,10 +58,13 @@ class Example:
     """A well-formed reasoning trace ending in the right answer; it scores the maximum (SFT data)."""
     originals: list[Image.Image]
     """Full-resolution versions of `images` that tools (zoom, crop) read; default: the images."""
+    system: str
+    """A system prompt shown before the user turn ("" for none: the procedural tasks)."""
 
     def __init__(self, image: Image.Image | None = None, prompt: str = "", answer: str = "",
                  meta: dict[str, Any] | None = None, reference_completion: str = "", *,
-                 images: list[Image.Image] | None = None, originals: list[Image.Image] | None = None):
+                 images: list[Image.Image] | None = None, originals: list[Image.Image] | None = None,
+                 system: str = ""):
         if images is None:
             images = [image] if image is not None else []
         elif image is not None and images and image is not images[0]:
@@ -70,6 +74,7 @@ class Example:
         self.meta = meta if meta is not None else {}
         self.reference_completion = reference_completion
         self.originals = list(originals) if originals is not None else list(self.images)
+        self.system = system
 
     @property
     def image(self) -> Image.Image | None:
@@ -114,12 +119,6 @@ def param_table(cls: type[TaskParams]) -> list[tuple[str, str, Any, str]]:
             f.default_factory() if f.default_factory is not MISSING else None)
         rows.append((f.name, type_name(hints[f.name]), default, docs.get(f.name, "")))
     return rows
-
-
-def stable_unit(key: str) -> float:
-    """A number in [0, 1) from a stable hash of `key` (BLAKE2b; the same in every process)."""
-    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0 ** 64
 
 
 def in_split(key: str, split: str) -> bool:

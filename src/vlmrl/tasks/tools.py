@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
-from vlmrl.tasks.images import to_rgb
+from vlmrl.data.images import to_rgb
 from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
 
 TOOL_CALL_OPEN = "<tool_call>"

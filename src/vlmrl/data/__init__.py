@@ -1,0 +1,8 @@
+"""The data stage: rows of any dataset a researcher brings, read without torch.
+
+- sources.py: a path, a hub id in the cache or a `datasets` object, opened as {split: Dataset};
+- columns.py: which columns hold prompt, answer, images, reference and system (layouts detected);
+- images.py: image values decoded into the RGB images a model sees;
+- order.py: the seeded order rows are served in, and the held-out rows.
+The `dataset` task (tasks/dataset.py) puts them together into Examples.
+"""

@@ -1,0 +1,121 @@
+"""Where rows come from: a path, a hub id or a `datasets` object opened as {split: datasets.Dataset},
+with the folders where each split's relative image paths are looked up.
+
+A source is one of:
+- a data file (.jsonl/.json/.csv/.parquet/.arrow): its rows are the train split;
+- a folder of them named {split}.{ext} or {split}-*.{ext} (searched recursively: Hugging Face's
+  `data/train-00000-of-00001.parquet` too); when no file is named train/test/validation, every file
+  is the train split;
+- a folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk` (read with `load_from_disk`);
+- a Hugging Face hub id, read from the local cache (no download when HF_HUB_OFFLINE=1: then one line
+  says it is not cached);
+- a `datasets.Dataset` (the train split) or `datasets.DatasetDict` from Python.
+Empty files and splits are errors. No torch here.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlmrl.errors import VlmrlError
+
+DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+SPLIT_NAMES = ("train", "test", "validation")
+
+
+@dataclass
+class Source:
+    """A dataset's splits, and where relative image paths of each are looked up."""
+
+    splits: dict[str, Any]
+    """Split name -> datasets.Dataset."""
+    folders: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    """Split name -> folders for relative image paths: the data file's, then the source folder."""
+    files: dict[str, list[str]] = field(default_factory=dict)
+    """Split name -> its data files (empty for save_to_disk folders, hub ids and Python objects)."""
+    name: str = ""
+    """How the source was given (a path, a hub id, or "a datasets object")."""
+
+
+def open_source(source: Any) -> Source:
+    """The splits of `source` (see the module docstring); VlmrlError in one line when it cannot be read."""
+    import datasets
+
+    if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+        splits = dict(source) if isinstance(source, datasets.DatasetDict) else {"train": source}
+        return Source(splits, name="a datasets object")
+    return _open_path_or_id(str(source))
+
+
+@functools.lru_cache(maxsize=4)
+def _open_path_or_id(source: str) -> Source:
+    """A path or hub id opened once per process (several tasks over one source share it)."""
+    import datasets
+
+    path = Path(source).expanduser()
+    try:
+        if path.is_dir() and _saved_to_disk(path):
+            loaded = datasets.load_from_disk(str(path))
+            splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+            return Source(splits, {name: (path,) for name in splits}, name=source)
+        if path.exists():
+            builder, data_files = local_files(path)
+            loaded = datasets.load_dataset(builder, data_files=data_files)
+            root = path if path.is_dir() else path.parent
+            folders = {split: (Path(files[0]).parent, root) for split, files in data_files.items()}
+            return Source(dict(loaded), folders, data_files, name=source)
+        return Source(dict(datasets.load_dataset(source)), name=source)
+    except VlmrlError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any loader failure is a problem with the user's data
+        if not path.exists() and ("offline" in str(error).lower() or "Couldn't find" in str(error)):
+            raise VlmrlError(f"data source {source!r} is neither a local path nor a dataset in the Hugging Face "
+                             "cache (offline); give a file or folder, or download it first") from error
+        raise VlmrlError(f"cannot load data source {source!r}: {type(error).__name__}: {error}") from error
+
+
+def _saved_to_disk(path: Path) -> bool:
+    """A `save_to_disk` folder: a DatasetDict's dataset_dict.json, or a Dataset's state.json."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def local_files(path: Path) -> tuple[str, dict[str, list[str]]]:
+    """(builder, {split: files}) for a data file or a folder of them."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+    if not files:
+        raise VlmrlError(f"no {', '.join(DATA_SUFFIXES)} files in {str(path)!r}")
+    empty = [p for p in files if holds_no_rows(p)]
+    if empty:
+        raise VlmrlError(f"data file {str(empty[0])!r} is empty: it holds no rows")
+    builders = {DATA_SUFFIXES.get(p.suffix) for p in files}
+    if len(builders) != 1 or None in builders:
+        raise VlmrlError(f"{str(path)!r}: use one format ({', '.join(DATA_SUFFIXES)}), "
+                         f"found {sorted(map(str, builders))}")
+    if path.is_file():
+        return builders.pop(), {"train": [str(path)]}
+    by_split: dict[str, list[str]] = {}
+    for p in files:
+        by_split.setdefault(re.split(r"[-.]", p.name, maxsplit=1)[0], []).append(str(p))
+    if not set(by_split) & set(SPLIT_NAMES):  # bars.jsonl, more_bars.jsonl: all of them are train
+        by_split = {"train": [str(p) for p in files]}
+    return builders.pop(), by_split
+
+
+def holds_no_rows(path: Path) -> bool:
+    """An empty file, whitespace or [] alone, a csv of a header alone, or a parquet file of 0 rows."""
+    size = path.stat().st_size
+    if path.suffix == ".parquet" and size:
+        import pyarrow.parquet
+
+        try:
+            return pyarrow.parquet.read_metadata(path).num_rows == 0
+        except Exception:  # noqa: BLE001 - an unreadable file: the loader says why
+            return False
+    if path.suffix == ".csv" and 0 < size < 4096:
+        return len([line for line in path.read_text(errors="replace").splitlines() if line.strip()]) < 2
+    return size == 0 or (size < 64 and path.suffix != ".arrow"
+                         and path.read_text(errors="replace").strip() in ("", "[]"))

@@ -1,0 +1,361 @@
+"""`dataset`: any dataset a researcher brings, as a task: rows of files, a `save_to_disk` folder, a
+hub id in the local cache or a `datasets` object (data/sources.py), their columns mapped to prompt,
+answer, images, reference completion and system prompt (data/columns.py: layouts detected, an
+explicit `columns` mapping wins), served in a seeded order (data/order.py).
+
+    task.name: dataset
+    task.params: {path: data/bars.jsonl, columns: {prompt: question, answer: label, images: chart}}
+
+Every image of a row is kept, in order: where the prompt has `<image>` markers they are placed
+there (a marker count that differs from the image count is a bad row), else they come before the
+text. Relative image paths are read from the data file's folder, then the source folder. The
+remaining columns of a row (images excepted) reach the rewards as `example.meta["columns"]`.
+
+Splits: "train" is train_split; "test" is test_split, else the dataset's "test", else its
+"validation", else (test_fraction > 0) round(test_fraction x rows) of train held out by row, chosen by
+split_seed (not by content: rows sharing a question or an answer are split like any others). Train
+rows are served in a new shuffled order each epoch, a pure function of (seed, epoch, row), so a
+resumed run draws what an uninterrupted one does; held-out splits in one fixed shuffled order, so
+the first n are a sample without replacement. Every row of every split is checked when the data
+loads (a prompt, an answer, its images decoded once with check_images, its markers): the first bad
+row stops with a message naming it, or (on_bad_row=skip) bad rows are left out and counted.
+
+Reward: accuracy (the verifier on the single <answer>: math, number, choice or exact) +
+format_weight x format (strict <think>/<answer> layout); total in [0, 1 + format_weight].
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlmrl.data.columns import MARKER, Columns, RowText, detect, read_text
+from vlmrl.data.images import BadImage, NoImage, image_values, load_image
+from vlmrl.data.order import draw_row, held_out
+from vlmrl.data.sources import Source, open_source
+from vlmrl.errors import VlmrlError, warn
+from vlmrl.tasks.base import Example, Task, TaskParams, check, register_task
+from vlmrl.tasks.rewards import (
+    Rubric,
+    collapse_whitespace,
+    extract_tag,
+    last_number,
+    math_equal,
+    think_answer_format,
+)
+
+INSTRUCTION = "Think step by step inside <think> </think>, then give the final answer inside <answer> </answer>."
+VERIFIERS = ("auto", "math", "number", "choice", "exact")
+ON_BAD_ROW = ("error", "skip")
+MARKERS = ("place", "drop")
+_CHOICE = re.compile(r"\(?([A-Za-z])(?:[).:]|\s|$)")
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_TAGS = re.compile(r"</?(?:think|answer)>")
+
+
+@dataclass
+class DatasetParams(TaskParams):
+    """Parameters of the dataset task."""
+
+    path: str = ""
+    """The data: a .jsonl/.json/.csv/.parquet/.arrow file, a folder of them named {split}.{ext} or
+    {split}-*.{ext}, a `save_to_disk` folder, or a hub id in the local Hugging Face cache."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Which column holds each part: {prompt, answer, images, reference, system}; a key given wins
+    over the detected layout, the others are detected. A dotted name reads inside a dict column."""
+    template: str = "{prompt}\n" + INSTRUCTION
+    """The prompt the model sees: `{prompt}` is replaced by the row's prompt (no other braces are read)."""
+    system: str = ""
+    """A system prompt for every example (empty: the row's own system turn, if any)."""
+    verifier: str = "auto"
+    """How the answer is checked: math (math-verify, choices, normalized strings; what auto means),
+    number (the last number, to 1e-6 relative), choice (the option letter) or exact (the text,
+    whitespace and case aside)."""
+    train_split: str = "train"
+    """Dataset split served as "train"."""
+    test_split: str = ""
+    """Dataset split served as "test"; empty: "test", else "validation", else held out from train."""
+    test_fraction: float = 0.1
+    """Share of train rows held out as "test" when the dataset has no test split (0: none)."""
+    split_seed: int = 0
+    """Seed of the held-out choice; fixed apart from `seed`, so runs of several seeds share one test set."""
+    shuffle: bool = True
+    """Serve train rows in a new seeded order each epoch (false: file order, every epoch)."""
+    markers: str = "place"
+    """`<image>` markers in the prompt: place (each image at its marker) or drop (removed; images first)."""
+    max_image_side: int = 0
+    """Downscale images whose longer side exceeds this many pixels (0 keeps them as they are)."""
+    max_pixels: int = 4_194_304
+    """Downscale images with more pixels than this (2048 x 2048), aspect kept (0 = no limit)."""
+    on_bad_row: str = "error"
+    """A bad row (no prompt or answer, a missing or unreadable image, markers that do not match the
+    images): "error" stops before training naming the row and file; "skip" leaves it out and counts it."""
+    check_images: bool = True
+    """Decode every image once when the data loads, so a bad one is found before training."""
+    format_weight: float = 0.5
+    """Weight of the format component in the total."""
+
+    def validate(self) -> None:
+        super().validate()
+        check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
+        check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
+        check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
+        check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
+        check(self.verifier in VERIFIERS, f"verifier must be one of {', '.join(VERIFIERS)}, got {self.verifier!r}")
+        check(self.markers in MARKERS, f"markers must be place or drop, got {self.markers!r}")
+        check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
+        check(isinstance(self.split_seed, int), f"split_seed must be an integer, got {self.split_seed!r}")
+
+
+def choice_letter(text: str) -> str | None:
+    """The option letter a text starts with: "B", "(B)", "B.", "B) 45", "B. 45°" -> "B"; else None."""
+    match = _CHOICE.match(text.strip().strip("$").strip())
+    return match.group(1).upper() if match else None
+
+
+def verify(verifier: str, answer: str, gold: str) -> bool:
+    """Whether `answer` matches `gold` under `verifier` (see DatasetParams.verifier); never raises."""
+    if verifier == "number":
+        got, want = last_number(answer), last_number(gold)
+        return got is not None and want is not None and abs(got - want) <= 1e-6 * max(1.0, abs(want))
+    if verifier == "choice":
+        letter = choice_letter(gold)
+        return letter is not None and choice_letter(answer) == letter
+    if verifier == "exact":
+        return collapse_whitespace(answer).casefold() == collapse_whitespace(gold).casefold()
+    return math_equal(answer, gold)
+
+
+def reasoning_from_solution(solution: str) -> str:
+    """The reasoning part of a solution: its <think> content, else the text around the answer
+    blocks; tags removed so it can sit inside a reference <think> block."""
+    think = re.search(r"<think>(.*?)</think>", solution, re.DOTALL)
+    text = think.group(1) if think else _ANSWER_BLOCK.sub(" ", solution)
+    return " ".join(_TAGS.sub(" ", text).split())
+
+
+def reference_of(reasoning: str, answer: str) -> str:
+    """The reference completion (SFT target) of a worked solution and its answer."""
+    reasoning = reasoning or "I read the image and the question, and work out the answer step by step."
+    return f"<think> {reasoning} </think> <answer> {answer} </answer>"
+
+
+@dataclass
+class Loaded:
+    """A loaded dataset: its columns, the rows each task split serves, and the rows left out."""
+
+    source: Source
+    columns: Columns
+    served: dict[str, list[int]]
+    """Task split -> usable row indices of its dataset split."""
+    source_of: dict[str, str]
+    """Task split -> the dataset split its rows come from."""
+    texts: dict[str, list[RowText | None]]
+    """Dataset split -> each row's text parts (None for a bad row)."""
+    images: dict[str, Any]
+    """Dataset split -> its image column in arrow format (values undecoded), or None."""
+    extras: dict[str, Any]
+    """Dataset split -> the dataset's other columns (no images), for example.meta["columns"]."""
+    bad_rows: list[tuple[str, int, str]] = field(default_factory=list)
+    """(dataset split, row, what is wrong) of the rows left out (on_bad_row=skip)."""
+
+
+def image_columns(ds: Any) -> list[str]:
+    """The columns of `ds` typed as images (datasets.Image, or a list of them)."""
+    import datasets
+
+    def is_image(feature: Any) -> bool:
+        inner = getattr(feature, "feature", None)
+        return isinstance(feature, datasets.Image) or (inner is not None and is_image(inner))
+
+    return [name for name, feature in ds.features.items() if is_image(feature)]
+
+
+@register_task
+class DatasetTask(Task):
+    """Any dataset: rows mapped to prompts, answers and images (see the module docstring)."""
+
+    name = "dataset"
+    description = ("your own data: jsonl/json/csv/parquet/arrow files, save_to_disk folders or a cached hub id; "
+                   "TRL, EasyR1, verl, messages layouts detected or columns mapped; math/number/choice/exact")
+    Params = DatasetParams
+    params: DatasetParams
+
+    def __init__(self, params: DatasetParams | None = None, data: Any = None) -> None:
+        super().__init__(params)
+        self.data = data
+        """A `datasets.Dataset` or `DatasetDict` given from Python (then `path` is not read)."""
+        check(data is not None or bool(self.params.path.strip()),
+              f"task {self.name!r} needs path=FILE_FOLDER_OR_HUB_ID (a .jsonl/.json/.csv/.parquet/.arrow file, a "
+              "folder of them, a save_to_disk folder, or a hub id in the local cache)")
+        if data is None and self.params.path.startswith(("/", ".", "~")):
+            check(Path(self.params.path).expanduser().exists(), f"data path {self.params.path!r} does not exist")
+
+    def choose_columns(self, names: list[str]) -> Columns:
+        """The column mapping of a dataset with these columns (a preset may fix its own)."""
+        return detect(names, self.params.columns)
+
+    @functools.cached_property
+    def _data(self) -> Loaded:
+        """The dataset, its columns and the rows each task split serves; built on first use."""
+        p = self.params
+        source = open_source(self.data if self.data is not None else p.path)
+        splits = source.splits
+        for wanted in (p.train_split, p.test_split):
+            if wanted and wanted not in splits:
+                raise VlmrlError(f"{self.name} source has no split {wanted!r}; it has {', '.join(splits)}")
+        if not len(splits[p.train_split]):
+            raise VlmrlError(f"{self.name} source {source.name!r} has no rows in split {p.train_split!r}")
+        columns = self.choose_columns(list(splits[p.train_split].column_names))
+        data = Loaded(source, columns, {}, {}, {}, {}, {})
+        for name, ds in splits.items():
+            self._load_split(data, name, ds)
+        self._report_bad_rows(data)
+        self._assign_splits(data)
+        return data
+
+    def _load_split(self, data: Loaded, name: str, ds: Any) -> None:
+        """Read split `name`'s text parts and image values, checking every row (bad ones to data.bad_rows)."""
+        columns = data.columns
+        pictures = [c for c in image_columns(ds) if c != columns.images]
+        kept = [c for c in ds.column_names if c != columns.images and c not in pictures]
+        text_table = ds.select_columns(kept).with_format(None)
+        images = ds.select_columns([columns.images]).with_format("arrow") if columns.images else None
+        data.images[name] = images
+        others = [c for c in kept if c not in columns.used()]
+        data.extras[name] = ds.select_columns(others) if others else None
+        files = data.source.files.get(name, [])
+        where = (f" ({files[0]})" if len(files) == 1 else f" ({len(files)} files in {Path(files[0]).parent})"
+                 if files else f" of {data.source.name}")
+        texts: list[RowText | None] = []
+        for i, row in enumerate(text_table):
+            try:
+                values = self._image_values(data, name, i)
+                texts.append(self._checked(row, columns, values, data.source.folders.get(name, ())))
+            except VlmrlError as error:
+                texts.append(None)
+                data.bad_rows.append((name, i, f"row {i} of split {name!r}{where}: {error}"))
+        data.texts[name] = texts
+
+    def _image_values(self, data: Loaded, split: str, row: int) -> list[Any]:
+        table = data.images[split]
+        if table is None:
+            return []
+        return image_values(table[row:row + 1].column(data.columns.images).to_pylist()[0])
+
+    def _checked(self, row: dict[str, Any], columns: Columns, values: list[Any], folders: tuple[Path, ...]) -> RowText:
+        """The text parts of a row whose answer, images and markers are good; VlmrlError saying why not."""
+        p = self.params
+        text = read_text(row, columns)
+        if columns.images and not values:
+            raise NoImage("no image")
+        if p.check_images:
+            for value in values:
+                load_image(value, folders, p.max_pixels, p.max_image_side)
+        markers = self.prompt_text(text).count(MARKER)
+        if markers and markers != len(values):
+            raise VlmrlError(f"the prompt has {markers} {MARKER} markers but the row has {len(values)} images")
+        return text
+
+    def _report_bad_rows(self, data: Loaded) -> None:
+        bad = data.bad_rows
+        if not bad:
+            return
+        more = f" (and {len(bad) - 1} more bad rows)" if len(bad) > 1 else ""
+        if self.params.on_bad_row == "error":
+            raise VlmrlError(f"bad {self.name} data: {bad[0][2]}{more}; fix the data, or set "
+                             "task.params.on_bad_row=skip to leave bad rows out")
+        total = sum(len(texts) for texts in data.texts.values())
+        warn(f"{self.name}: skipped {len(bad)} bad rows of {total} (on_bad_row=skip); first: {bad[0][2]}")
+
+    def _assign_splits(self, data: Loaded) -> None:
+        """Which rows each task split serves: the dataset's own splits, else a share of train held out."""
+        p = self.params
+        usable = {name: [i for i, text in enumerate(texts) if text is not None] for name, texts in data.texts.items()}
+        if not usable[p.train_split]:
+            raise VlmrlError(f"{self.name} source {data.source.name!r} has no usable rows in split {p.train_split!r}")
+        data.served = {name: rows for name, rows in usable.items() if name != p.train_split}
+        data.source_of = {name: name for name in data.served}
+        data.served["train"], data.source_of["train"] = usable[p.train_split], p.train_split
+        test_name = p.test_split or next((s for s in ("test", "validation") if s in usable and s != p.train_split), "")
+        if test_name:
+            data.served["test"], data.source_of["test"] = usable[test_name], test_name
+        elif p.test_fraction > 0:
+            held = held_out(len(data.texts[p.train_split]), p.test_fraction, str(p.split_seed))
+            data.served["test"] = [i for i in usable[p.train_split] if i in held]
+            data.served["train"] = [i for i in usable[p.train_split] if i not in held]
+            data.source_of["test"] = p.train_split
+
+    @property
+    def bad_rows(self) -> list[tuple[str, int, str]]:
+        """(dataset split, row, what is wrong) of every row left out with on_bad_row=skip."""
+        return self._data.bad_rows
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        served = self._data.served
+        return tuple(["train"] + (["test"] if "test" in served else []) +
+                     sorted(s for s in served if s not in ("train", "test")))
+
+    def size(self, split: str = "train") -> int:
+        """How many rows `split` serves (one epoch)."""
+        self.check_split(split)
+        return len(self._data.served[split])
+
+    def data_line(self) -> str:
+        """One line for the preflight: the mapping used, the rows of each split and the order."""
+        data, p = self._data, self.params
+        sizes = ", ".join(f"{len(rows)} {name}" for name, rows in data.served.items())
+        held = (f" ({p.test_fraction:g} of train held out by row, split_seed {p.split_seed})"
+                if data.source_of.get("test") == data.source_of["train"] else "")
+        order = f"shuffled by seed {p.seed}, a new order each epoch" if p.shuffle else "in file order"
+        return f"{data.columns.line()}; rows: {sizes}{held}; train {order}"
+
+    def row_of(self, idx: int, split: str) -> tuple[str, int]:
+        """(dataset split, row) served as example `idx` of `split` (see the module docstring)."""
+        data = self._data
+        rows = data.served[split]
+        if not rows:
+            raise VlmrlError(f"{self.name} split {split!r} has no usable rows")
+        position = draw_row(idx, len(rows), f"{self.params.seed}:{split}", per_epoch=split == "train") \
+            if self.params.shuffle else idx % len(rows)
+        return data.source_of[split], rows[position]
+
+    def prompt_text(self, text: RowText) -> str:
+        """The prompt the model sees, from a row's prompt: the template filled (markers dropped if asked)."""
+        prompt = text.prompt.replace(MARKER, " ") if self.params.markers == "drop" else text.prompt
+        return self.params.template.replace("{prompt}", prompt)
+
+    def answer_and_reference(self, text: RowText) -> tuple[str, str]:
+        """The gold answer and the reference completion of a row."""
+        return text.answer, text.reference or reference_of(reasoning_from_solution(text.solution), text.answer)
+
+    def _example(self, idx: int, split: str) -> Example:
+        data, p = self._data, self.params
+        source_split, row = self.row_of(idx, split)
+        text = data.texts[source_split][row]
+        try:
+            images = [load_image(value, data.source.folders.get(source_split, ()), p.max_pixels, p.max_image_side)
+                      for value in self._image_values(data, source_split, row)]
+        except BadImage as error:  # only with check_images=false: the rows were not decoded at load
+            raise VlmrlError(f"row {row} of split {source_split!r}: {error}") from error
+        answer, reference = self.answer_and_reference(text)
+        meta = {"idx": idx, "split": split, "row": row, "source_split": source_split,
+                "layout": data.columns.layout, "columns": self._other_columns(source_split, row)}
+        return Example(images=images, prompt=self.prompt_text(text), answer=answer, meta=meta,
+                       reference_completion=reference, system=p.system or text.system)
+
+    def _other_columns(self, split: str, row: int) -> dict[str, Any]:
+        """The columns of a row that the mapping does not read (images excepted), for the rewards."""
+        extras = self._data.extras[split]
+        return dict(extras[row]) if extras is not None else {}
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        """accuracy (the verifier) + format_weight * format; total in [0, 1 + format_weight]."""
+        answer = extract_tag(completion, "answer")
+        correct = float(answer is not None and verify(self.params.verifier, answer, example.answer))
+        rubric = Rubric({"accuracy": 1.0, "format": self.params.format_weight})
+        return rubric({"accuracy": correct, "format": think_answer_format(completion)})

@@ -1,0 +1,212 @@
+"""The `dataset` task: the same rows in every layout give the same examples; the held-out split and
+the train order are pure functions of the seeds; bad rows and unknown columns are one line."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from vlmrl.cli import main
+from vlmrl.data.order import draw_row, held_out, permutation
+from vlmrl.errors import VlmrlError
+from vlmrl.rollout.prompts import chat_messages
+from vlmrl.tasks import get_task
+from vlmrl.tasks.dataset import choice_letter, verify
+
+COLORS = ["red", "green", "blue", "yellow"]
+N = 8
+
+
+def rows() -> list[dict]:
+    """N rows: a question about two charts, its answer, and a column the rewards should see."""
+    return [{"question": f"Which bar is tallest in chart {i}?", "answer": COLORS[i % 4], "level": i % 3,
+             "charts": [f"img/{i}a.png", f"img/{i}b.png"]} for i in range(N)]
+
+
+def write_images(folder) -> None:
+    (folder / "img").mkdir(parents=True, exist_ok=True)
+    for i in range(N):
+        Image.new("RGB", (16, 12), COLORS[i % 4]).save(folder / "img" / f"{i}a.png")
+        Image.new("RGB", (8, 8), COLORS[(i + 1) % 4]).save(folder / "img" / f"{i}b.png")
+
+
+def write_layout(folder, layout: str):
+    """The rows of `rows()` in `layout`; returns the path to give as task.params.path."""
+    write_images(folder)
+    base = rows()
+    if layout == "trl":
+        data = [{"prompt": r["question"], "images": r["charts"], "answer": r["answer"], "level": r["level"]}
+                for r in base]
+    elif layout == "easyr1":
+        data = [{"problem": r["question"], "images": r["charts"], "answer": r["answer"], "level": r["level"]}
+                for r in base]
+    elif layout == "messages":
+        data = [{"messages": [{"role": "user", "content": r["question"]},
+                              {"role": "assistant", "content": f"<think> I look. </think> <answer> {r['answer']} </answer>"}],
+                 "images": r["charts"], "level": r["level"]} for r in base]
+    elif layout == "verl":
+        data = [{"prompt": [{"role": "user", "content": r["question"]}], "images": r["charts"],
+                 "reward_model": {"style": "rule", "ground_truth": r["answer"]}, "level": r["level"]} for r in base]
+    else:  # columns named by the user; csv, parquet with Image features, save_to_disk below
+        data = [{"q": r["question"], "a": r["answer"], "charts": r["charts"], "level": r["level"]} for r in base]
+    if layout in ("trl", "easyr1", "messages", "verl", "mapped"):
+        path = folder / "train.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in data))
+        return path
+    if layout == "csv":
+        for row in data:
+            row["charts"] = row["charts"][0]  # csv holds one path per cell
+        datasets.Dataset.from_list(data).to_csv(str(folder / "train.csv"))
+        return folder / "train.csv"
+    with_images = [{**row, "charts": [Image.open(folder / p).convert("RGB") for p in row["charts"]]} for row in data]
+    features = datasets.Features({"q": datasets.Value("string"), "a": datasets.Value("string"),
+                                  "charts": datasets.Sequence(datasets.Image()), "level": datasets.Value("int64")})
+    ds = datasets.Dataset.from_list(with_images, features=features)
+    if layout == "parquet":
+        ds.to_parquet(str(folder / "train.parquet"))
+        return folder / "train.parquet"
+    ds.save_to_disk(str(folder / "saved"))
+    return folder / "saved"
+
+
+MAPPED = {"prompt": "q", "answer": "a", "images": "charts"}
+LAYOUTS = {"trl": {}, "easyr1": {}, "messages": {}, "verl": {}, "mapped": MAPPED, "csv": MAPPED,
+           "parquet": MAPPED, "saved": MAPPED}
+
+
+def summary(example) -> tuple:
+    return (example.prompt, example.answer, [image.getpixel((0, 0)) for image in example.images],
+            example.meta["row"], example.meta["columns"])
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_same_rows_in_every_layout_give_the_same_examples(tmp_path, layout):
+    path = write_layout(tmp_path, layout)
+    task = get_task("dataset", path=str(path), columns=LAYOUTS[layout], test_fraction=0.25)
+    reference = get_task("dataset", path=str(write_layout(tmp_path / "ref", "trl")), test_fraction=0.25)
+    assert task.splits == ("train", "test") and task.size("train") == 6 and task.size("test") == 2
+    for split in ("train", "test"):
+        for idx in range(task.size(split)):
+            got, want = task.example(idx, split), reference.example(idx, split)
+            images = 1 if layout == "csv" else 2
+            assert summary(got)[:2] == summary(want)[:2] and summary(got)[3:] == (want.meta["row"], {"level": want.meta["row"] % 3})
+            assert summary(got)[2] == summary(want)[2][:images]
+            assert got.prompt.startswith(rows()[got.meta["row"]]["question"] + "\n")
+            assert task.score(got, f"<think> x </think> <answer> {got.answer} </answer>")["total"] == 1.5
+    assert task.data_line().endswith("rows: 6 train, 2 test (0.25 of train held out by row, split_seed 0); "
+                                     "train shuffled by seed 0, a new order each epoch")
+
+
+def test_the_mapping_line_names_the_layout(tmp_path):
+    line = get_task("dataset", path=str(write_layout(tmp_path, "easyr1"))).data_line()
+    assert line.startswith("prompt<-problem, answer<-answer, images<-images (EasyR1 layout)")
+    messages = get_task("dataset", path=str(write_layout(tmp_path / "m", "messages")))
+    assert messages.data_line().startswith("prompt<-messages, images<-images, reference<-messages, system<-messages")
+    example = messages.example(0)
+    assert example.reference_completion == f"<think> I look. </think> <answer> {example.answer} </answer>"
+
+
+def test_images_sit_at_their_markers_and_a_wrong_count_is_a_bad_row(tmp_path, capsys):
+    write_images(tmp_path)
+    data = [{"prompt": f"Left <image> and right <image>: which is red? {i}", "images": [f"img/{i}a.png", f"img/{i}b.png"],
+             "answer": "left"} for i in range(4)]
+    data[2]["images"] = data[2]["images"][:1]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in data))
+    with pytest.raises(VlmrlError, match=r"row 2 of split 'train' \(.*train.jsonl\): the prompt has 2 <image> "
+                                         r"markers but the row has 1 images; fix the data, or set"):
+        get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0).splits
+    task = get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0, on_bad_row="skip",
+                    system="You read charts.")
+    assert task.size() == 3 and [row for _, row, _ in task.bad_rows] == [2]
+    example = task.example(0)
+    system, user = chat_messages(example)
+    assert system == {"role": "system", "content": [{"type": "text", "text": "You read charts."}]}
+    assert [part["type"] for part in user["content"]] == ["text", "image", "text", "image", "text"]
+    assert user["content"][2]["text"] == " and right "
+
+
+def test_an_unknown_layout_or_column_is_one_line(tmp_path):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a", "label": "b"}) + "\n")
+    with pytest.raises(VlmrlError, match=r"cannot tell which column holds the prompt among \['text', 'label'\]; "
+                                         r"name it: task.params.columns="):
+        get_task("dataset", path=str(tmp_path / "d.jsonl")).splits
+    with pytest.raises(VlmrlError, match=r"the column mapping names \['lbl'\] but the data has"):
+        get_task("dataset", path=str(tmp_path / "d.jsonl"), columns={"prompt": "text", "answer": "lbl"}).splits
+    with pytest.raises(VlmrlError, match=r"columns: unknown key\(s\) \['questoin'\]"):
+        get_task("dataset", path=str(tmp_path / "d.jsonl"), columns={"questoin": "text"}).splits
+
+
+def test_the_held_out_split_is_chosen_by_row_not_by_content(tmp_path):
+    """One question over many images (VQA): a hash of question + answer held out all or nothing."""
+    write_images(tmp_path)
+    data = [{"question": "What colour is the chart?", "image": f"img/{i}a.png", "answer": COLORS[i % 4]}
+            for i in range(N)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in data))
+    task = get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0.25)
+    served = task._data.served
+    assert len(served["test"]) == 2 and sorted(served["train"] + served["test"]) == list(range(N))
+    other = get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0.25, split_seed=1)
+    assert other._data.served["test"] != served["test"]
+    assert get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0.25,
+                    seed=5)._data.served["test"] == served["test"]  # the run's seed leaves the test set alone
+
+
+def test_train_order_is_shuffled_by_the_seed_and_new_each_epoch(tmp_path):
+    path = write_layout(tmp_path, "trl")
+    task = get_task("dataset", path=str(path), test_fraction=0)
+    epochs = [[task.example(e * N + i).meta["row"] for i in range(N)] for e in range(3)]
+    assert all(sorted(epoch) == list(range(N)) for epoch in epochs)
+    assert epochs[0] != list(range(N)) and epochs[0] != epochs[1] != epochs[2]
+    reseeded = get_task("dataset", path=str(path), test_fraction=0, seed=1)
+    assert [reseeded.example(i).meta["row"] for i in range(N)] != epochs[0]
+    again = get_task("dataset", path=str(path), test_fraction=0)
+    assert [again.example(i).meta["row"] for i in range(3 * N)] == sum(epochs, [])  # deterministic
+    in_order = get_task("dataset", path=str(path), test_fraction=0, shuffle=False)
+    assert [in_order.example(i).meta["row"] for i in range(2 * N)] == list(range(N)) * 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 60), seed=st.integers(0, 10**6), start=st.integers(0, 500))
+def test_draw_row_covers_every_row_once_per_epoch_from_any_cursor(n, seed, start):
+    epoch = start // n
+    drawn = [draw_row(i, n, str(seed)) for i in range(epoch * n, (epoch + 1) * n)]
+    assert sorted(drawn) == list(range(n))
+    assert draw_row(start, n, str(seed)) == permutation(n, str(seed), epoch)[start % n]
+    held = held_out(n, 0.3, str(seed))
+    assert len(held) == (0 if n < 2 else min(n - 1, max(1, round(0.3 * n)))) and held <= set(range(n))
+
+
+@pytest.mark.parametrize("verifier, answer, gold, right", [
+    ("choice", "B. 45°", "B", True), ("choice", "(C)", "B", False), ("number", "about 3.50 cm", "3.5", True),
+    ("number", "4", "3.5", False), ("exact", "Left  Bar", "left bar", True), ("exact", "left", "left bar", False),
+    ("math", "\\frac{1}{2}", "0.5", True), ("auto", "0.5", "1/3", False)])
+def test_verifiers(verifier, answer, gold, right):
+    assert verify(verifier, answer, gold) is right
+    assert choice_letter("B) 45") == "B" and choice_letter("45") is None
+
+
+def test_a_dataset_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir, capfd):
+    path = write_layout(tmp_path, "trl")
+    run = tmp_path / "run"
+    assert main(["train", "task.name=dataset", f"task.params.path={path}", f"model.name_or_path={tiny_model_dir}",
+                 "model.device=cpu", f"output_dir={run}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                 "rollout.max_new_tokens=4", "train.steps=2", "train.micro_batch_size=4", "train.save_every=0"]) == 0
+    out = capfd.readouterr()
+    assert "data       prompt<-prompt, answer<-answer, images<-images (TRL layout); rows: 7 train, 1 test" in out.out + out.err
+    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+
+
+def test_a_datasets_object_from_python_is_read_like_a_file(tmp_path):
+    from vlmrl.tasks.dataset import DatasetParams, DatasetTask
+
+    path = write_layout(tmp_path, "trl")
+    ds = datasets.Dataset.from_list([json.loads(line) for line in path.read_text().splitlines()])
+    ds = ds.map(lambda row: {"images": [str(tmp_path / p) for p in row["images"]]})
+    task = DatasetTask(DatasetParams(test_fraction=0.25), data=ds)
+    reference = get_task("dataset", path=str(path), test_fraction=0.25)
+    assert [summary(task.example(i)) for i in range(6)] == [summary(reference.example(i)) for i in range(6)]
