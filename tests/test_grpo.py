@@ -429,7 +429,7 @@ def tis_inputs(sampler_logp: torch.Tensor):
 def test_tis_weights_are_the_capped_ratio_of_training_to_sampler():
     # old - sampler = ln 2, ln 5, -ln 2 (and garbage on padding): weights 2, min(5, 3) = 3, 1/2; padding 1.
     sampler = torch.tensor([[-math.log(2), -math.log(5)], [math.log(2), 50.0]])
-    weight, capped = grpo.tis_weights(torch.zeros(2, 2), sampler, TIS_MASK, cap=3.0)
+    weight, capped = grpo.tis_weights(torch.zeros(2, 2), sampler, TIS_MASK, grpo.LossSettings(tis_cap=3.0))
     assert_close(weight, torch.tensor([[2.0, 3.0], [0.5, 1.0]]))
     assert capped.tolist() == [[False, True], [False, False]]
 
@@ -493,7 +493,8 @@ def test_the_mismatch_modes_bound_token_or_sequence_ratios_by_truncation_or_mask
         ("sequence_mask", 3.0, None): ([[0.0, 0.0], [0.5, 1.0]], [[True, True], [False, False]]),  # MIS
     }
     for (mode, cap, floor), (weights, bound) in cases.items():
-        weight, changed = grpo.tis_weights(torch.zeros(2, 2), sampler, TIS_MASK, cap, floor, mode)
+        settings = grpo.LossSettings(tis_cap=cap, tis_floor=floor, tis_mode=mode)
+        weight, changed = grpo.tis_weights(torch.zeros(2, 2), sampler, TIS_MASK, settings)
         assert_close(weight, torch.tensor(weights)), mode
         assert changed.tolist() == bound, mode
 

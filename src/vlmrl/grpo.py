@@ -363,20 +363,20 @@ class LossSettings(NamedTuple):
 TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float | None,
-                floor: float | None = None, mode: TisMode = "token_truncate") -> tuple[Tensor, Tensor]:
-    """(B, T) importance weights of the training pass against the sampler, bounded as `mode` says
-    (module doc), 1 on padding; and (B, T) bool where a bound changed the weight. Both inputs are
-    constants here."""
+def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, s: LossSettings) -> tuple[Tensor, Tensor]:
+    """(B, T) importance weights of the training pass against the sampler, taken and bounded as
+    s.tis_mode says within [s.tis_floor, s.tis_cap] (module doc), 1 on padding; and (B, T) bool
+    where a bound changed the weight. Both inputs are constants here."""
     valid = mask.bool()  # (B, T)
+    cap, floor = s.tis_cap, s.tis_floor
     log_w = torch.where(valid, old_logp - sampler_logp, torch.zeros_like(old_logp))  # (B, T)
-    if mode.startswith("sequence"):
+    if s.tis_mode.startswith("sequence"):
         log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)  # (B, T) the row's ratio on each token
     weight = torch.exp(log_w)  # (B, T), may be inf or 0 before the bounds
     high = cap if cap is not None else math.inf
     low = floor if floor is not None else 0.0
     outside = valid & ((weight > high) | (weight < low))  # (B, T)
-    if mode.endswith("truncate"):
+    if s.tis_mode.endswith("truncate"):
         return torch.where(valid, weight.clamp(min=low, max=high), torch.ones_like(weight)), outside
     return torch.where(outside, torch.zeros_like(weight), torch.where(valid, weight, torch.ones_like(weight))), outside
 
@@ -515,7 +515,7 @@ def policy_loss(logp: Tensor, inputs: LossInputs, settings: LossSettings = LossS
         old, sampler = old.to(logp.dtype), inputs.sampler_logp.detach().to(logp.dtype)  # (B, T)
         mismatch_kl = masked_mean(kl_penalty(sampler, old, "k3"), valid)  # samples drawn by the sampler
         if s.tis_cap is not None or s.tis_floor is not None:
-            weight, capped = tis_weights(old, sampler, valid, s.tis_cap, s.tis_floor, s.tis_mode)  # (B, T) each
+            weight, capped = tis_weights(old, sampler, valid, s)  # (B, T) each
             pg = pg * weight  # (B, T)
             tis_mean, tis_capped = masked_mean(weight, valid), masked_mean(capped.to(logp.dtype), valid)
         if s.off_policy_mask is not None:
