@@ -17,11 +17,20 @@ stored the same way (in bf16 the second moment's (1 - beta2) g^2 share would van
 is unchanged (weights and moments stay bf16); the float32 temporaries are taken `CHUNK` elements at
 a time. Float32 parameters (LoRA adapters, a float32 run) get the plain float32 update.
 
-The noise is drawn from a generator seeded by (seed, the parameter's step count, its place in the
-optimizer): every process draws the same numbers for the same replicated weights (processes stay
-identical), and a resumed run draws what an uninterrupted one would (the step count is in the
-optimizer's state). Revisiting BFloat16 Training (Zamirai et al., 2020) and torchao's
-`bf16_stochastic_round` use the same rule.
+The noise is counter-based: element i of a piece gets the top 16 bits of a 32-bit integer hash of
+i xor a key, and the key comes from (seed, the parameter's step count, its place in the optimizer,
+the piece, which of weight / moments). So every process draws the same numbers for the same
+replicated weights (processes stay identical), a resumed run draws what an uninterrupted one would
+(the step count is in the optimizer's state), the numbers are the same on any device, and, unlike a
+generator's stream, they can be computed inside the update's own kernel. Revisiting BFloat16
+Training (Zamirai et al., 2020) and torchao's `bf16_stochastic_round` use the same rounding rule.
+
+Two ways to run the same update (`compiled`): eager (the noise and the float32 arithmetic as
+separate torch ops, each a pass over memory), or one torch.compile'd kernel per parameter that
+hashes the noise, computes the update and writes weight and moments back in place, a single pass
+(benchmarks/bench_optimizer.py; `optim.build_optimizer` takes it on CUDA). Given the same noise the
+two compute the same function (tests/test_stochastic_rounding.py); a float32 rounding between
+eager and inductor kernels can move one weight in ~65,000 by one bf16 unit.
 """
 
 from __future__ import annotations
@@ -37,18 +46,33 @@ CHUNK = 1 << 24
 """Elements updated at a time: bounds the step's float32 temporaries (~6 x 64 MiB)."""
 
 
-def round_stochastically(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """bf16 of float32 `x`, rounded up or down with probabilities that make it unbiased."""
-    return rounded(x, rounding_noise(x, generator))
+MASK32 = 0xFFFFFFFF
+HASH_MULTIPLIERS = (0x7FEB352D, 0x5BD1E995)
+"""The two odd multipliers of the noise hash (lowbias32's first and MurmurHash2's): each below 2^31,
+so a product with a 32-bit value never overflows int64, in eager kernels or compiled ones."""
 
 
-def rounding_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Uniform random 16-bit integers (int32), one per element of `like`."""
-    return torch.randint(0, 1 << 16, like.shape, generator=generator, device=like.device, dtype=torch.int32)
+def round_stochastically(x: torch.Tensor, key: int) -> torch.Tensor:
+    """bf16 of float32 `x`, rounded up or down with probabilities that make it unbiased; `key` picks
+    the noise (`hashed_noise`)."""
+    return rounded(x, hashed_noise(torch.tensor(key & MASK32), x.numel(), x.device).view(x.shape))
+
+
+def hashed_noise(key: torch.Tensor, count: int, device: torch.device) -> torch.Tensor:
+    """(count,) uniform 16-bit integers (int32): element i is the top half of a 32-bit hash of
+    i xor `key` (an int64 scalar tensor below 2^32). Integer arithmetic only: exact and the same in
+    any kernel on any device."""
+    x = torch.arange(count, device=device, dtype=torch.int64) ^ key.to(device)  # (count,)
+    x = x ^ (x >> 16)
+    x = (x * HASH_MULTIPLIERS[0]) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * HASH_MULTIPLIERS[1]) & MASK32
+    x = x ^ (x >> 16)
+    return (x >> 16).to(torch.int32)  # (count,) in [0, 2^16)
 
 
 def rounded(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """bf16 of float32 `x` by stochastic rounding with `noise` (`rounding_noise`).
+    """bf16 of float32 `x` by stochastic rounding with `noise` (`hashed_noise`, shaped as `x`).
 
     float32 and bf16 share sign and exponent; bf16 keeps the top 16 bits. Adding a uniform random
     16-bit integer to the low 16 bits of |x|'s pattern and cutting them off carries into the kept
@@ -69,9 +93,8 @@ class RoundingAdamW(torch.optim.Optimizer):
                  weight_decay: float = 0.01, seed: int = 0, compiled: bool = False):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
         self.seed = seed
-        # the update's arithmetic: eager, or one torch.compile'd kernel per piece (`compiled`), for
-        # a GPU to try against eager (benchmarks/bench_optimizer.py); the two agree to one rounding
-        self.values = compiled_adamw_values() if compiled else adamw_values
+        # eager torch ops, or one compiled kernel per piece (module docstring)
+        self.update_piece = compiled_update() if compiled else update_in_place
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -79,15 +102,13 @@ class RoundingAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        generators: dict[torch.device, torch.Generator] = {}  # one per device, re-seeded per parameter
         for group_index, group in enumerate(self.param_groups):
             for index, param in enumerate(group["params"]):
                 if param.grad is not None:
-                    generator = generators.setdefault(param.device, torch.Generator(param.device))
-                    self._update(param, group, (group_index, index), generator)
+                    self._update(param, group, (group_index, index))
         return loss
 
-    def _update(self, param: torch.Tensor, group: dict, place: tuple[int, int], generator: torch.Generator) -> None:
+    def _update(self, param: torch.Tensor, group: dict, place: tuple[int, int]) -> None:
         state = self.state[param]
         if not state:
             state["step"] = torch.tensor(0.0)
@@ -95,26 +116,17 @@ class RoundingAdamW(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         state["step"] = state["step"].cpu() + 1  # on the host (a fused AdamW's checkpoint keeps it on the GPU)
         step = int(state["step"])
-        generator.manual_seed(derive_seed(self.seed, "rounding", step, *place))
-        tensors = tuple(_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
-        if all(t.is_contiguous() for t in tensors):
-            flat = [t.view(-1) for t in tensors]
-            for start in range(0, flat[0].numel(), CHUNK):
-                self._piece([t[start:start + CHUNK] for t in flat], group, step, generator)
-        else:
-            self._piece(list(tensors), group, step, generator)
-
-    def _piece(self, tensors: list[torch.Tensor], group: dict, step: int, generator: torch.Generator) -> None:
-        """One AdamW step of (weight, gradient, first moment, second moment), all of one shape, in
-        float32; written back by stochastic rounding where they are bf16, else as computed."""
-        weight, grad, exp_avg, exp_avg_sq = tensors
         beta1, beta2 = group["betas"]
         hyper = (group["lr"], beta1, beta2, group["eps"], group["weight_decay"], 1 - beta1 ** step,
                  math.sqrt(1 - beta2 ** step))
-        targets = (weight, exp_avg, exp_avg_sq)
-        noise = tuple(rounding_noise(t, generator) if t.dtype == torch.bfloat16 else None for t in targets)
-        for target, value in zip(targets, self.values(weight, grad, exp_avg, exp_avg_sq, noise, hyper)):
-            target.copy_(value)
+        tensors = tuple(_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
+        pieces = [list(tensors)]  # a tensor that is not contiguous: one piece, updated through copies
+        if all(t.is_contiguous() for t in tensors):
+            flat = [t.view(-1) for t in tensors]
+            pieces = [[t[start:start + CHUNK] for t in flat] for start in range(0, flat[0].numel(), CHUNK)]
+        for number, piece in enumerate(pieces):
+            keys = [derive_seed(self.seed, "rounding", step, *place, number, target) & MASK32 for target in range(3)]
+            self.update_piece(piece, torch.tensor(keys), hyper)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -136,15 +148,28 @@ def adamw_values(weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     return tuple(value if n is None else rounded(value, n) for value, n in zip((w, m, v), noise))
 
 
+def update_in_place(tensors: list[torch.Tensor], keys: torch.Tensor, hyper: tuple) -> None:
+    """One AdamW step of the piece (weight, gradient, first moment, second moment), all of one
+    shape, computed in float32 (`adamw_values`) and written back, by stochastic rounding where a
+    target is bf16 (its noise `hashed_noise(keys[i])`: weight, first, second moment), else as is."""
+    weight, grad, exp_avg, exp_avg_sq = tensors
+    targets = (weight, exp_avg, exp_avg_sq)
+    noise = tuple(hashed_noise(key, t.numel(), t.device).view(t.shape) if t.dtype == torch.bfloat16 else None
+                  for key, t in zip(keys.unbind(), targets))
+    for target, value in zip(targets, adamw_values(weight, grad, exp_avg, exp_avg_sq, noise, hyper)):
+        target.copy_(value)
+
+
 @functools.cache
-def compiled_adamw_values():
-    """`adamw_values` compiled once for pieces of any length (dynamic shapes), its scalars passed in
-    as a float32 tensor: a changing learning rate compiles nothing new (torch 2.11 guards on the
-    value of a Python float argument, so each new learning rate would compile again)."""
-    compiled = torch.compile(adamw_values, dynamic=True)
+def compiled_update():
+    """`update_in_place` as one kernel per piece: torch.compile'd once for pieces of any length
+    (dynamic shapes), the keys and scalars passed as tensors (torch 2.11 guards on the value of a
+    Python float argument, so each new learning rate would compile again). The noise is hashed,
+    the update computed and the three targets written in one pass."""
+    compiled = torch.compile(update_in_place, dynamic=True)
 
-    def values(weight, grad, exp_avg, exp_avg_sq, noise, hyper):
-        scalars = torch.tensor(hyper, dtype=torch.float32, device=weight.device)  # (7,)
-        return compiled(weight, grad, exp_avg, exp_avg_sq, noise, tuple(scalars.unbind()))
+    def update(tensors: list[torch.Tensor], keys: torch.Tensor, hyper: tuple) -> None:
+        scalars = torch.tensor(hyper, dtype=torch.float32, device=tensors[0].device)  # (7,)
+        compiled(tensors, keys.to(tensors[0].device), tuple(scalars.unbind()))
 
-    return values
+    return update
