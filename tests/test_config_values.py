@@ -113,6 +113,7 @@ VALUES: dict[str, list] = {
     "seed": [-1, 0, 7, 2 ** 32],
     "output_dir": [""],
     "resume": [False, True],
+    "resume_changes": ["refuse", "allow", "ask"],
 }
 """Values to draw for every leaf field of Config (valid, edge and invalid ones)."""
 
@@ -127,7 +128,7 @@ def base(model: str, out: Path) -> dict:
 
 
 def test_every_field_has_values_to_draw():
-    leaves = [key for key in all_keys(Config) if "." in key or key in ("seed", "output_dir", "resume")]
+    leaves = [key for key in all_keys(Config) if "." in key or key in ("seed", "output_dir", "resume", "resume_changes")]
     leaves = [key for key in leaves if key not in ("model.lora",)]
     assert sorted(VALUES) == sorted(leaves)
 

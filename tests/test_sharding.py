@@ -172,3 +172,47 @@ def test_the_numeric_guard_skips_a_nan_update_of_a_sharded_model(tiny_model_dir,
     assert all(torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())
     assert update(1.0) > 0 and guard.skipped == 1 and guard.in_a_row == 0
     assert any(not torch.equal(p.detach().full_tensor(), before[name]) for name, p in model.named_parameters())
+
+
+def test_an_optimizer_state_keyed_by_position_goes_back_into_a_sharded_model(tiny_model_dir, one_process_group):
+    """One process (or DDP) saves AdamW's state keyed by position, FSDP2 restores one keyed by name:
+    the session converts it with the optimizer's layout (`name_keyed`), read before sharding, and every
+    moment lands on its own parameter (before, FSDP2's loader failed on it with a KeyError)."""
+    from vlmrl.config import TrainConfig
+    from vlmrl.models import load_policy
+    from vlmrl.safety.checkpoint import name_keyed, optimizer_problem
+    from vlmrl.training.optim import build_optimizer, optimizer_layout
+    from vlmrl.training.sharding import FullStateOptimizer, full_state, shard
+
+    whole, _ = load_policy(tiny_model_dir, device="cpu")
+    optimizer = build_optimizer(whole, TrainConfig(lr=1e-2))
+    sum(p.pow(2).sum() for p in whole.parameters()).backward()  # every parameter gets a gradient, so a state
+    optimizer.step()
+    saved = optimizer.state_dict()
+    assert all(isinstance(key, int) for key in saved["state"])
+    sharded, _ = load_policy(tiny_model_dir, device="cpu")
+    layout = optimizer_layout(sharded)
+    assert optimizer_problem(saved, layout) is None
+    shard(sharded, 1, torch.device("cpu"))
+    restored = build_optimizer(sharded, TrainConfig(lr=1e-2))
+    FullStateOptimizer(sharded, restored).load_state_dict(name_keyed(saved, layout))
+    _, moments = full_state(sharded, restored)
+    names = [name for group in layout for name, _ in group]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    assert len(names) == len(params) == len(moments["state"])
+    for name, param in zip(names, params):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(moments["state"][name][key], optimizer.state[param][key]), (name, key)
+
+
+@pytest.mark.slow  # a one-process run and two two-process launches: about 60 s on 2 cores
+def test_a_one_process_checkpoint_resumes_under_fsdp2(tmp_path, tiny_model_dir):
+    """Its checkpoint's optimizer state is keyed by position; the FSDP2 run converts it and goes on
+    as a two-process run that had made the first step itself would (the same update, up to float noise)."""
+    run_ok(CLI, two_process_overrides(tiny_model_dir, tmp_path / "one", "train.steps=1", "train.save_every=1"))
+    run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "one", "train.steps=2", "resume=true"))
+    run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "two", "train.steps=2"))
+    resumed, straight = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert [row["step"] for row in resumed] == [1, 2]
+    for key in ("loss", "kl", "grad_norm"):
+        assert resumed[1][key] == pytest.approx(straight[1][key], rel=1e-5, abs=3e-8), key

@@ -510,6 +510,11 @@ class Config:
     """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
     resume: bool = False
     """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
+    resume_changes: Literal["refuse", "allow"] = "refuse"
+    """With resume=true, a change from the run's saved config that makes it another run (model, task,
+    algorithm, batch layout, optimizer, LoRA, seed, or sft on a train run's folder and the reverse)
+    stops it in one line; allow = continue anyway. Steps, eval, logging and checkpoint settings may
+    always change (listed when they do). See safety/resume.py."""
 
     def validate(self) -> None:
         """The rules between sections (each section checks its own fields when it is built)."""

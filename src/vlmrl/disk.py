@@ -28,8 +28,11 @@ from pathlib import Path
 
 from vlmrl.errors import VlmrlError
 
-FULL_MARKERS = ("no space left on device", "storagefull", "os error 28", "disk quota exceeded")
-"""How a full disk reads in errors that are not OSErrors (safetensors' Rust IoError, torch)."""
+FULL_MARKERS = ("no space left on device", "storagefull", "os error 28", "disk quota exceeded", "unexpected pos",
+                "file write failed")
+"""How a full disk reads in errors that are not OSErrors (safetensors' Rust IoError, torch). torch's
+zip writer says only "unexpected pos N vs M" or "file write failed" when a write came up short,
+which is what a full disk (or quota) does to it."""
 
 
 class DiskFull(VlmrlError):

@@ -192,12 +192,12 @@ class Run:
 
     def resolve(self, study: Study, warm_model: str, warm_digest: str | None) -> dict:
         """The run's spec: its command, its config resolved and checked as `vlmrl config` does (less
-        output_dir and resume), and the warm start's spec digest when it starts from it."""
+        output_dir, resume and resume_changes), and the warm start's spec digest when it starts from it."""
         try:
             config = to_dict(load_config(self.spec.config, self.overrides(study, warm_model)))
         except VlmrlError as error:
             raise VlmrlError(f"{self.who} ({self.spec.config}): {error}") from error
-        config.pop("output_dir"), config.pop("resume")
+        config.pop("output_dir"), config.pop("resume"), config.pop("resume_changes")
         spec = {"command": self.spec.command, "config": config,
                 "warm_start": warm_digest if self.uses_warm_start(study) else None}
         return json.loads(json.dumps(spec))  # as it reads back from SPEC_FILE (tuples become lists)

@@ -5,7 +5,8 @@ the key "step") and `close()`. `build_trackers(config, run_dir, resume_step)` re
 behind one `Trackers` object:
 
 - metrics.jsonl: always. On resume the file is cut back to the checkpoint's step, so a resumed
-  run's log reads exactly like an uninterrupted one.
+  run's log reads exactly like an uninterrupted one; a torn line (a crash's cut-short or NUL-padded
+  tail) is dropped with a warning (`read_log`).
 - tensorboard: event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR`); on resume the
   steps after the checkpoint are purged, as in metrics.jsonl.
 - wandb, trackio: imported only when asked for; asked for and not installed is a VlmrlError.
@@ -22,7 +23,7 @@ from typing import Protocol
 
 from vlmrl.config import Config, to_dict
 from vlmrl.disk import writing
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, warn
 
 
 class MetricsLog:
@@ -34,9 +35,8 @@ class MetricsLog:
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [row for row in read_log(self.path) if (row.get("step") or 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
     def log(self, metrics: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -46,6 +46,29 @@ class MetricsLog:
 
     def close(self) -> None:
         """Nothing to do: every line is written when logged."""
+
+
+def read_log(path: Path) -> list[dict]:
+    """The rows of a run's JSONL log (metrics.jsonl, alarms.jsonl) that a resume keeps. A line that
+    is not a JSON object (cut short, NUL bytes or other bytes that are not UTF-8: what a crash or a
+    full disk leaves at the end of a file being appended to) is dropped with a warning naming it."""
+    rows, torn = [], []
+    for number, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8")) if b"\0" not in raw else None
+        except ValueError:  # UnicodeDecodeError is one
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            torn.append(number)
+    if torn:
+        where = f"line {torn[0]}" if len(torn) == 1 else f"lines {', '.join(map(str, torn))}"
+        warn(f"{path}: dropped {where}, not a whole JSON row (cut short by the interrupted run, NUL bytes or "
+             "not UTF-8)")
+    return rows
 
 
 def read_metrics(path: Path) -> list[dict]:

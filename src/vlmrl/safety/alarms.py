@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlmrl.report.tracking import read_log
 
 @dataclass(frozen=True)
 class AlarmSettings:
@@ -54,8 +55,8 @@ class Alarms:
         """Alarms go to `path` (JSONL): emptied on a fresh run, cut back to `resume_step` on resume."""
         self.path = Path(path) if path is not None else None
         if self.path is not None and self.path.exists():
-            rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-            kept = [row for row in rows if resume_step is not None and (row.get("step") or 0) <= resume_step]
+            rows = read_log(self.path) if resume_step is not None else []  # a torn line: dropped, with a warning
+            kept = [row for row in rows if (row.get("step") or 0) <= resume_step]
             self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
         self.settings = settings
         self.history: dict[str, deque] = {}

@@ -24,26 +24,37 @@ FUSED_DEVICES = ("cuda", "cpu")
 """Where torch's fused AdamW runs (see the module docstring)."""
 
 
+def trainable_groups(model: torch.nn.Module, vision_lr_scale: float = 1.0) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """The (name, parameter) pairs AdamW trains, by group, in its order: "language", then "vision"
+    (the vision tower's, absent when it has none or when vision_lr_scale is 0). Changes nothing."""
+    groups: dict[str, list] = {"language": [], "vision": []}
+    for name, param in model.named_parameters():
+        if param.requires_grad and not (vision_lr_scale == 0 and is_vision_parameter(name)):
+            groups["vision" if is_vision_parameter(name) else "language"].append((name, param))
+    return {"language": groups["language"], **({"vision": groups["vision"]} if groups["vision"] else {})}
+
+
+def optimizer_layout(model: torch.nn.Module, vision_lr_scale: float = 1.0) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """(name, full shape) of each parameter of each group of `build_optimizer`'s AdamW, in its order:
+    what a checkpoint's optimizer state must fit (safety/checkpoint.py `optimizer_problem`). Read
+    before the model is sharded or partitioned (the full shapes)."""
+    return [[(name, tuple(param.shape)) for name, param in group]
+            for group in trainable_groups(model, vision_lr_scale).values()]
+
+
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0, seed: int = 0):
-    """AdamW over the trainable parameters; the vision tower's at lr * vision_lr_scale.
+    """AdamW over the trainable parameters (`trainable_groups`); the vision tower's at lr * vision_lr_scale.
 
     A scale of 0 freezes the vision tower instead of giving AdamW a zero learning rate. With a
     bfloat16 trainable parameter and train.stochastic_rounding, RoundingAdamW with noise from `seed`.
     """
-    language, vision = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        if is_vision_parameter(name):
-            if vision_lr_scale == 0:
+    if vision_lr_scale == 0:
+        for name, param in model.named_parameters():
+            if is_vision_parameter(name):
                 param.requires_grad_(False)
-            else:
-                vision.append(param)
-        else:
-            language.append(param)
-    groups = [{"params": language, "lr": train.lr, "name": "language"}]
-    if vision:
-        groups.append({"params": vision, "lr": train.lr * vision_lr_scale, "name": "vision"})
+    scales = {"language": 1.0, "vision": vision_lr_scale}
+    groups = [{"params": [param for _, param in members], "lr": train.lr * scales[name], "name": name}
+              for name, members in trainable_groups(model, vision_lr_scale).items()]
     settings = {"lr": train.lr, "betas": tuple(train.adam_betas), "weight_decay": train.weight_decay}
     params = [p for group in groups for p in group["params"]]
     if train.stochastic_rounding and any(p.dtype == torch.bfloat16 for p in params):

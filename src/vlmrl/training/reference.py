@@ -19,11 +19,10 @@ from safetensors.torch import load_model, save_file, save_model
 from vlmrl.config import AlgorithmConfig
 from vlmrl.models.folder_check import check_fit, check_weight_file, shape_fit, tensor_shapes
 from vlmrl.rollout.completions import Completions
+from vlmrl.safety.checkpoint import REFERENCE_FILE
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training import zero3
 from vlmrl.training.sharding import reshard
-
-REFERENCE_FILE = "reference.safetensors"
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:

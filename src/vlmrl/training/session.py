@@ -8,9 +8,13 @@ launch`); on one process everything works the same.
 Faults (faults.py): optimizer updates go through `session.guard`, which skips a NaN/inf update;
 after each step `check_stop` ends the run with a checkpoint when a stop signal came (SIGINT,
 SIGTERM) or too many updates in a row were skipped, and `stop_at_bad_row` when a bad train example
-was met mid-run with on_bad_row=error (bad_rows.py). Resume starts from the newest whole
-checkpoint, passing over damaged ones with a warning. The run folder is held (folder_lock.py) from
-before anything in it is read until `close()`: a second trainer started in it is refused.
+was met mid-run with on_bad_row=error (bad_rows.py). Resume first checks the config against the
+run's (a change of what the run is: one line, safety/resume.py), then starts from the newest
+checkpoint that is whole and fits the model (its optimizer state checked against the policy loaded
+from it), passing over the others with a warning; each checkpoint records its command (train or
+sft), which the other command does not continue. config.yaml is the run's first config; a resume
+writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) from before
+anything in it is read until `close()`: a second trainer started in it is refused.
 """
 
 from __future__ import annotations
@@ -29,12 +33,25 @@ from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
 from vlmrl.safety.bad_rows import RowGuard
-from vlmrl.safety.checkpoint import Gathered, find_resumable, restore_trainer_state, save_checkpoint, save_model
+from vlmrl.safety.checkpoint import (
+    STATE_FILE,
+    Gathered,
+    check_checkpoint_room,
+    find_resumable,
+    name_keyed,
+    optimizer_problem,
+    reference_missing,
+    restore_trainer_state,
+    save_checkpoint,
+    save_model,
+)
 from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals, any_process
 from vlmrl.safety.folder_lock import FolderBusy, hold
+from vlmrl.safety.preflight import copies_reference
+from vlmrl.safety.resume import RESUMED_CONFIG, STARTED_CONFIG, check_resume_command, check_resume_config
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
-from vlmrl.training.optim import build_optimizer, build_scheduler
+from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_layout
 from vlmrl.training.reference import ReferencePolicy, build_reference
 from vlmrl.training.sharding import FullStateOptimizer, full_state, gathered, is_sharded, shard
 from vlmrl.training.strategy import make_accelerator, refuse_unrunnable, settle_strategy
@@ -63,15 +80,9 @@ class TrainingSession:
         if self.strategy.deepspeed:
             zero3.configure(self.accelerator, config.train.max_grad_norm)
         self.run_dir = Path(config.output_dir)
+        self.command = "train" if with_reference else "sft"  # recorded in each checkpoint, checked on resume
         self.folder_lock = self.hold_run_folder()
-        found = find_resumable(self.run_dir) if config.resume else None
-        if config.resume and found is None:
-            raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
-        checkpoint, state = found if found is not None else (None, None)
-        set_seed(config.seed)
-
-        self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, checkpoint,
-                                                            self.strategy.loading_place(self.rank))
+        checkpoint, state = self.open_policy(with_reference)  # self.policy, self.processor
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
         if checkpoint is not None and self.reference is not None:
@@ -97,19 +108,79 @@ class TrainingSession:
         self.update = (zero3.EngineUpdate(self.accelerator, self.model, self.policy) if self.strategy.deepspeed
                        else OptimizerUpdate(self.accelerator, self.model, self.optimizer))
         if checkpoint is not None:  # after sharding and prepare: the optimizer's parameters are the final ones
+            if is_sharded(self.policy) or zero3.is_partitioned(self.policy):  # they restore states keyed by name
+                state = {**state, "optimizer": name_keyed(state["optimizer"], self.layout)}
             restored = restore_trainer_state(state, self.restorable_optimizer(), self.scheduler)
             self.start_step, self.cursor = restored["step"], restored["data_position"]
             self.guard.load_state_dict(restored["extra"].get("faults", {}))
 
         self.log = None
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(config, self.run_dir / "config.yaml")
+            self.write_config(resumed=checkpoint is not None)
             self.log = build_trackers(config, self.run_dir, resume_step=self.start_step if checkpoint else None)
         self.saved_step = self.start_step if checkpoint is not None else None
         self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
         self.closed = False
         self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
+
+    def open_policy(self, with_reference: bool) -> tuple[Path | None, dict | None]:
+        """Load self.policy and self.processor: on resume, from the newest checkpoint that is whole and
+        fits the run, once the config is checked against the run's (safety/resume.py); else from
+        model.name_or_path. Then check that the run can write its checkpoints, before step 1. Returns
+        the checkpoint's folder and trainer state, (None, None) for a fresh run."""
+        config = self.config
+        found = None
+        if config.resume:
+            check_resume_config(self.run_dir, config, report=self.main)  # before anything is loaded
+            self.needs_reference = with_reference and copies_reference(config, "train")
+            found = find_resumable(self.run_dir, fits=self.fits)
+            if found is None:
+                raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
+        self.on_main(check_checkpoint_room, self.run_dir, found[1]["step"] if found else 0, config.train.steps)
+        if found is None:  # a fresh run: loaded once the checkpoints are known to be writable
+            self.load_policy(None)
+        return found if found is not None else (None, None)
+
+    def fits(self, folder: Path, state: dict) -> str | None:
+        """`find_resumable`'s check of a checkpoint whose files are whole: saved by this command (else
+        VlmrlError), holding the reference copy the run needs, then the policy loaded from it and its
+        optimizer state checked against the policy's optimizer (self.layout); what does not fit, or None."""
+        check_resume_command(state, self.command, folder, self.config)
+        missing = reference_missing(folder) if self.needs_reference else None
+        if missing:
+            return missing
+        self.load_policy(folder)
+        self.layout = optimizer_layout(self.policy, self.config.model.vision_lr_scale)
+        problem = optimizer_problem(state["optimizer"], self.layout)
+        return problem and f"{STATE_FILE} {problem}"
+
+    def load_policy(self, checkpoint: Path | None) -> None:
+        """self.policy and self.processor, from `checkpoint` or (None) model.name_or_path."""
+        set_seed(self.config.seed)
+        self.policy, self.processor = load_trainable_policy(self.config, self.accelerator.device, checkpoint,
+                                                            self.strategy.loading_place(self.rank))
+
+    def on_main(self, check, *args) -> None:
+        """`check(*args)` on the main process; a VlmrlError it raises is raised on every process."""
+        problem = None
+        if self.main:
+            try:
+                check(*args)
+            except VlmrlError as error:
+                problem = error
+        if self.any_process(problem is not None):
+            raise problem or VlmrlError("the main process stopped the run (see its error)")
+
+    def write_config(self, resumed: bool) -> None:
+        """The run's config into run_dir (main process): config.yaml for a fresh run (a stale
+        config.resumed.yaml removed), config.resumed.yaml beside the kept config.yaml on resume."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resumed and (self.run_dir / STARTED_CONFIG).is_file():
+            save_config(self.config, self.run_dir / RESUMED_CONFIG)
+            return
+        save_config(self.config, self.run_dir / STARTED_CONFIG)
+        if not resumed:
+            (self.run_dir / RESUMED_CONFIG).unlink(missing_ok=True)
 
     def hold_run_folder(self):
         """The main process's hold on run_dir (None elsewhere); FolderBusy on every process when
@@ -182,7 +253,8 @@ class TrainingSession:
             folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
                                      self.scheduler, cursor, self.reference,
                                      keep=self.config.train.keep_checkpoints,
-                                     extra={"faults": self.guard.state_dict()}, gathered=whole)
+                                     extra={"faults": self.guard.state_dict(), "command": self.command},
+                                     gathered=whole)
         self.saved_step = steps_done
         return folder
 

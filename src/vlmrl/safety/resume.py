@@ -1,0 +1,157 @@
+"""What `resume=true` may change: a resumed run continues the run its folder holds, not another one.
+
+The run folder keeps the config the run started with in `config.yaml` (never rewritten by a
+resume) and the config of its latest resume in `config.resumed.yaml`. On resume the new config is
+compared with the latest of the two, key by key:
+- a change that alters what the run is (the model, the task and its parameters, the algorithm, the
+  batch layout, the optimizer and its schedule, LoRA, the seed: every key not in RESUME_MAY_CHANGE)
+  stops the run before anything is loaded, in one line naming each key with its old and new value,
+  unless `resume_changes=allow`: then the run goes on with a warning listing them;
+- a change that does not (train.steps, eval.*, logging, checkpoints, speedups that compute the same
+  thing, the device: RESUME_MAY_CHANGE) is allowed and listed in one line.
+The command is checked too: each checkpoint records the command that saved it (`vlmrl train` or
+`vlmrl sft`), and the other command does not continue it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from vlmrl.config import Config, to_dict
+from vlmrl.errors import VlmrlError, warn
+
+STARTED_CONFIG = "config.yaml"
+"""The config the run started with, in its folder."""
+RESUMED_CONFIG = "config.resumed.yaml"
+"""The config of the run's latest resume, beside it."""
+
+NOT_COMPARED = ("output_dir", "resume", "resume_changes")
+"""Keys a resume sets by its nature."""
+
+RESUME_MAY_CHANGE = (
+    "task.params.on_bad_row", "task.params.check_images",
+    "model.device", "model.attn_implementation", "model.trust_remote_code", "model.gradient_checkpointing",
+    "rollout.share_prompt_cache", "rollout.decode", "rollout.max_prompt_length", "rollout.generation_batch_size",
+    "rollout.tool_timeout_s", "rollout.fsdp_generation",
+    "train.steps", "train.max_bad_steps", "train.micro_batch_size", "train.pack_groups", "train.block_attention",
+    "train.batched_vision_attention", "train.fused_kernels", "train.logprob_chunk", "train.save_every",
+    "train.keep_checkpoints", "train.log_rollouts_every", "train.attention_every", "train.trackers",
+    "train.tracker_project", "eval.")
+"""Keys (a trailing dot: a whole section) whose change leaves the run what it was: how long it goes,
+what it evaluates and logs, how often it saves, exact speedups, where it runs, and what it does with
+bad data (task.params.on_bad_row, check_images: a run stopped at a bad row resumes with
+on_bad_row=skip, safety/bad_rows.py). Every other key changes its meaning, a key added to Config
+too until it is listed here. train.micro_batch_size changes the update only when
+algorithm.top_entropy_share < 1 (the share is taken within each micro-batch);
+rollout.generation_batch_size changes which samples are drawn (each generate call is seeded from
+its first prompt), not what is learnt."""
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+UNSET = _Unset()
+"""A key one of two configs lacks (a task parameter, say), as the change lists it."""
+
+
+def flatten(data: dict, prefix: str = "") -> dict:
+    """{"train.lr": 1e-6, "task.params.max_words": 3, ...}: every leaf of a nested mapping."""
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def may_change(key: str, old: dict, new: dict) -> bool:
+    """Whether changing `key` leaves the run what it was (`old`, `new`: the flat configs)."""
+    if key == "train.micro_batch_size":  # the top-entropy share is taken within each micro-batch
+        shares = [config.get("algorithm.top_entropy_share", 1.0) for config in (old, new)]
+        return all(isinstance(share, (int, float)) and share >= 1 for share in shares)
+    return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE)
+
+
+def same(key: str, old, new) -> bool:
+    """Whether a key's saved and new values are the same (a model folder under two spellings too)."""
+    if old == new:
+        return True
+    if key == "model.name_or_path" and isinstance(old, str) and isinstance(new, str) and os.path.exists(new):
+        return os.path.realpath(old) == os.path.realpath(new)  # runs/x and ./runs/x
+    return False
+
+
+def changes(saved: dict, config: Config) -> tuple[list[str], list[str]]:
+    """The keys that differ between a saved config (as read from YAML) and `config`: those that
+    change the run's meaning, and those that do not, each as `key: old -> new`. A key the saved
+    config lacks (written by an older vlmrl) is taken at its default; one it has that `config` has
+    not (removed since) is left out."""
+    new = flatten(yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))  # as it reads back
+    default = flatten(yaml.safe_load(yaml.safe_dump(to_dict(Config()), sort_keys=False)))
+    old = flatten(saved)
+    keys = [key for key in dict.fromkeys([*new, *old]) if not key.startswith(NOT_COMPARED)
+            and (key in new or key.startswith("task.params."))]
+    refused, allowed = [], []
+    for key in keys:
+        before, after = old.get(key, default.get(key, UNSET)), new.get(key, UNSET)
+        if not same(key, before, after):
+            (allowed if may_change(key, old, new) else refused).append(f"{key}: {before!r} -> {after!r}")
+    return refused, allowed
+
+
+def saved_config(run_dir: Path) -> tuple[Path | None, dict]:
+    """The latest config the run folder holds (config.resumed.yaml, else config.yaml) and its
+    contents; (None, {}) when it has neither or it cannot be read."""
+    for name in (RESUMED_CONFIG, STARTED_CONFIG):
+        path = Path(run_dir) / name
+        if path.is_file():
+            try:
+                data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+            except (OSError, yaml.YAMLError) as error:
+                warn(f"{path} cannot be read ({type(error).__name__}); checking the resume against the other config")
+                continue
+            if isinstance(data, dict):
+                return path, data
+    return None, {}
+
+
+def check_resume_config(run_dir: Path, config: Config, report: bool = True) -> None:
+    """Compare `config` with the run folder's latest config: VlmrlError in one line for a change of
+    the run's meaning, unless config.resume_changes is "allow". With `report` (the main process),
+    the changes that go through are said: a warning for the allowed meaning changes, a line for
+    the others."""
+    path, saved = saved_config(run_dir)
+    if path is None:
+        if report:
+            warn(f"{run_dir} holds no readable {STARTED_CONFIG}: this resume's config is not checked against the run's")
+        return
+    refused, allowed = changes(saved, config)
+    if refused and config.resume_changes != "allow":
+        raise VlmrlError(f"resume=true would continue another run: {'; '.join(refused)} (from {path.name} to this "
+                         "config). Resume with the saved values, start a new output_dir, or set "
+                         "resume_changes=allow to continue with them anyway")
+    if report and refused:
+        warn(f"resuming with changes of what the run is (resume_changes=allow): {'; '.join(refused)}")
+    if report and allowed:
+        print(f"resume: changed since {path.name}: {'; '.join(allowed)}", flush=True)
+
+
+def check_resume_command(state: dict, command: str, folder: Path, config: Config) -> None:
+    """VlmrlError when checkpoint `folder` (its trainer `state`) was saved by the other command
+    (`vlmrl sft` resumed by `vlmrl train`, or the reverse), unless config.resume_changes is "allow"
+    (then a warning). Checkpoints that predate the record pass."""
+    saved = state.get("extra", {}).get("command")
+    if saved is None or saved == command:
+        return
+    if config.resume_changes == "allow":
+        warn(f"resuming with `vlmrl {command}` a checkpoint saved by `vlmrl {saved}` (resume_changes=allow)")
+        return
+    raise VlmrlError(f"resume=true would continue another run: {folder} was saved by `vlmrl {saved}`, which "
+                     f"`vlmrl {command}` does not continue. Start a new output_dir (model.name_or_path=RUN/final "
+                     f"starts from a finished run's model), or set resume_changes=allow to continue anyway")
