@@ -46,7 +46,8 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale:
     """AdamW over the trainable parameters (`trainable_groups`); the vision tower's at lr * vision_lr_scale.
 
     A scale of 0 freezes the vision tower instead of giving AdamW a zero learning rate. With a
-    bfloat16 trainable parameter and train.stochastic_rounding, RoundingAdamW with noise from `seed`.
+    bfloat16 trainable parameter and train.stochastic_rounding, RoundingAdamW with noise from `seed`
+    (its one-kernel update on CUDA).
     """
     if vision_lr_scale == 0:
         for name, param in model.named_parameters():
@@ -58,7 +59,10 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale:
     settings = {"lr": train.lr, "betas": tuple(train.adam_betas), "weight_decay": train.weight_decay}
     params = [p for group in groups for p in group["params"]]
     if train.stochastic_rounding and any(p.dtype == torch.bfloat16 for p in params):
-        return RoundingAdamW(groups, seed=seed, **settings)
+        # on CUDA one compiled kernel per parameter (292 ms eager against fused AdamW's 21 ms at 3B
+        # on an H200); elsewhere the eager ops, which need no compiler
+        compiled = all(p.device.type == "cuda" for p in params)
+        return RoundingAdamW(groups, seed=seed, compiled=compiled, **settings)
     fused = all(p.device.type in FUSED_DEVICES for p in params) or None
     return torch.optim.AdamW(groups, fused=fused, **settings)
 

@@ -17,20 +17,21 @@ stored the same way (in bf16 the second moment's (1 - beta2) g^2 share would van
 is unchanged (weights and moments stay bf16); the float32 temporaries are taken `CHUNK` elements at
 a time. Float32 parameters (LoRA adapters, a float32 run) get the plain float32 update.
 
-The noise is counter-based: element i of a piece gets the top 16 bits of a 32-bit integer hash of
-i xor a key, and the key comes from (seed, the parameter's step count, its place in the optimizer,
-the piece, which of weight / moments). So every process draws the same numbers for the same
-replicated weights (processes stay identical), a resumed run draws what an uninterrupted one would
-(the step count is in the optimizer's state), the numbers are the same on any device, and, unlike a
-generator's stream, they can be computed inside the update's own kernel. Revisiting BFloat16
-Training (Zamirai et al., 2020) and torchao's `bf16_stochastic_round` use the same rounding rule.
+The noise of the eager update is drawn from a generator seeded by (seed, the parameter's step
+count, its place in the optimizer): every process draws the same numbers for the same replicated
+weights (processes stay identical), and a resumed run draws what an uninterrupted one would (the
+step count is in the optimizer's state). Revisiting BFloat16 Training (Zamirai et al., 2020) and
+torchao's `bf16_stochastic_round` use the same rule.
 
-Two ways to run the same update (`compiled`): eager (the noise and the float32 arithmetic as
-separate torch ops, each a pass over memory), or one torch.compile'd kernel per parameter that
-hashes the noise, computes the update and writes weight and moments back in place, a single pass
-(benchmarks/bench_optimizer.py; `optim.build_optimizer` takes it on CUDA). Given the same noise the
-two compute the same function (tests/test_stochastic_rounding.py); a float32 rounding between
-eager and inductor kernels can move one weight in ~65,000 by one bf16 unit.
+The compiled update (`compiled`, `optim.build_optimizer`'s choice on CUDA) runs as one
+torch.compile'd kernel per piece that makes its own noise, computes the update and writes weight
+and moments back in place: a single pass over memory instead of the eager path's dozen, and no
+generator call per tensor. Its noise is counter-based, so a kernel can compute it: element i gets
+the top 16 bits of a 32-bit integer hash of i xor a key derived from (seed, step count, place,
+piece, which of weight / moments) -- the same numbers on any device, and reproducible on resume
+as the generator's are. Given the same noise, the kernel computes exactly the eager arithmetic
+compiled (tests/test_stochastic_rounding.py; benchmarks/bench_optimizer.py times both). A run keeps
+one path (it follows the device), so its resume is exact either way.
 """
 
 from __future__ import annotations
@@ -52,10 +53,14 @@ HASH_MULTIPLIERS = (0x7FEB352D, 0x5BD1E995)
 so a product with a 32-bit value never overflows int64, in eager kernels or compiled ones."""
 
 
-def round_stochastically(x: torch.Tensor, key: int) -> torch.Tensor:
-    """bf16 of float32 `x`, rounded up or down with probabilities that make it unbiased; `key` picks
-    the noise (`hashed_noise`)."""
-    return rounded(x, hashed_noise(torch.tensor(key & MASK32), x.numel(), x.device).view(x.shape))
+def round_stochastically(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """bf16 of float32 `x`, rounded up or down with probabilities that make it unbiased."""
+    return rounded(x, rounding_noise(x, generator))
+
+
+def rounding_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Uniform random 16-bit integers (int32), one per element of `like`."""
+    return torch.randint(0, 1 << 16, like.shape, generator=generator, device=like.device, dtype=torch.int32)
 
 
 def hashed_noise(key: torch.Tensor, count: int, device: torch.device) -> torch.Tensor:
@@ -72,7 +77,8 @@ def hashed_noise(key: torch.Tensor, count: int, device: torch.device) -> torch.T
 
 
 def rounded(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """bf16 of float32 `x` by stochastic rounding with `noise` (`hashed_noise`, shaped as `x`).
+    """bf16 of float32 `x` by stochastic rounding with `noise` (`rounding_noise` or `hashed_noise`,
+    shaped as `x`).
 
     float32 and bf16 share sign and exponent; bf16 keeps the top 16 bits. Adding a uniform random
     16-bit integer to the low 16 bits of |x|'s pattern and cutting them off carries into the kept
@@ -93,8 +99,7 @@ class RoundingAdamW(torch.optim.Optimizer):
                  weight_decay: float = 0.01, seed: int = 0, compiled: bool = False):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
         self.seed = seed
-        # eager torch ops, or one compiled kernel per piece (module docstring)
-        self.update_piece = compiled_update() if compiled else update_in_place
+        self.compiled = compiled  # eager torch ops, or one compiled kernel per piece (module docstring)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -124,9 +129,16 @@ class RoundingAdamW(torch.optim.Optimizer):
         if all(t.is_contiguous() for t in tensors):
             flat = [t.view(-1) for t in tensors]
             pieces = [[t[start:start + CHUNK] for t in flat] for start in range(0, flat[0].numel(), CHUNK)]
-        for number, piece in enumerate(pieces):
-            keys = [derive_seed(self.seed, "rounding", step, *place, number, target) & MASK32 for target in range(3)]
-            self.update_piece(piece, torch.tensor(keys), hyper)
+        if self.compiled:
+            for number, piece in enumerate(pieces):
+                keys = [derive_seed(self.seed, "rounding", step, *place, number, target) & MASK32 for target in range(3)]
+                compiled_update()(piece, torch.tensor(keys), hyper)
+            return
+        generator = torch.Generator(param.device).manual_seed(derive_seed(self.seed, "rounding", step, *place))
+        for piece in pieces:
+            noise = tuple(rounding_noise(t, generator) if t.dtype == torch.bfloat16 else None
+                          for t in (piece[0], piece[2], piece[3]))
+            update_in_place(piece, noise, hyper)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -148,25 +160,30 @@ def adamw_values(weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     return tuple(value if n is None else rounded(value, n) for value, n in zip((w, m, v), noise))
 
 
-def update_in_place(tensors: list[torch.Tensor], keys: torch.Tensor, hyper: tuple) -> None:
+def update_in_place(tensors: list[torch.Tensor], noise: tuple, hyper: tuple) -> None:
     """One AdamW step of the piece (weight, gradient, first moment, second moment), all of one
-    shape, computed in float32 (`adamw_values`) and written back, by stochastic rounding where a
-    target is bf16 (its noise `hashed_noise(keys[i])`: weight, first, second moment), else as is."""
+    shape, computed in float32 (`adamw_values`) and written back, by stochastic rounding with its
+    noise (weight, first, second moment) where a target is bf16, else as is."""
     weight, grad, exp_avg, exp_avg_sq = tensors
-    targets = (weight, exp_avg, exp_avg_sq)
+    for target, value in zip((weight, exp_avg, exp_avg_sq), adamw_values(weight, grad, exp_avg, exp_avg_sq, noise, hyper)):
+        target.copy_(value)
+
+
+def hashed_update(tensors: list[torch.Tensor], keys: torch.Tensor, hyper: tuple) -> None:
+    """`update_in_place` with counter-based noise: target i's from `hashed_noise(keys[i])`."""
+    targets = (tensors[0], tensors[2], tensors[3])
     noise = tuple(hashed_noise(key, t.numel(), t.device).view(t.shape) if t.dtype == torch.bfloat16 else None
                   for key, t in zip(keys.unbind(), targets))
-    for target, value in zip(targets, adamw_values(weight, grad, exp_avg, exp_avg_sq, noise, hyper)):
-        target.copy_(value)
+    update_in_place(tensors, noise, hyper)
 
 
 @functools.cache
 def compiled_update():
-    """`update_in_place` as one kernel per piece: torch.compile'd once for pieces of any length
+    """`hashed_update` as one kernel per piece: torch.compile'd once for pieces of any length
     (dynamic shapes), the keys and scalars passed as tensors (torch 2.11 guards on the value of a
     Python float argument, so each new learning rate would compile again). The noise is hashed,
     the update computed and the three targets written in one pass."""
-    compiled = torch.compile(update_in_place, dynamic=True)
+    compiled = torch.compile(hashed_update, dynamic=True)
 
     def update(tensors: list[torch.Tensor], keys: torch.Tensor, hyper: tuple) -> None:
         scalars = torch.tensor(hyper, dtype=torch.float32, device=tensors[0].device)  # (7,)
