@@ -134,10 +134,12 @@ def test_build_optimizer_rounds_stochastically_for_bf16_weights_only():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_small_updates_land_and_the_noise_is_reproducible():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_on_cuda_small_updates_land_and_the_noise_is_reproducible(compiled):
     def run() -> torch.Tensor:
         weights = torch.nn.Parameter(torch.full((1_000_000,), 0.02, device="cuda").bfloat16())
-        optimizer = RoundingAdamW([weights], lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, seed=2)
+        optimizer = RoundingAdamW([weights], lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, seed=2,
+                                  compiled=compiled)
         for _ in range(10):
             weights.grad = torch.ones_like(weights)
             optimizer.step()
