@@ -22,6 +22,7 @@ import yaml
 from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, require
 from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.imports import resolve_file
 
 TOOL_IMAGE_SIDES = (28, 1024)
 """Smallest and largest `tool_image_side` (rollout.tool_image_side, `vlmrl eval --tool-image-side`):
@@ -137,6 +138,28 @@ class TaskConfig:
 
     def validate(self) -> None:
         require((bool(self.name.strip()), "task.name is empty (see `vlmrl tasks list`)"))
+
+
+@dataclass
+class RewardConfig:
+    """One reward of the `rewards` list (docs/rewards.md): a function called once per batch the way
+    TRL calls its reward functions, returning one number (or None: does not apply) per completion."""
+
+    name: str = ""
+    """A built-in reward (accuracy, math, number, choice, exact, iou, edit_similarity, format, length),
+    `task` (the task's own score), `package.module:function`, `path/to/file.py:function` (relative to
+    the config file's folder) or an `http(s)://` reward service."""
+    weight: float = 1.0
+    """Its weight in the total reward (0: logged, not trained on)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to the function (for a service: timeout_s, retries)."""
+    label: str = ""
+    """The name it is logged under (reward/<label>); default: the built-in's or the function's name."""
+
+    def validate(self) -> None:
+        require((bool(self.name.strip()), "a reward needs a name (a built-in, module:function, file.py:function or "
+                                          "URL; see docs/rewards.md)"),
+                (math.isfinite(self.weight), f"reward {self.name}: weight must be finite; got {self.weight}"))
 
 
 DECODES = ("auto", "dynamic", "static", "compiled")
@@ -300,6 +323,9 @@ class AlgorithmConfig:
     overlong_penalty reward, linearly (0 = off)."""
     overlong_penalty: float = 1.0
     """Reward lost by a completion that reaches max_new_tokens when overlong_buffer > 0."""
+    reward_aggregation: Literal["sum", "normalize_then_sum"] = "sum"
+    """How the `rewards` list becomes one reward: the weighted sum, or GDPO's normalize_then_sum (each
+    reward z-scored within its group first, so a reward with a wide range cannot drown the others)."""
     tis_cap: float = 3.0
     """Truncated importance sampling against the rollout/training mismatch: each token's surrogate
     is weighted by min(pi_train / pi_sampler, tis_cap), from the log-probs the sampler recorded
@@ -480,12 +506,20 @@ class Config:
     """Supervised warm start (used by `vlmrl sft` only)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation during training."""
+    rewards: list[RewardConfig | str] = field(default_factory=list)
+    """The rewards trained on, each a name or {name, weight, kwargs, label} (docs/rewards.md); empty:
+    the task's own score (the reward named `task`)."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
     output_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
     resume: bool = False
     """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
+
+    def __post_init__(self) -> None:
+        self.rewards = [RewardConfig(name=entry) if isinstance(entry, str) else entry for entry in self.rewards]
+        for entry in self.rewards:
+            entry.validate()
 
     def validate(self) -> None:
         """The rules between sections (each section checks its own fields when it is built)."""
@@ -508,10 +542,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), cls: 
     data: dict[str, Any] = {}
     if path is not None:
         data = read_yaml(path)
+        data = with_files_from(data, Path(path).parent)
     for item in overrides:
         key, value = parse_override(item)
         set_dotted(data, key, value)
     return from_dict(cls, data)
+
+
+def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`data` with the `file.py:function` rewards of a config file made absolute from its folder (a
+    reward named on the command line is read from the working directory)."""
+    entries = data.get("rewards")
+    if not isinstance(entries, list):
+        return data
+    resolved = [resolve_file(entry, folder) if isinstance(entry, str) else
+                entry | {"name": resolve_file(entry["name"], folder)} if isinstance(entry, dict)
+                and isinstance(entry.get("name"), str) else entry for entry in entries]
+    return data | {"rewards": resolved}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from vlmrl.errors import VlmrlError, warn
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task, stable_unit
 from vlmrl.tasks.geometry_gen import KINDS, Problem, make_problem
 from vlmrl.tasks.images import BadImage, to_rgb
-from vlmrl.tasks.rewards import Rubric, extract_tag, math_equal, think_answer_format
+from vlmrl.rewards.verify import Rubric, extract_tag, math_equal, think_answer_format
 
 PROCEDURAL = "procedural"
 SCHEMAS = ("auto", "open_r1", "geometry3k", "geoqa")
