@@ -227,15 +227,15 @@ class Service:
     """A reward service on the loopback: answers `{"rewards": [len(answer) ...]}`, or fails the first
     `fail` calls with HTTP 500; records every request."""
 
-    def __init__(self, fail: int = 0):
-        self.fail, self.requests = fail, []
+    def __init__(self, fail: int = 0, ok_first: int = 0):
+        self.fail, self.ok_first, self.requests = fail, ok_first, []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
-                if len(outer.requests) <= outer.fail:
+                if outer.ok_first < len(outer.requests) <= outer.ok_first + outer.fail:
                     self.send_response(500)
                     self.end_headers()
                     return
@@ -261,8 +261,8 @@ class Service:
 def service():
     made = []
 
-    def start(fail: int = 0) -> Service:
-        made.append(Service(fail))
+    def start(fail: int = 0, ok_first: int = 0) -> Service:
+        made.append(Service(fail, ok_first))
         return made[-1]
 
     yield start
@@ -306,3 +306,55 @@ def test_a_reward_service_that_does_not_answer_in_time_is_a_failure():
     finally:
         silent.close()
     assert isinstance(ServiceDown("x"), VlmrlError)
+
+
+# --------------------------------------------------------------------------- in a run
+
+
+def run_config(run, model_dir: str, *extra: str):
+    return load_config(None, [f"model.name_or_path={model_dir}", "model.device=cpu", "task.name=letter_task:SolutionTask",
+                              f"output_dir={run}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                              "rollout.max_new_tokens=6", "rollout.generation_batch_size=4", "train.micro_batch_size=4",
+                              "algorithm.beta=0", "train.log_rollouts_every=0", "train.trackers=[]", "eval.every=0",
+                              *extra])
+
+
+def test_a_run_trains_on_a_reward_list_and_logs_each_reward_by_name(tmp_path, tiny_model_dir, letter_task):
+    from vlmrl.training.trainer import train
+    from vlmrl.report.tracking import read_metrics
+
+    (tmp_path / "mine.py").write_text("def solution_length(completions, solution, **kwargs):\n"
+                                      "    return [float(len(s)) for s in solution]\n")
+    rewards = json.dumps(["format", {"name": f"{tmp_path}/mine.py:solution_length", "weight": 0.5}, "task"])
+    run = train(run_config(tmp_path / "run", tiny_model_dir, "train.steps=2", f"rewards={rewards}",
+                           "algorithm.reward_aggregation=normalize_then_sum"))
+    rows = read_metrics(run / "metrics.jsonl")
+    assert len(rows) == 2
+    # prompts 0, 1 then 2, 3: solutions "$1$", "$11$" then "$111$", "$1$" (two completions each)
+    assert [r["reward/solution_length"] for r in rows] == [3.5, 4.0]
+    assert all({"reward/format", "reward/task", "reward/share", "accuracy"} <= set(r) for r in rows)
+
+
+def test_a_reward_service_that_goes_down_stops_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, letter_task,
+                                                                           service):
+    from vlmrl.training.trainer import train
+
+    server = service(fail=100, ok_first=1)  # step 1 scores, then the service is down
+    rewards = json.dumps([{"name": server.url, "kwargs": {"retries": 1, "backoff_s": 0.01}}])
+    with pytest.raises(VlmrlError, match=r"a reward failed at step 2: reward '127.0.0.1:\d+' \(http://.*\) failed: "
+                                         r"ServiceDown: .* failed 2 times .*; stopped with a checkpoint of step 1 in "
+                                         r".*step_000001"):
+        train(run_config(tmp_path / "run", tiny_model_dir, "train.steps=3", f"rewards={rewards}"))
+    assert (tmp_path / "run" / "checkpoints" / "step_000001").is_dir()
+    assert len(server.requests) == 3
+
+
+def test_trl_reward_functions_run_unchanged(tmp_path, tiny_model_dir, letter_task):
+    pytest.importorskip("trl.rewards")
+    from vlmrl.training.trainer import train
+    from vlmrl.report.tracking import read_metrics
+
+    rewards = json.dumps(["trl.rewards:accuracy_reward", "trl.rewards:think_format_reward"])
+    run = train(run_config(tmp_path / "run", tiny_model_dir, "train.steps=1", f"rewards={rewards}"))
+    row = read_metrics(run / "metrics.jsonl")[0]
+    assert row["reward/accuracy_reward"] == 0.0 and row["reward/think_format_reward"] == 0.0
