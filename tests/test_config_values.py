@@ -64,6 +64,7 @@ VALUES: dict[str, list] = {
     "algorithm.dual_clip": [0.0, 0.5, 3.0],
     "algorithm.ratio_level": ["token", "sequence"],
     "algorithm.surrogate": ["clip", "cispo", "gmpo", "ppo"],
+    "algorithm.reward_aggregation": ["sum", "normalize_then_sum", "gdpo"],
     "algorithm.top_entropy_share": [0.0, 0.2, 1.0, 1.5],
     "algorithm.aggregation": ["token", "sequence", "constant", "mean"],
     "algorithm.beta": [0.0, 0.04, -1.0, NAN],
@@ -106,6 +107,8 @@ VALUES: dict[str, list] = {
     "eval.batch_size": [0, 1, 2],
     "eval.blind_check": [False, True],
     "seed": [-1, 0, 7, 2 ** 32],
+    "rewards": [[], ["accuracy", "format"], ["acuracy"], ["task", {"name": "length", "weight": -1.0}],
+                [{"name": "number", "kwargs": {"extract": "boxed"}}], [{"name": "no_such.module:fn"}]],
     "output_dir": [""],
     "resume": [False, True],
 }
@@ -122,7 +125,7 @@ def base(model: str, out: Path) -> dict:
 
 
 def test_every_field_has_values_to_draw():
-    leaves = [key for key in all_keys(Config) if "." in key or key in ("seed", "output_dir", "resume")]
+    leaves = [key for key in all_keys(Config) if "." in key or key in ("seed", "rewards", "output_dir", "resume")]
     leaves = [key for key in leaves if key not in ("model.lora",)]
     assert sorted(VALUES) == sorted(leaves)
 
