@@ -358,3 +358,32 @@ def test_trl_reward_functions_run_unchanged(tmp_path, tiny_model_dir, letter_tas
     run = train(run_config(tmp_path / "run", tiny_model_dir, "train.steps=1", f"rewards={rewards}"))
     row = read_metrics(run / "metrics.jsonl")[0]
     assert row["reward/accuracy_reward"] == 0.0 and row["reward/think_format_reward"] == 0.0
+
+
+def shout(completions):
+    """A reward defined at the top level of a module (here, this test module)."""
+    return [float(builtin.completion_text(c).isupper()) for c in completions]
+
+
+def test_a_reward_function_given_from_python_is_kept_as_its_import_path():
+    from vlmrl.config import Config, save_config
+
+    config = Config(rewards=[shout, {"name": "format", "weight": 0.5}])
+    assert [r.name for r in config.rewards] == [f"{__name__}:shout", "format"]
+    assert build_rewards(config.rewards)[0].fn is shout
+    with pytest.raises(VlmrlError, match=r"rewards\[0\]: a reward function given from Python must be defined at the "
+                                         r"top level of a module"):
+        Config(rewards=[lambda completions: completions])
+    with pytest.raises(VlmrlError, match=r"unknown config key 'rewards\[0\].wieght'; did you mean rewards\[0\].weight"):
+        Config(rewards=[{"name": "format", "wieght": 2}])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rewards=[{name: length, weight: x}]", r"^rewards\[0\].weight must be float; got 'x' \(str\)$"),
+    ("rewards=[3]", r"^rewards\[0\] must be a reward name, a mapping with name/weight/kwargs/label or a function; got 3$"),
+    ("rewards=[{name: length, weight: .nan}]", r"^reward length: weight must be finite; got nan$"),
+])
+def test_a_rewards_list_from_the_command_line_is_read_or_refused_in_one_line(override, message):
+    assert [r.name for r in load_config(None, ["rewards=accuracy,format"]).rewards] == ["accuracy", "format"]
+    with pytest.raises(VlmrlError, match=message):
+        load_config(None, [override])

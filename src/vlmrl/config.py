@@ -162,6 +162,26 @@ class RewardConfig:
                 (math.isfinite(self.weight), f"reward {self.name}: weight must be finite; got {self.weight}"))
 
 
+def reward_entry(entry: Any, key: str) -> RewardConfig:
+    """One entry of `rewards` as a RewardConfig: a name, a mapping, a RewardConfig, or (from Python) a
+    function, kept as its import path `module:function` (one defined in a notebook or script is
+    `__main__:function`), so the saved config.yaml names it."""
+    if isinstance(entry, str):
+        entry = RewardConfig(name=entry)
+    elif isinstance(entry, dict):
+        entry = build(RewardConfig, entry, _NAMING, prefix=key + ".")
+    elif callable(entry) and not isinstance(entry, RewardConfig):
+        module, name = getattr(entry, "__module__", None), getattr(entry, "__qualname__", "")
+        require((bool(module) and name.isidentifier(),
+                 f"{key}: a reward function given from Python must be defined at the top level of a module (its "
+                 f"import path is saved with the run); got {entry!r}"))
+        entry = RewardConfig(name=f"{module}:{name}")
+    require((isinstance(entry, RewardConfig),
+             f"{key} must be a reward name, a mapping with name/weight/kwargs/label or a function; got {entry!r}"))
+    entry.validate()
+    return entry
+
+
 DECODES = ("auto", "dynamic", "static", "compiled")
 """The values of `decode` (decoding.py)."""
 
@@ -506,9 +526,9 @@ class Config:
     """Supervised warm start (used by `vlmrl sft` only)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation during training."""
-    rewards: list[RewardConfig | str] = field(default_factory=list)
-    """The rewards trained on, each a name or {name, weight, kwargs, label} (docs/rewards.md); empty:
-    the task's own score (the reward named `task`)."""
+    rewards: list[Any] | str = field(default_factory=list)
+    """The rewards trained on, each a name or {name, weight, kwargs, label} (docs/rewards.md); names
+    alone may be given as text, `accuracy,format`; empty: the task's own score (the reward named `task`)."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
     output_dir: str = "runs/default"
@@ -517,9 +537,8 @@ class Config:
     """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
 
     def __post_init__(self) -> None:
-        self.rewards = [RewardConfig(name=entry) if isinstance(entry, str) else entry for entry in self.rewards]
-        for entry in self.rewards:
-            entry.validate()
+        entries = [n.strip() for n in self.rewards.split(",") if n.strip()] if isinstance(self.rewards, str) else self.rewards
+        self.rewards = [reward_entry(entry, f"rewards[{i}]") for i, entry in enumerate(entries)]
 
     def validate(self) -> None:
         """The rules between sections (each section checks its own fields when it is built)."""
