@@ -120,6 +120,7 @@ def test_a_trl_style_function_gets_the_batch_and_the_data_columns_as_keywords(tm
     assert seen["prompts"][0] == [{"role": "user", "content": "How many?"}]
     assert seen["completions"][1] == [{"role": "assistant", "content": "12"}]
     assert seen["examples"] == examples and seen["trajectories"] == [None, None]
+    assert seen["completion_ids"] == [None, None]  # no token ids given here (a rollout gives them)
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -324,8 +325,11 @@ def test_a_run_trains_on_a_reward_list_and_logs_each_reward_by_name(tmp_path, ti
     from vlmrl.report.tracking import read_metrics
 
     (tmp_path / "mine.py").write_text("def solution_length(completions, solution, **kwargs):\n"
-                                      "    return [float(len(s)) for s in solution]\n")
-    rewards = json.dumps(["format", {"name": f"{tmp_path}/mine.py:solution_length", "weight": 0.5}, "task"])
+                                      "    return [float(len(s)) for s in solution]\n"
+                                      "def tokens(completion_ids):\n"
+                                      "    return [float(len(ids)) for ids in completion_ids]\n")
+    rewards = json.dumps(["format", {"name": f"{tmp_path}/mine.py:solution_length", "weight": 0.5}, "task",
+                          {"name": f"{tmp_path}/mine.py:tokens", "weight": 0}])
     run = train(run_config(tmp_path / "run", tiny_model_dir, "train.steps=2", f"rewards={rewards}",
                            "algorithm.reward_aggregation=normalize_then_sum"))
     rows = read_metrics(run / "metrics.jsonl")
@@ -333,6 +337,7 @@ def test_a_run_trains_on_a_reward_list_and_logs_each_reward_by_name(tmp_path, ti
     # prompts 0, 1 then 2, 3: solutions "$1$", "$11$" then "$111$", "$1$" (two completions each)
     assert [r["reward/solution_length"] for r in rows] == [3.5, 4.0]
     assert all({"reward/format", "reward/task", "reward/share", "accuracy"} <= set(r) for r in rows)
+    assert [r["reward/tokens"] for r in rows] == [r["completion_length"] for r in rows]
 
 
 def test_a_reward_service_that_goes_down_stops_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, letter_task,

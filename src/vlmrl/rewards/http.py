@@ -21,8 +21,8 @@ from vlmrl.errors import VlmrlError
 SETTINGS = {"timeout_s": 30.0, "retries": 3, "backoff_s": 1.0}
 """A service's settings (its `kwargs` in the config) and their defaults."""
 SENT = ("prompts", "completions", "answer")
-"""The keywords sent besides the data's columns (images, examples and trajectories are not sent)."""
-NOT_COLUMNS = ("images", "examples", "trajectories")
+"""The keywords sent besides the data's columns (images, token ids, examples and trajectories are not)."""
+NOT_COLUMNS = ("images", "examples", "trajectories", "completion_ids")
 
 
 class ServiceDown(VlmrlError):

@@ -24,10 +24,10 @@ from vlmrl.imports import is_import_spec, load_object
 from vlmrl.rewards.builtin import BUILTIN, completion_text
 from vlmrl.rewards.http import http_reward, is_url
 
-PASSED = ("prompts", "completions", "answer", "images", "examples", "trajectories")
+PASSED = ("prompts", "completions", "completion_ids", "answer", "images", "examples", "trajectories")
 """The keywords vlmrl passes every reward (besides the data's columns), each a list per completion:
-the prompt as a conversation, the completion as one (TRL's conversational form), the gold answer,
-the example's images, the `Example` itself and the tool trajectory (None without tools)."""
+the prompt as a conversation, the completion as one (TRL's conversational form), its token ids, the
+gold answer, the example's images, the `Example` itself and the tool trajectory (None without tools)."""
 
 TASK = "task"
 """The name of the reward that is the task's own `score()`."""

@@ -2,7 +2,7 @@
 
 Each reward is called once per batch with keywords, each a list with one item per completion:
 `prompts` (the prompt as a conversation), `completions` (`[{"role": "assistant", "content": text}]`),
-`answer`, `images`, `examples`, `trajectories` and every column of the data
+`completion_ids`, `answer`, `images`, `examples`, `trajectories` and every column of the data
 (`example.meta["columns"]`; a column named like one of these keywords is not passed). It gives back
 one value per completion: a number, None (does not apply to this completion) or a dict of numbers
 with "total" (a task's score: its other keys are logged beside it).
@@ -34,11 +34,11 @@ def _where(example, text: str) -> str:
     return f"prompt: {str(example.prompt)[:200]!r} | completion: {text[:200]!r}"
 
 
-def batch_keywords(examples: list, texts: list[str], trajectories: list) -> dict[str, list]:
+def batch_keywords(examples: list, texts: list[str], trajectories: list, completion_ids: list) -> dict[str, list]:
     """Every keyword a reward may take for this batch: PASSED, then the data's columns."""
     keywords: dict[str, list] = {
         "prompts": [[{"role": "user", "content": e.prompt}] for e in examples],
-        "completions": [[{"role": "assistant", "content": t}] for t in texts],
+        "completions": [[{"role": "assistant", "content": t}] for t in texts], "completion_ids": list(completion_ids),
         "answer": [e.answer for e in examples], "images": [list(e.images) for e in examples],
         "examples": list(examples), "trajectories": list(trajectories)}
     columns = [e.meta.get("columns", {}) if isinstance(e.meta, Mapping) else {} for e in examples]
@@ -78,13 +78,14 @@ def call_reward(reward: Reward, keywords: dict[str, list], examples: list, texts
     return [_value(reward, v, e, t) for v, e, t in zip(values, examples, texts)]
 
 
-def score_batch(rewards: list[Reward], examples: list, texts: list[str],
-                trajectories: list | None = None) -> dict[str, list[float]]:
+def score_batch(rewards: list[Reward], examples: list, texts: list[str], trajectories: list | None = None,
+                completion_ids: list | None = None) -> dict[str, list[float]]:
     """Every component of every completion (NaN where a reward does not apply): each reward under its
     name (a dict's "total"), a dict's other keys beside it (the `task` reward's under their own names,
     unless a reward has that name; any other's as "name/key")."""
     trajectories = trajectories if trajectories is not None else [None] * len(texts)
-    keywords = batch_keywords(examples, texts, trajectories)
+    keywords = batch_keywords(examples, texts, trajectories,
+                              completion_ids if completion_ids is not None else [None] * len(texts))
     answers = {reward.name: call_reward(reward, keywords, examples, texts) for reward in rewards}
     components: dict[str, list[float]] = {name: [] for name in answers}
     for name, values in answers.items():

@@ -24,7 +24,10 @@ def score_completions(rewards: list[Reward], rollout: Rollout, aggregation: str 
     """Every reward component of every completion and their "total", as (N,) tensors; the groups of
     `group_size` contiguous rows (for normalize_then_sum) default to the whole batch."""
     trajectories = getattr(rollout, "trajectories", None)
-    components = score_batch(rewards, rollout.rows, rollout.texts, trajectories)
+    ids = None
+    if getattr(rollout, "completion_ids", None) is not None:  # (N, T) right-padded; the model's tokens only
+        ids = [row[mask.bool()].tolist() for row, mask in zip(rollout.completion_ids, rollout.completion_mask)]
+    components = score_batch(rewards, rollout.rows, rollout.texts, trajectories, ids)
     scores = {name: torch.tensor(values, dtype=torch.float32) for name, values in components.items()}
     stacked = torch.stack([scores[reward.name] for reward in rewards])  # (K, N)
     weights = torch.tensor([reward.weight for reward in rewards])  # (K,)
