@@ -27,6 +27,7 @@ from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.report.tracking import check_trackers
+from vlmrl.rewards.builtin import COMPARING
 from vlmrl.rewards.checks import check_rewards
 from vlmrl.rewards.reward import build_rewards
 from vlmrl.tasks import Example, Task, get_task
@@ -58,7 +59,8 @@ def check_attention_kernel(kernel: str | None, device: str) -> None:
 
 
 REWARD_CHECK_EXAMPLES = 8
-"""How many of the first train examples the rewards are checked on before loading."""
+"""How many of the first train examples the gold answers are checked on before loading (one when no
+built-in compares with the gold answer)."""
 
 
 def first_examples(task: Task, count: int) -> list[Example]:
@@ -85,8 +87,10 @@ def check_before_loading(config: Config, mode: str) -> Task:
                 raise VlmrlError(f"eval.splits names {split!r}, which task {task.name!r} does not have; "
                                  f"valid: {', '.join(task.splits)}")
     if mode == "train":
-        examples = first_examples(task, min(config.rollout.prompts_per_step, REWARD_CHECK_EXAMPLES))
-        check_rewards(build_rewards(config.rewards, task), task, examples)
+        rewards = build_rewards(config.rewards, task)
+        gold = any(reward.spec in COMPARING for reward in rewards)  # the gold check reads several examples
+        examples = first_examples(task, min(config.rollout.prompts_per_step, REWARD_CHECK_EXAMPLES) if gold else 1)
+        check_rewards(rewards, task, examples)
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)
