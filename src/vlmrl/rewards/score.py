@@ -34,10 +34,16 @@ def _where(example, text: str) -> str:
     return f"prompt: {str(example.prompt)[:200]!r} | completion: {text[:200]!r}"
 
 
+def _conversation(example) -> list[dict[str, str]]:
+    """The prompt as TRL's conversational form: the system turn (when the example has one), the user turn."""
+    system = getattr(example, "system", "")
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": example.prompt}]
+
+
 def batch_keywords(examples: list, texts: list[str], trajectories: list, completion_ids: list) -> dict[str, list]:
     """Every keyword a reward may take for this batch: PASSED, then the data's columns."""
     keywords: dict[str, list] = {
-        "prompts": [[{"role": "user", "content": e.prompt}] for e in examples],
+        "prompts": [_conversation(e) for e in examples],
         "completions": [[{"role": "assistant", "content": t}] for t in texts], "completion_ids": list(completion_ids),
         "answer": [e.answer for e in examples], "images": [list(e.images) for e in examples],
         "examples": list(examples), "trajectories": list(trajectories)}
