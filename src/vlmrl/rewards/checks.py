@@ -47,7 +47,7 @@ def check_rewards(rewards: list[Reward], task, examples: list) -> None:
     """Every check of this module on `examples` (the first train examples)."""
     columns = {name for e in examples for name in (e.meta.get("columns") or {})}
     check_arguments(rewards, columns)
-    if examples and any(r.spec.startswith(f"the score() of task") for r in rewards):
+    if examples and any(r.of_task for r in rewards):
         check_task_score(task, examples[0])
     for reward in rewards:
         if reward.spec in COMPARING and BUILTIN.get(reward.spec) is not None:

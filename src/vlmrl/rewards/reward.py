@@ -43,6 +43,7 @@ class Reward:
     takes: frozenset[str] | None = None  # the keywords fn takes; None: any (it has **kwargs)
     needs: tuple[str, ...] = ()  # its parameters without a default (kwargs bound excluded)
     spec: str = ""  # as the config named it
+    of_task: bool = False  # the task's own score (its dict's other keys are logged under their own names)
 
     def keywords(self, available: Mapping[str, Any]) -> dict[str, Any]:
         """The keywords of `available` this reward takes."""
@@ -78,15 +79,13 @@ def _signature(fn: Callable[..., Any], spec: str) -> tuple[frozenset[str] | None
 
 
 def _function(spec: str, task) -> tuple[str, Callable[..., Any]]:
-    """(the default name, the function) of one config name."""
+    """(the default name, the function) of a built-in, `task` or an import path."""
     if spec == TASK:
         if task is None:
             raise VlmrlError("reward 'task' is the task's own score, and there is no task here")
         return TASK, task_reward(task)
     if spec in BUILTIN:
         return spec, BUILTIN[spec]
-    if is_url(spec):
-        return spec.split("//", 1)[1].split("/", 1)[0], None  # bound with its settings in `resolve`
     if is_import_spec(spec):
         fn = load_object(spec, "reward")
         if not callable(fn):
@@ -103,9 +102,9 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
     """The Reward of one entry: `spec` (a name, import path or URL), its weight, the keyword arguments
     bound to it, and the name it is logged under (default: the built-in's or the function's)."""
     kwargs = dict(kwargs or {})
+    if is_url(spec):  # a service, logged under its host: its kwargs are its settings
+        return Reward(label or spec.split("//", 1)[1].split("/", 1)[0], http_reward(spec, kwargs), weight, None, (), spec)
     name, fn = _function(spec, task)
-    if fn is None:  # a service: its kwargs are its settings
-        return Reward(label or name, http_reward(spec, kwargs), weight, None, (), spec)
     takes, needs = _signature(fn, spec)
     unknown = sorted(set(kwargs) - takes) if takes is not None else []
     if unknown:
@@ -113,7 +112,7 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
                          f"{', '.join(sorted(takes)) or 'nothing'}")
     bound = functools.partial(fn, **kwargs) if kwargs else fn
     said = f"the score() of task {task.name!r}" if spec == TASK else spec
-    return Reward(label or name, bound, weight, takes, tuple(n for n in needs if n not in kwargs), said)
+    return Reward(label or name, bound, weight, takes, tuple(n for n in needs if n not in kwargs), said, spec == TASK)
 
 
 def build_rewards(entries: Iterable, task=None) -> list[Reward]:

@@ -20,7 +20,7 @@ import numbers
 from typing import Any, Mapping
 
 from vlmrl.errors import VlmrlError
-from vlmrl.rewards.reward import PASSED, TASK, Reward
+from vlmrl.rewards.reward import PASSED, Reward
 
 NOT_APPLICABLE = float("nan")
 """A None (does not apply) among the component values."""
@@ -94,13 +94,14 @@ def score_batch(rewards: list[Reward], examples: list, texts: list[str], traject
                               completion_ids if completion_ids is not None else [None] * len(texts))
     answers = {reward.name: call_reward(reward, keywords, examples, texts) for reward in rewards}
     components: dict[str, list[float]] = {name: [] for name in answers}
-    for name, values in answers.items():
-        for i, value in enumerate(values):
+    for reward in rewards:
+        name = reward.name
+        for i, value in enumerate(answers[name]):
             components[name].append(value["total"] if isinstance(value, dict) else value)
             for key, number in (value.items() if isinstance(value, dict) else ()):
                 if key == "total":
                     continue
-                column = key if name == TASK and key not in answers else f"{name}/{key}"
+                column = key if reward.of_task and key not in answers else f"{name}/{key}"
                 components.setdefault(column, [NOT_APPLICABLE] * len(texts))[i] = number
     weighted = [r.name for r in rewards if r.weight != 0] or [r.name for r in rewards]
     for i, (example, text) in enumerate(zip(examples, texts)):

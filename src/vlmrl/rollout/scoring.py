@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from vlmrl import grpo
-from vlmrl.rewards.reward import TASK, Reward
+from vlmrl.rewards.reward import Reward
 from vlmrl.rewards.score import score_batch
 from vlmrl.rollout.generation import Rollout
 
@@ -33,6 +33,6 @@ def score_completions(rewards: list[Reward], rollout: Rollout, aggregation: str 
     weights = torch.tensor([reward.weight for reward in rewards])  # (K,)
     scores["total"] = grpo.combine_rewards(stacked, weights, group_size or len(rollout.texts),
                                            aggregation=aggregation)  # (N,)
-    if [reward.name for reward in rewards] == [TASK]:
-        del scores[TASK]  # the task alone: its own components, its total as "total" (as before the rewards list)
+    if len(rewards) == 1 and rewards[0].of_task:
+        del scores[rewards[0].name]  # the task alone: its own components, its total as "total" (as before the rewards list)
     return scores
