@@ -123,6 +123,11 @@ def test_a_trl_style_function_gets_the_batch_and_the_data_columns_as_keywords(tm
     assert seen["completion_ids"] == [None, None]  # no token ids given here (a rollout gives them)
 
 
+def test_a_config_kwarg_is_not_overridden_by_a_column_of_the_same_name():
+    reward = resolve("length", kwargs={"max_chars": 4})
+    assert score_batch([reward], [example(max_chars=100)], ["ab"]) == {"length": [0.5]}
+
+
 @pytest.mark.parametrize("answer, message", [
     ([1.0], r"reward 'bad' \(bad\) returned 1 values for 2 completions \| prompt: 'How many\?'"),
     ([1.0, float("nan")], r"reward 'bad' \(bad\) must give one finite number.*got nan for completion 'two'"),

@@ -44,10 +44,12 @@ class Reward:
     needs: tuple[str, ...] = ()  # its parameters without a default (kwargs bound excluded)
     spec: str = ""  # as the config named it
     of_task: bool = False  # the task's own score (its dict's other keys are logged under their own names)
+    bound: frozenset[str] = frozenset()  # the config's kwargs, bound already: a column of that name is not passed
 
     def keywords(self, available: Mapping[str, Any]) -> dict[str, Any]:
         """The keywords of `available` this reward takes."""
-        return dict(available) if self.takes is None else {k: v for k, v in available.items() if k in self.takes}
+        return {k: v for k, v in available.items()
+                if k not in self.bound and (self.takes is None or k in self.takes)}
 
 
 def task_reward(task) -> Callable[..., list[dict[str, float]]]:
@@ -112,7 +114,8 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
                          f"{', '.join(sorted(takes)) or 'nothing'}")
     bound = functools.partial(fn, **kwargs) if kwargs else fn
     said = f"the score() of task {task.name!r}" if spec == TASK else spec
-    return Reward(label or name, bound, weight, takes, tuple(n for n in needs if n not in kwargs), said, spec == TASK)
+    return Reward(label or name, bound, weight, takes, tuple(n for n in needs if n not in kwargs), said, spec == TASK,
+                  frozenset(kwargs))
 
 
 def build_rewards(entries: Iterable, task=None) -> list[Reward]:
