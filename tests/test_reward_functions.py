@@ -325,7 +325,7 @@ def run_config(run, model_dir: str, *extra: str):
                               *extra])
 
 
-def test_a_run_trains_on_a_reward_list_and_logs_each_reward_by_name(tmp_path, tiny_model_dir, letter_task):
+def test_a_run_trains_on_a_reward_list_and_logs_each_reward_by_name(tmp_path, tiny_model_dir, letter_task, capsys):
     from vlmrl.training.trainer import train
     from vlmrl.report.tracking import read_metrics
 
@@ -343,6 +343,9 @@ def test_a_run_trains_on_a_reward_list_and_logs_each_reward_by_name(tmp_path, ti
     assert [r["reward/solution_length"] for r in rows] == [3.5, 4.0]
     assert all({"reward/format", "reward/task", "reward/share", "accuracy"} <= set(r) for r in rows)
     assert [r["reward/tokens"] for r in rows] == [r["completion_length"] for r in rows]
+    assert (f"preflight: rewards    format x1, solution_length x0.5 ({tmp_path}/mine.py:solution_length), "
+            f"task x1 (the score() of task 'solution'), tokens x0 ({tmp_path}/mine.py:tokens); "
+            "total = GDPO normalize_then_sum") in capsys.readouterr().out
 
 
 def test_a_reward_service_that_goes_down_stops_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, letter_task,

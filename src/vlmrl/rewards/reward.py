@@ -144,3 +144,9 @@ def check_arguments(rewards: list[Reward], columns: Iterable[str]) -> None:
             raise VlmrlError(f"reward {reward.name!r} needs {', '.join(repr(m) for m in missing)}, which is neither a "
                              f"keyword vlmrl passes ({', '.join(PASSED)}) nor a column of the data (the data has "
                              f"{data})")
+
+
+def describe(rewards: list[Reward], aggregation: str) -> str:
+    """One line for the preflight: each reward with its weight and what it is, and the aggregation."""
+    shown = [f"{r.name} x{r.weight:g}" + ("" if r.spec == r.name else f" ({r.spec})") for r in rewards]
+    return f"{', '.join(shown)}; total = {'weighted sum' if aggregation == 'sum' else 'GDPO normalize_then_sum'}"
