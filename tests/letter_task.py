@@ -52,3 +52,15 @@ class LookTask(LetterTask):
         example = super()._example(idx, split)
         example.meta["reference_turns"] = [self.CALL, "a a a a"]
         return example
+
+
+class SolutionTask(LetterTask):
+    """The letter task with a data column, `solution`, that the rewards receive (as a dataset row's
+    extra columns arrive: `example.meta["columns"]`)."""
+
+    name = "solution"
+
+    def _example(self, idx: int, split: str) -> Example:
+        example = super()._example(idx, split)
+        example.meta["columns"] = {"solution": "$" + "1" * (1 + idx % 3) + "$"}
+        return example

@@ -66,6 +66,7 @@ VALUES: dict[str, list] = {
     "algorithm.surrogate": ["clip", "cispo", "gmpo", "sapo", "ppo"],
     "algorithm.sapo_tau_pos": [0.0, 1.0, NAN],
     "algorithm.sapo_tau_neg": [-1.0, 1.05],
+    "algorithm.reward_aggregation": ["sum", "normalize_then_sum", "gdpo"],
     "algorithm.top_entropy_share": [0.0, 0.2, 1.0, 1.5],
     "algorithm.aggregation": ["token", "sequence", "constant", "mean"],
     "algorithm.beta": [0.0, 0.04, -1.0, NAN],
@@ -111,6 +112,8 @@ VALUES: dict[str, list] = {
     "eval.batch_size": [0, 1, 2],
     "eval.blind_check": [False, True],
     "seed": [-1, 0, 7, 2 ** 32],
+    "rewards": [[], ["accuracy", "format"], ["acuracy"], ["task", {"name": "length", "weight": -1.0}],
+                [{"name": "number", "kwargs": {"extract": "boxed"}}], [{"name": "no_such.module:fn"}]],
     "output_dir": [""],
     "resume": [False, True],
     "resume_changes": ["refuse", "allow", "ask"],
@@ -128,7 +131,8 @@ def base(model: str, out: Path) -> dict:
 
 
 def test_every_field_has_values_to_draw():
-    leaves = [key for key in all_keys(Config) if "." in key or key in ("seed", "output_dir", "resume", "resume_changes")]
+    leaves = [key for key in all_keys(Config)
+              if "." in key or key in ("seed", "rewards", "output_dir", "resume", "resume_changes")]
     leaves = [key for key in leaves if key not in ("model.lora",)]
     assert sorted(VALUES) == sorted(leaves)
 

@@ -24,6 +24,7 @@ from vlmrl.models import load_policy
 from vlmrl.cli import main
 from vlmrl.report.tracking import read_metrics
 from vlmrl.rollout.sampling import SampledLogprobs
+from vlmrl.rewards.reward import build_rewards
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.safety.checkpoint import DamagedCheckpoint, find_resumable, read_checkpoint
 from vlmrl.safety.faults import SAME_STOP_S, StopSignals
@@ -74,9 +75,9 @@ class NanTask:
 def test_a_nan_reward_is_an_error_naming_the_task_and_the_completion():
     example = Example(image=None, prompt="Count the circles.", answer="3")
     rollout = SimpleNamespace(rows=[example], texts=["<answer>three</answer>"])
-    with pytest.raises(VlmrlError, match=r"task 'nan_task' must give finite numbers.*'total': nan.*"
+    with pytest.raises(VlmrlError, match=r"task 'nan_task'\) must give one finite number.*'total': nan.*"
                                          r"for completion '<answer>three</answer>'"):
-        score_completions(NanTask(), rollout)
+        score_completions(build_rewards([], NanTask()), rollout)
 
 
 def poison(monkeypatch, bad_calls: set[int], where: str = "loss") -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlmrl.tasks.rewards import (
+from vlmrl.rewards.verify import (
     Rubric,
     closer_than,
     collapse_whitespace,

@@ -176,7 +176,7 @@ def test_examples_have_rgb_images_and_prompts_that_state_the_format(name):
 
 
 def test_importing_the_tasks_does_not_import_torch():
-    code = ("import sys, vlmrl.tasks, vlmrl.tasks.rewards, vlmrl.tasks.inspect\n"
+    code = ("import sys, vlmrl.tasks, vlmrl.rewards.verify, vlmrl.tasks.inspect\n"
             "from vlmrl.tasks import get_task\n"
             "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
             "    t = get_task(name); e = t.example(0); t.score(e, e.reference_completion)\n"

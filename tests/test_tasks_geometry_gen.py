@@ -13,7 +13,7 @@ import pytest
 from vlmrl.cli import main
 from vlmrl.tasks import get_task
 from vlmrl.tasks.geometry_gen import KINDS, latex_number, latex_sqrt, make_problem
-from vlmrl.tasks.rewards import math_equal
+from vlmrl.rewards.verify import math_equal
 
 
 def test_numbers_are_written_as_latex():

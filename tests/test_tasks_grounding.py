@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.rewards import iou
+from vlmrl.rewards.verify import iou
 from vlmrl.tasks.shapes import RGB
 
 TASK = get_task("grounding", seed=0)

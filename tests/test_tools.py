@@ -605,7 +605,7 @@ def test_a_strip_too_long_to_pad_within_the_pixel_limit_is_too_large(helpers, co
                                          ("I;16", (155, 155, 155)),  # 40000 of 65535, scaled (not clipped to 255)
                                          ("1", (255, 255, 255))])
 def test_an_image_in_any_mode_comes_back_rgb(helpers, context, mode, pixel):
-    """A tool's image goes through the datasets' conversion (tasks/images.py): a chart saved with a
+    """A tool's image goes through the datasets' conversion (data/images.py): a chart saved with a
     transparent background reads as drawn on white."""
     result = run_tool(call("mode_tool", mode=mode), resolve_tools(["tool_helpers:mode_tool"]), context, ToolLimits())
     (image,) = result.images

@@ -22,6 +22,7 @@ import yaml
 from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, require
 from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.imports import resolve_file
 
 TOOL_IMAGE_SIDES = (28, 1024)
 """Smallest and largest `tool_image_side` (rollout.tool_image_side, `vlmrl eval --tool-image-side`):
@@ -137,6 +138,48 @@ class TaskConfig:
 
     def validate(self) -> None:
         require((bool(self.name.strip()), "task.name is empty (see `vlmrl tasks list`)"))
+
+
+@dataclass
+class RewardConfig:
+    """One reward of the `rewards` list (docs/rewards.md): a function called once per batch the way
+    TRL calls its reward functions, returning one number (or None: does not apply) per completion."""
+
+    name: str = ""
+    """A built-in reward (accuracy, math, number, choice, exact, iou, edit_similarity, format, length),
+    `task` (the task's own score), `package.module:function`, `path/to/file.py:function` (relative to
+    the config file's folder) or an `http(s)://` reward service."""
+    weight: float = 1.0
+    """Its weight in the total reward (0: logged, not trained on)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to the function (for a service: timeout_s, retries)."""
+    label: str = ""
+    """The name it is logged under (reward/<label>); default: the built-in's or the function's name."""
+
+    def validate(self) -> None:
+        require((bool(self.name.strip()), "a reward needs a name (a built-in, module:function, file.py:function or "
+                                          "URL; see docs/rewards.md)"),
+                (math.isfinite(self.weight), f"reward {self.name}: weight must be finite; got {self.weight}"))
+
+
+def reward_entry(entry: Any, key: str) -> RewardConfig:
+    """One entry of `rewards` as a RewardConfig: a name, a mapping, a RewardConfig, or (from Python) a
+    function, kept as its import path `module:function` (one defined in a notebook or script is
+    `__main__:function`), so the saved config.yaml names it."""
+    if isinstance(entry, str):
+        entry = RewardConfig(name=entry)
+    elif isinstance(entry, dict):
+        entry = build(RewardConfig, entry, _NAMING, prefix=key + ".")
+    elif callable(entry) and not isinstance(entry, RewardConfig):
+        module, name = getattr(entry, "__module__", None), getattr(entry, "__qualname__", "")
+        require((bool(module) and name.isidentifier(),
+                 f"{key}: a reward function given from Python must be defined at the top level of a module (its "
+                 f"import path is saved with the run); got {entry!r}"))
+        entry = RewardConfig(name=f"{module}:{name}")
+    require((isinstance(entry, RewardConfig),
+             f"{key} must be a reward name, a mapping with name/weight/kwargs/label or a function; got {entry!r}"))
+    entry.validate()
+    return entry
 
 
 DECODES = ("auto", "dynamic", "static", "compiled")
@@ -306,6 +349,9 @@ class AlgorithmConfig:
     overlong_penalty reward, linearly (0 = off)."""
     overlong_penalty: float = 1.0
     """Reward lost by a completion that reaches max_new_tokens when overlong_buffer > 0."""
+    reward_aggregation: Literal["sum", "normalize_then_sum"] = "sum"
+    """How the `rewards` list becomes one reward: the weighted sum, or GDPO's normalize_then_sum (each
+    reward z-scored within its group first, so a reward with a wide range cannot drown the others)."""
     tis_cap: float = 3.0
     """Truncated importance sampling against the rollout/training mismatch: each token's surrogate
     is weighted by min(pi_train / pi_sampler, tis_cap), from the log-probs the sampler recorded
@@ -504,6 +550,9 @@ class Config:
     """Supervised warm start (used by `vlmrl sft` only)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation during training."""
+    rewards: list[Any] | str = field(default_factory=list)
+    """The rewards trained on, each a name or {name, weight, kwargs, label} (docs/rewards.md); names
+    alone may be given as text, `accuracy,format`; empty: the task's own score (the reward named `task`)."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
     output_dir: str = "runs/default"
@@ -515,6 +564,10 @@ class Config:
     algorithm, batch layout, optimizer, LoRA, seed, or sft on a train run's folder and the reverse)
     stops it in one line; allow = continue anyway. Steps, eval, logging and checkpoint settings may
     always change (listed when they do). See safety/resume.py."""
+
+    def __post_init__(self) -> None:
+        entries = [n.strip() for n in self.rewards.split(",") if n.strip()] if isinstance(self.rewards, str) else self.rewards
+        self.rewards = [reward_entry(entry, f"rewards[{i}]") for i, entry in enumerate(entries)]
 
     def validate(self) -> None:
         """The rules between sections (each section checks its own fields when it is built)."""
@@ -537,10 +590,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), cls: 
     data: dict[str, Any] = {}
     if path is not None:
         data = read_yaml(path)
+        data = with_files_from(data, Path(path).parent)
     for item in overrides:
         key, value = parse_override(item)
         set_dotted(data, key, value)
     return from_dict(cls, data)
+
+
+def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`data` with the `file.py:function` rewards of a config file made absolute from its folder (a
+    reward named on the command line is read from the working directory)."""
+    entries = data.get("rewards")
+    if not isinstance(entries, list):
+        return data
+    resolved = [resolve_file(entry, folder) if isinstance(entry, str) else
+                entry | {"name": resolve_file(entry["name"], folder)} if isinstance(entry, dict)
+                and isinstance(entry.get("name"), str) else entry for entry in entries]
+    return data | {"rewards": resolved}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -184,6 +184,31 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: AdvantageScale 
     return centred.reshape(-1)  # (N,)
 
 
+def combine_rewards(components: Tensor, weights: Tensor, group_size: int, *,
+                    aggregation: str = "sum", eps: float = 1e-6) -> Tensor:
+    """(N,) one reward from (K, N) reward components (NaN: the reward does not apply) and (K,) weights.
+
+    "sum": sum of weight * component, a NaN counting 0. "normalize_then_sum" (GDPO): each component
+    first z-scored within each group over the completions it applies to (population std; a group
+    whose values are all equal gives 0), then the weighted sum, NaN counting 0.
+    """
+    if aggregation not in ("sum", "normalize_then_sum"):
+        raise ValueError(f"aggregation must be 'sum' or 'normalize_then_sum'; got {aggregation!r}")
+    values = components.float()  # (K, N)
+    if aggregation == "normalize_then_sum":
+        num_groups = _check_groups(values.shape[1], group_size)
+        grouped = values.reshape(values.shape[0], num_groups, group_size)  # (K, N/G, G)
+        present = ~torch.isnan(grouped)  # (K, N/G, G)
+        count = present.sum(dim=2, keepdim=True).clamp(min=1)  # (K, N/G, 1)
+        filled = torch.where(present, grouped, torch.zeros_like(grouped))  # (K, N/G, G)
+        mean = filled.sum(dim=2, keepdim=True) / count  # (K, N/G, 1)
+        centred = torch.where(present, grouped - mean, torch.zeros_like(grouped))  # (K, N/G, G)
+        std = (centred.pow(2).sum(dim=2, keepdim=True) / count).sqrt()  # (K, N/G, 1)
+        normalized = torch.where(present, centred / (std + eps), torch.full_like(grouped, float("nan")))
+        values = normalized.reshape(values.shape)  # (K, N)
+    return (torch.nan_to_num(values, nan=0.0) * weights.float()[:, None]).sum(dim=0)  # (N,)
+
+
 def cubic_shaping(advantages: Tensor, *, group_size: int | None = None) -> Tensor:
     """Cubic advantage shaping: A' = A**3, sign kept; outliers of a group weigh more.
 

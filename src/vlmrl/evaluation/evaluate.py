@@ -41,6 +41,7 @@ from vlmrl.evaluation.eval_settings import (
 )
 from vlmrl.rollout.generation import generate_groups
 from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
+from vlmrl.rewards.reward import build_rewards
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
 from vlmrl.seeds import derive_seed
@@ -159,9 +160,10 @@ def _answer(sample, task: Task, examples: list[Example], prompts_per_call: int, 
     """Generate (`sample(batch, first index)` -> Rollout) and score completions of every example,
     a batch at a time."""
     answers = _Answers([], [], [], [])
+    rewards = build_rewards([], task)  # evaluation scores with the task's own score (its accuracy)
     for start in range(0, len(examples), prompts_per_call):
         rollout = sample(examples[start:start + prompts_per_call], start)
-        columns = score_completions(task, rollout)  # name -> (N,)
+        columns = score_completions(rewards, rollout)  # name -> (N,)
         answers.texts += rollout.texts
         answers.lengths += rollout.lengths.tolist()
         answers.truncated += rollout.truncated.tolist()

@@ -40,14 +40,14 @@ def store_image(folder: Path, image: Image.Image) -> str:
 
 def rollout_rows(step: int, experience, group_size: int, first_group: int = 0) -> list[dict]:
     """One row per completion of `experience` (its rollout, rewards and advantages), its groups
-    numbered from `first_group` (a process's offset in the step); images stay PIL images until
+    numbered from `first_group` (a process's offset in the step; a reward that did not apply: None); images stay PIL images until
     `write_rollouts` stores them."""
     rollout, rewards, advantages = experience.rollout, experience.rewards, experience.advantages
     lengths = rollout.lengths
     return [{"step": step, "group": first_group + i // group_size, "image": example.image,
              "images": list(example.images), "prompt": example.prompt,
              "answer": example.answer, "completion": text,
-             "rewards": {name: float(values[i]) for name, values in rewards.items()},
+             "rewards": {name: None if values[i].isnan() else float(values[i]) for name, values in rewards.items()},
              "advantage": float(advantages[i]), "truncated": bool(rollout.truncated[i]),
              "length": int(lengths[i]), **turns_of(rollout, i)}
             for i, (example, text) in enumerate(zip(rollout.rows, rollout.texts))]

@@ -1,37 +1,38 @@
-"""Every reward component of every completion, from the task's own `score`.
+"""Every reward component of every completion, and the one reward the advantages come from.
 
-Used by the RL step (experience.py) and by evaluation alike. A multi-turn rollout with tools is
-scored by `task.score_trajectory(example, trajectory)` (which sees the calls and their results;
-by default the final turn's text through `score`). Built-in rewards never raise; a
-reward of the user's own that raises, returns a non-finite number or forgets "total" stops the run
-with the task, the prompt and the completion in the message: it is never silently turned into 0.
+Used by the RL step (experience.py) and by evaluation alike. The rewards are the run's `rewards`
+list (rewards/reward.py; none: the task's own `score`, the reward named `task`), called TRL's way once
+per batch and checked (rewards/score.py): a reward that raises, gives a value that is not finite or
+the wrong number of values, or a completion no reward applies to, stops the run with the reward,
+the prompt and the completion in the message; it is never silently turned into 0. The components
+become (N,) tensors (NaN where a reward gave None) and "total" is their weighted combination,
+`algorithm.reward_aggregation` (grpo.combine_rewards): the sum, or GDPO's normalize_then_sum.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from vlmrl.errors import VlmrlError
+from vlmrl import grpo
+from vlmrl.rewards.reward import Reward
+from vlmrl.rewards.score import score_batch
 from vlmrl.rollout.generation import Rollout
-from vlmrl.tasks import Task
 
 
-def score_completions(task: Task, rollout: Rollout) -> dict[str, torch.Tensor]:
-    """Every reward component of every completion, as (N,) tensors."""
-    columns: dict[str, list[float]] = {}
-    trajectories = getattr(rollout, "trajectories", None) or [None] * len(rollout.rows)
-    for example, text, trajectory in zip(rollout.rows, rollout.texts, trajectories):
-        try:
-            scores = task.score(example, text) if trajectory is None else task.score_trajectory(example, trajectory)
-        except Exception as error:  # a user reward must not fail silently
-            raise VlmrlError(f"reward of task {task.name!r} failed: {type(error).__name__}: {error} "
-                             f"| prompt: {example.prompt[:200]!r} | completion: {text[:200]!r}") from error
-        bad = {k: v for k, v in scores.items() if not math.isfinite(float(v))}
-        if bad or "total" not in scores:
-            raise VlmrlError(f"reward of task {task.name!r} must give finite numbers with a 'total'; "
-                             f"got {scores} for completion {text[:200]!r}")
-        for name, value in scores.items():
-            columns.setdefault(name, []).append(float(value))
-    return {name: torch.tensor(values) for name, values in columns.items()}
+def score_completions(rewards: list[Reward], rollout: Rollout, aggregation: str = "sum",
+                      group_size: int | None = None) -> dict[str, torch.Tensor]:
+    """Every reward component of every completion and their "total", as (N,) tensors; the groups of
+    `group_size` contiguous rows (for normalize_then_sum) default to the whole batch."""
+    trajectories = getattr(rollout, "trajectories", None)
+    ids = None
+    if getattr(rollout, "completion_ids", None) is not None:  # (N, T) right-padded; the model's tokens only
+        ids = [row[mask.bool()].tolist() for row, mask in zip(rollout.completion_ids, rollout.completion_mask)]
+    components = score_batch(rewards, rollout.rows, rollout.texts, trajectories, ids)
+    scores = {name: torch.tensor(values, dtype=torch.float32) for name, values in components.items()}
+    stacked = torch.stack([scores[reward.name] for reward in rewards])  # (K, N)
+    weights = torch.tensor([reward.weight for reward in rewards])  # (K,)
+    scores["total"] = grpo.combine_rewards(stacked, weights, group_size or len(rollout.texts),
+                                           aggregation=aggregation)  # (N,)
+    if len(rewards) == 1 and rewards[0].of_task:
+        del scores[rewards[0].name]  # the task alone: its own components, its total as "total" (as before the rewards list)
+    return scores

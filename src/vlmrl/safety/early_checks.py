@@ -6,6 +6,9 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
 - the batch layout over the processes `accelerate launch` starts (WORLD_SIZE);
 - the task: its name and parameters (a dataset that is missing or malformed), and the splits that
   evaluation asks for;
+- the `rewards` (a train run): each one resolves, takes the arguments vlmrl passes and the data has,
+  a task's own score gives a dict, and the gold answer scores 1 on each comparing built-in
+  (rewards/checks.py), on the first train examples;
 - `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
   not installed);
 - the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
@@ -24,7 +27,10 @@ from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.report.tracking import check_trackers
-from vlmrl.tasks import Task, get_task
+from vlmrl.rewards.builtin import COMPARING
+from vlmrl.rewards.checks import check_rewards
+from vlmrl.rewards.reward import build_rewards
+from vlmrl.tasks import Example, Task, get_task
 from vlmrl.tasks.tools import resolve_tools
 
 
@@ -52,6 +58,22 @@ def check_attention_kernel(kernel: str | None, device: str) -> None:
                          "(install it, or use sdpa)")
 
 
+REWARD_CHECK_EXAMPLES = 8
+"""How many of the first train examples the gold answers are checked on before loading (one when no
+built-in compares with the gold answer)."""
+
+
+def first_examples(task: Task, count: int) -> list[Example]:
+    """The first `count` train examples the task can make (a bad one is left to the row checks, bad_rows.py)."""
+    examples = []
+    for idx in range(count):
+        try:
+            examples.append(task.example(idx, "train"))
+        except Exception:  # noqa: BLE001 - a bad example stops the run where on_bad_row says, not here
+            continue
+    return examples
+
+
 def check_before_loading(config: Config, mode: str) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task."""
@@ -64,6 +86,11 @@ def check_before_loading(config: Config, mode: str) -> Task:
             if split not in task.splits:
                 raise VlmrlError(f"eval.splits names {split!r}, which task {task.name!r} does not have; "
                                  f"valid: {', '.join(task.splits)}")
+    if mode == "train":
+        rewards = build_rewards(config.rewards, task)
+        gold = any(reward.spec in COMPARING for reward in rewards)  # the gold check reads several examples
+        examples = first_examples(task, min(config.rollout.prompts_per_step, REWARD_CHECK_EXAMPLES) if gold else 1)
+        check_rewards(rewards, task, examples)
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)

@@ -58,6 +58,7 @@ from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, 
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.safety.bad_rows import RowGuard, make_example
+from vlmrl.rewards.reward import build_rewards, describe
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.tasks import Example, Task
 
@@ -595,6 +596,9 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     if session.main:
         for line in report.lines():
             print(f"preflight: {line}", flush=True)
+        if mode == "train":
+            print(f"preflight: rewards    {describe(build_rewards(config.rewards, task), config.algorithm.reward_aggregation)}",
+                  flush=True)
         for advice in report.advice():
             warn(advice)
     return report

@@ -14,7 +14,6 @@ belongs to the requested split. No torch here.
 
 from __future__ import annotations
 
-import importlib
 import operator
 import random
 import typing
@@ -26,6 +25,7 @@ from PIL import Image
 from vlmrl.data.order import stable_unit
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, build, closest, field_docs, type_name
+from vlmrl.imports import is_import_spec, load_object
 
 if TYPE_CHECKING:
     from vlmrl.tasks.tools import Trajectory
@@ -206,12 +206,12 @@ def list_tasks() -> list[str]:
 
 
 def task_class(name: str) -> type[Task]:
-    """The class of task `name`: a registered name, or an import path `package.module:ClassName`
-    naming a `Task` subclass of your own (only the module you name is imported).
+    """The class of task `name`: a registered name, or an import path `package.module:ClassName` or
+    `path/to/file.py:ClassName` naming a `Task` subclass of your own (only the module you name is imported).
 
     VlmrlError with the closest names when unknown, or when the import path does not lead to a Task.
     """
-    if ":" in name:
+    if is_import_spec(name):
         return _import_task(name)
     if name not in _REGISTRY:
         close = closest(name, _REGISTRY)
@@ -221,13 +221,8 @@ def task_class(name: str) -> type[Task]:
 
 
 def _import_task(path: str) -> type[Task]:
-    """The Task subclass at `package.module:ClassName`."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise VlmrlError(f"cannot import the module of task {path!r}: {error}") from error
-    cls = getattr(module, attribute, None)
+    """The Task subclass at `package.module:ClassName` or `path/to/file.py:ClassName`."""
+    cls = load_object(path, "task")
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise VlmrlError(f"task {path!r} must name a subclass of vlmrl.tasks.Task; got {cls!r}")
     return cls

@@ -47,7 +47,7 @@ from importlib import resources
 from PIL import Image, ImageDraw, ImageFont
 
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
-from vlmrl.tasks.rewards import (
+from vlmrl.rewards.verify import (
     Rubric,
     closer_than,
     collapse_whitespace,

@@ -38,7 +38,7 @@ from vlmrl.data.order import draw_row, held_out
 from vlmrl.data.sources import Source, open_source
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.tasks.base import Example, Task, TaskParams, check, register_task
-from vlmrl.tasks.rewards import (
+from vlmrl.rewards.verify import (
     Rubric,
     collapse_whitespace,
     extract_tag,

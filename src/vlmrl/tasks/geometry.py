@@ -51,7 +51,7 @@ from vlmrl.tasks.dataset import (
     reference_of,
 )
 from vlmrl.tasks.geometry_gen import KINDS, Problem, make_problem
-from vlmrl.tasks.rewards import Rubric, extract_tag, math_equal, think_answer_format
+from vlmrl.rewards.verify import Rubric, extract_tag, math_equal, think_answer_format
 
 PROCEDURAL = "procedural"
 SCHEMAS = ("auto", "open_r1", "geometry3k", "geoqa")

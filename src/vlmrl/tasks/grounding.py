@@ -10,7 +10,7 @@ Reward: "iou" in [0, 1] between the single box inside <answer> and the gold box,
 format_weight x "format" (1 when the completion has the strict <think>/<answer> layout and the
 answer parses as exactly one box); total in [0, 1 + format_weight]. "accuracy" = 1 when IoU >= 0.5.
 A box is parsed only when the answer holds exactly one `[a, b, c, d]` and no other number
-(`vlmrl.tasks.rewards.parse_box`), so stuffing many boxes or numbers scores 0. The target is at most
+(`vlmrl.rewards.verify.parse_box`), so stuffing many boxes or numbers scores 0. The target is at most
 max_size of the side, so a box covering the whole image has IoU of about max_size**2 at most.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
-from vlmrl.tasks.rewards import Rubric, extract_tag, iou, parse_box, think_answer_format
+from vlmrl.rewards.verify import Rubric, extract_tag, iou, parse_box, think_answer_format
 from vlmrl.tasks.shapes import KINDS, RGB, draw_shape, fits, place_squares
 
 COLORS = tuple(RGB)

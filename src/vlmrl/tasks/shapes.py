@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
-from vlmrl.tasks.rewards import Rubric, extract_tag, last_number, think_answer_format
+from vlmrl.rewards.verify import Rubric, extract_tag, last_number, think_answer_format
 
 KINDS = ("circle", "square", "triangle")
 PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles"}

@@ -57,6 +57,7 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.data.images import to_rgb
+from vlmrl.imports import is_file_spec, load_module
 from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -310,8 +311,12 @@ def import_only(module_name: str) -> None:
 
 def _import_tool(path: str) -> Callable[..., Any]:
     """The callable at `package.module:function` (only that module is imported), once its import has
-    succeeded in the tool worker within IMPORT_S."""
+    succeeded in the tool worker within IMPORT_S. A tool runs in the worker, which finds it by its
+    module's name, so a tool cannot be a `file.py:function` (put its folder on PYTHONPATH instead)."""
     module_name, _, attribute = path.partition(":")
+    if is_file_spec(path):
+        raise VlmrlError(f"tool {path!r} must be written package.module:function (a tool runs in a worker process "
+                         "that imports it by module name): put the file's folder on PYTHONPATH")
     if not module_name or not attribute.isidentifier():
         raise VlmrlError(f"tool {path!r} must be written package.module:function")
     try:
@@ -320,11 +325,7 @@ def _import_tool(path: str) -> Callable[..., Any]:
         raise VlmrlError(f"the module of tool {path!r} did not finish importing within {IMPORT_S:g} s") from None
     except WorkerFailed as error:
         raise VlmrlError(f"cannot import the module of tool {path!r}: {error}") from None
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # a user's module may fail at import in any way; report it as config
-        raise VlmrlError(f"cannot import the module of tool {path!r}: {type(error).__name__}: {error}") from error
-    function = getattr(module, attribute, None)
+    function = getattr(load_module(module_name, "tool", path), attribute, None)
     if not callable(function):
         raise VlmrlError(f"tool {path!r} must name a function in {module_name}; got {function!r}")
     return function

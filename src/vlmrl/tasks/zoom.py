@@ -83,7 +83,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
-from vlmrl.tasks.rewards import Rubric, extract_tag, think_answer_format
+from vlmrl.rewards.verify import Rubric, extract_tag, think_answer_format
 from vlmrl.tasks.shapes import KINDS, MAX_FILL, RGB, draw_shape, place_squares
 from vlmrl.tasks.tools import WINDOW_GRID, Trajectory, window_box
 

@@ -24,6 +24,8 @@ from vlmrl import grpo
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.rollout.generation import Rollout, generate_groups
+from vlmrl.rewards.reward import Reward, build_rewards
+from vlmrl.rewards.score import RewardError
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
 from vlmrl.safety.bad_rows import RowGuard
@@ -77,15 +79,17 @@ class GroupSampler:
     session: object  # a TrainingSession
     task: Task
     rows: RowGuard
+    rewards: list[Reward]  # the run's rewards list resolved (rewards/reward.py)
     toolbox: ToolBox | None = None  # rollout.tools resolved (tool_rollout.py); None: single-turn
     seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "score": 0.0})
     replaced: int = 0  # bad examples replaced since the step began
+    reward_failure: str | None = None  # the first reward failure of the step (the run stops on it)
 
     @classmethod
     def for_run(cls, session, task: Task) -> GroupSampler:
         """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
         settings = session.config.rollout
-        return cls(session, task, RowGuard(task, session.processor),
+        return cls(session, task, RowGuard(task, session.processor), build_rewards(session.config.rewards, task),
                    ToolBox.from_config(settings) if settings.tools else None)
 
     def generate(self, examples: list[Example], seed: int) -> Rollout:
@@ -109,6 +113,17 @@ class GroupSampler:
         self.replaced += sum(u != i for u, i in zip(used, indices))
         return examples, rollout
 
+    def score(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """Every reward component of the rollout and its total, (B*G,) each; after a reward failure
+        (kept in `reward_failure`: the trainer stops on it after the step's rollouts) a total of zeros."""
+        config = self.session.config
+        try:
+            return score_completions(self.rewards, rollout, config.algorithm.reward_aggregation,
+                                     config.rollout.group_size)
+        except RewardError as error:
+            self.reward_failure = self.reward_failure or str(error)
+            return {"total": torch.zeros(len(rollout.texts))}
+
     def round(self, step: int, first: int) -> list[ScoredGroup]:
         """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""
         config = self.session.config
@@ -119,7 +134,7 @@ class GroupSampler:
             examples, rollout = self.draw_and_generate(list(range(start, start + per_call)),
                                                        derive_seed(config.seed, step, start))
             scored = time.perf_counter()
-            scores = score_completions(self.task, rollout)  # name -> (B*G,)
+            scores = self.score(rollout)  # name -> (B*G,)
             self.seconds["generate"] += scored - started
             self.seconds["score"] += time.perf_counter() - scored
             reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
@@ -138,16 +153,17 @@ def batch_advantages(session, reward: torch.Tensor) -> torch.Tensor:
     return advantages[session.rank * len(reward):(session.rank + 1) * len(reward)]  # (N,)
 
 
-def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[Experience, int]:
+def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[Experience | None, int]:
     """Generate, score and weigh this process's share of step `step`, drawing train prompts from
-    `cursor` on; returns the experience and the cursor after it."""
+    `cursor` on; returns the experience and the cursor after it (None and `cursor` when a reward
+    failed on any process: `sampler.reward_failure`)."""
     session = sampler.session
     settings, algo = session.config.rollout, session.config.algorithm
     per_process = settings.per_process(session.world)
     with_signal: list[ScoredGroup] = []
     without_signal: list[ScoredGroup] = []
     sampler.seconds = {"generate": 0.0, "score": 0.0}
-    sampler.replaced = 0
+    sampler.replaced, sampler.reward_failure = 0, None
     rounds = 0
     while True:
         first = cursor + rounds * settings.prompts_per_step + session.rank * per_process
@@ -157,6 +173,8 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
         short = algo.dynamic_sampling and len(with_signal) < per_process
         if not session.any_process(short and rounds < algo.max_sampling_rounds):
             break
+    if session.any_process(sampler.reward_failure is not None):
+        return None, cursor  # the trainer stops (session.stop_at_reward_failure)
     kept = (with_signal + without_signal)[:per_process]
     rollout = type(kept[0].rollout).concat([g.rollout for g in kept], session.processor.tokenizer.pad_token_id)
     reward = torch.cat([g.reward for g in kept])  # (N,)

@@ -339,16 +339,33 @@ class TrainingSession:
         self.close()
         raise VlmrlError(f"stopped at step {steps_done + 1}: {cause}. Checkpoint of step {steps_done}: {folder}")
 
+    def save_and_close(self, steps_done: int, cursor: int) -> Path:
+        """A checkpoint of the last finished step (unless it has one; `cursor`: its data cursor), then
+        close; returns the checkpoint's folder."""
+        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        if self.saved_step != steps_done:
+            folder = self.save(steps_done, cursor)
+        self.close()
+        return folder
+
+    def stop_at_reward_failure(self, failure: str | None, steps_done: int, cursor: int) -> None:
+        """When a reward failed on any process this step (rewards/score.py: it raised, answered wrongly,
+        applied to no reward, or its service stayed down): save a checkpoint of the last finished step,
+        close, and stop in one line naming the reward, the prompt and the completion."""
+        if not self.any_process(failure is not None):
+            return
+        folder = self.save_and_close(steps_done, cursor)
+        raise VlmrlError(f"a reward failed at step {steps_done + 1}: {failure or 'on another process'}; stopped with "
+                         f"a checkpoint of step {steps_done} in {folder} (resume=true continues from it once the "
+                         "reward is fixed)")
+
     def stop_at_bad_row(self, rows: RowGuard, steps_done: int, cursor: int) -> None:
         """When any process met a bad train example and the task's on_bad_row is "error": save a
         checkpoint of the last finished step (`cursor`: its data cursor, before this step's draw),
         close, and stop in one line naming the example (bad_rows.py)."""
         if not self.any_process(rows.stop is not None):
             return
-        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
-        if self.saved_step != steps_done:
-            folder = self.save(steps_done, cursor)
-        self.close()
+        folder = self.save_and_close(steps_done, cursor)
         reason = rows.stop or "another process met a bad train example"
         raise VlmrlError(f"bad data at step {steps_done + 1}: {reason}; stopped with a checkpoint of step {steps_done} "
                          f"in {folder}. Fix the data, or set task.params.on_bad_row=skip to replace bad rows by the "

@@ -59,6 +59,7 @@ def train(config: Config) -> Path:
             session.policy.eval()
             experience, next_cursor = collect_experience(sampler, step, cursor)
             session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
+            session.stop_at_reward_failure(sampler.reward_failure, step, cursor)  # checkpoint, one line
             session.stop_at_broken_logits(step, cursor)  # NaN/inf logits: the cause in one line
             cursor = next_cursor
             session.policy.train()
@@ -121,15 +122,19 @@ def log_rollouts(session: TrainingSession, step: int, experience: Experience) ->
 def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, float]:
     """Means over all processes of every reward component, lengths and sampling counts."""
     def mean(x: torch.Tensor) -> float:
-        return float(accelerator.gather(x.float().to(accelerator.device)).mean())
+        return float(accelerator.gather(x.float().to(accelerator.device)).nanmean())
 
     rollout = experience.rollout
     metrics = {"reward": mean(experience.reward),
                "reward_std": float(accelerator.gather(experience.reward.to(accelerator.device)).std())}
-    for name, values in experience.rewards.items():
-        metrics["accuracy" if name == "accuracy" else f"reward/{name}"] = mean(values)
+    for name, values in experience.rewards.items():  # NaN: the reward did not apply to that completion
+        everyone = accelerator.gather(values.float().to(accelerator.device))  # (N * processes,)
+        applied = everyone[~everyone.isnan()]
+        metrics["accuracy" if name == "accuracy" else f"reward/{name}"] = float(applied.mean())
         if name != "accuracy":
-            metrics[f"reward_std/{name}"] = float(accelerator.gather(values.float().to(accelerator.device)).std())
+            metrics[f"reward_std/{name}"] = float(applied.std())
+        if len(applied) < len(everyone):
+            metrics[f"reward/{name}/not_applicable"] = 1.0 - len(applied) / len(everyone)
     metrics.setdefault("accuracy", float("nan"))
     metrics["completion_length"] = mean(rollout.lengths)
     metrics["completion_length_max"] = float(accelerator.gather(rollout.lengths.to(accelerator.device)).max())
