@@ -657,9 +657,9 @@ def test_distill_advantage_is_minus_weight_times_student_minus_teacher_beside_th
     student, teacher, mask = two_tokens_distilled()
     # row 0: reverse KL per token = student - teacher = [0.5, -1.5]; weight 0.5 -> [-0.25, +0.75];
     # kept beside the task's advantage 0.3: [0.05, 1.05]. Row 1: KL 0 on its one token -> -0.2; pad 0.
-    out = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, 0.5, "keep")
+    out = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "keep"))
     assert_close(out, torch.tensor([[0.05, 1.05], [-0.2, 0.0]]))
-    dropped = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, 0.5, "drop")
+    dropped = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "drop"))
     assert_close(dropped, torch.tensor([[-0.25, 0.75], [0.0, 0.0]]))
     # mean reverse KL over the 3 valid tokens: (0.5 - 1.5 + 0) / 3
     assert_close(grpo.teacher_kl(student, teacher, mask), scalar(-1.0 / 3))
@@ -667,7 +667,7 @@ def test_distill_advantage_is_minus_weight_times_student_minus_teacher_beside_th
 
 def test_distill_advantages_drive_the_one_loss_token_by_token():
     student, teacher, mask = two_tokens_distilled()
-    adv = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, 0.5, "keep")
+    adv = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "keep"))
     logp = student.clone().requires_grad_(True)
     out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), adv, mask),
                            grpo.LossSettings(aggregation="token"))
@@ -680,9 +680,9 @@ def test_a_student_distilled_from_itself_gets_exactly_zero_signal():
     student, _, mask = two_tokens_distilled()
     same = student.clone()
     assert_close(grpo.teacher_kl(student, same, mask), scalar(0.0), rtol=0, atol=0)
-    alone = grpo.distill_advantages(torch.zeros(2), student, same, mask, 2.0, "drop")
+    alone = grpo.distill_advantages(torch.zeros(2), student, same, mask, grpo.DistillSettings(2.0, "drop"))
     assert torch.equal(alone, torch.zeros(2, 2))
-    beside = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, same, mask, 2.0, "keep")
+    beside = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, same, mask, grpo.DistillSettings(2.0, "keep"))
     assert torch.equal(beside, torch.tensor([[0.3, 0.3], [-0.2, 0.0]]))  # the task's advantages, unchanged
     logp = student.clone().requires_grad_(True)
     grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), alone, mask)).loss.backward()
@@ -692,6 +692,6 @@ def test_a_student_distilled_from_itself_gets_exactly_zero_signal():
 def test_distill_settings_out_of_range_are_rejected():
     student, teacher, mask = two_tokens_distilled()
     with pytest.raises(ValueError, match="keep' or 'drop"):
-        grpo.distill_advantages(torch.zeros(2), student, teacher, mask, 1.0, "both")
+        grpo.distill_advantages(torch.zeros(2), student, teacher, mask, grpo.DistillSettings(1.0, "both"))
     with pytest.raises(ValueError, match="weight must be >= 0"):
-        grpo.distill_advantages(torch.zeros(2), student, teacher, mask, -1.0)
+        grpo.distill_advantages(torch.zeros(2), student, teacher, mask, grpo.DistillSettings(-1.0))

@@ -302,11 +302,22 @@ def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "sequence",
     raise ValueError(f"aggregation must be 'token', 'sequence' or 'constant'; got {mode!r}")
 
 
+class DistillSettings(NamedTuple):
+    """The knobs of `distill_advantages`."""
+
+    weight: float = 1.0
+    """lambda >= 0: the weight of the teacher's per-token signal."""
+    reward: DistillReward = "keep"
+    """"keep" the task's advantages beside it, or "drop" them (distillation alone)."""
+
+
 def distill_advantages(advantages: Tensor, student_logp: Tensor, teacher_logp: Tensor, mask: Tensor,
-                       weight: float, reward: DistillReward = "keep") -> Tensor:
+                       settings: DistillSettings = DistillSettings()) -> Tensor:
     """(B, T) per-token advantages of on-policy distillation (module doc): the task's advantages
-    (B,) or (B, T), kept or dropped as `reward` says, minus `weight` times the reverse KL estimate
-    student - teacher of each sampled token; 0 on padding. Every input is a constant here."""
+    (B,) or (B, T), kept or dropped as `settings.reward` says, minus `settings.weight` times the
+    reverse KL estimate student - teacher of each sampled token; 0 on padding. Every input is a
+    constant here."""
+    weight, reward = settings
     if reward not in ("keep", "drop"):
         raise ValueError(f"distill reward must be 'keep' or 'drop'; got {reward!r}")
     if not weight >= 0:
