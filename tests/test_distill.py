@@ -148,3 +148,12 @@ def test_vlmrl_check_prints_the_teachers_memory(tiny_model_dir, other_seed_dir, 
     assert "teacher 745 KiB" in capsys.readouterr().out
     assert main(["check", *extra]) == 0
     assert "teacher" not in capsys.readouterr().out
+
+
+def test_a_lora_adapter_is_a_teacher_its_base_with_the_adapter_merged(tmp_path, tiny_model_dir, letter_task):
+    adapter = train(config_for(tmp_path / "lora", tiny_model_dir, "model.lora.enabled=true", "model.lora.r=4",
+                               "algorithm.beta=0", "train.lr=1e-2")) / "final"
+    run = train(config_for(tmp_path, tiny_model_dir, f"algorithm.teacher={adapter}", "algorithm.beta=0",
+                           "algorithm.distill_reward=drop", "train.steps=1"))
+    (row,) = read_metrics(run / "metrics.jsonl")
+    assert row["distill/teacher_kl"] != 0.0  # the base alone would be the student itself: exactly 0
