@@ -642,3 +642,56 @@ def test_high_entropy_mask_keeps_the_top_share_of_valid_tokens():
     assert kept.tolist() == [[False, True, False, False], [True, False, True, False]]
     assert torch.equal(grpo.high_entropy_mask(entropy, mask, 1.0), mask.bool())
     assert grpo.high_entropy_mask(entropy, torch.zeros(2, 4), 0.2).sum() == 0
+
+
+# ---------------------------------------------------------------- on-policy distillation
+
+def two_tokens_distilled():
+    """One row of 2 sampled tokens and a padded row: student log-probs, teacher log-probs, mask."""
+    student = torch.tensor([[-0.5, -2.0], [-1.0, -9.0]])
+    teacher = torch.tensor([[-1.0, -0.5], [-1.0, NAN]])  # padding may hold anything
+    return student, teacher, torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+
+
+def test_distill_advantage_is_minus_weight_times_student_minus_teacher_beside_the_task():
+    student, teacher, mask = two_tokens_distilled()
+    # row 0: reverse KL per token = student - teacher = [0.5, -1.5]; weight 0.5 -> [-0.25, +0.75];
+    # kept beside the task's advantage 0.3: [0.05, 1.05]. Row 1: KL 0 on its one token -> -0.2; pad 0.
+    out = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "keep"))
+    assert_close(out, torch.tensor([[0.05, 1.05], [-0.2, 0.0]]))
+    dropped = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "drop"))
+    assert_close(dropped, torch.tensor([[-0.25, 0.75], [0.0, 0.0]]))
+    # mean reverse KL over the 3 valid tokens: (0.5 - 1.5 + 0) / 3
+    assert_close(grpo.teacher_kl(student, teacher, mask), scalar(-1.0 / 3))
+
+
+def test_distill_advantages_drive_the_one_loss_token_by_token():
+    student, teacher, mask = two_tokens_distilled()
+    adv = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "keep"))
+    logp = student.clone().requires_grad_(True)
+    out = grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), adv, mask),
+                           grpo.LossSettings(aggregation="token"))
+    out.loss.backward()
+    # on-policy: loss = -(1/3) sum_t A_t w_t, so d loss / d logp_t = -A_t / 3 on the valid tokens
+    assert_close(logp.grad, torch.tensor([[-0.05 / 3, -1.05 / 3], [0.2 / 3, 0.0]]))
+
+
+def test_a_student_distilled_from_itself_gets_exactly_zero_signal():
+    student, _, mask = two_tokens_distilled()
+    same = student.clone()
+    assert_close(grpo.teacher_kl(student, same, mask), scalar(0.0), rtol=0, atol=0)
+    alone = grpo.distill_advantages(torch.zeros(2), student, same, mask, grpo.DistillSettings(2.0, "drop"))
+    assert torch.equal(alone, torch.zeros(2, 2))
+    beside = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, same, mask, grpo.DistillSettings(2.0, "keep"))
+    assert torch.equal(beside, torch.tensor([[0.3, 0.3], [-0.2, 0.0]]))  # the task's advantages, unchanged
+    logp = student.clone().requires_grad_(True)
+    grpo.policy_loss(logp, grpo.LossInputs(logp.detach(), alone, mask)).loss.backward()
+    assert torch.equal(logp.grad, torch.zeros(2, 2))
+
+
+def test_distill_settings_out_of_range_are_rejected():
+    student, teacher, mask = two_tokens_distilled()
+    with pytest.raises(ValueError, match="keep' or 'drop"):
+        grpo.distill_advantages(torch.zeros(2), student, teacher, mask, grpo.DistillSettings(1.0, "both"))
+    with pytest.raises(ValueError, match="weight must be >= 0"):
+        grpo.distill_advantages(torch.zeros(2), student, teacher, mask, grpo.DistillSettings(-1.0))

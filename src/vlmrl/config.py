@@ -367,13 +367,23 @@ class AlgorithmConfig:
     off_policy_mask: float = 0.0
     """DeepSeek-V3.2's off-policy sequence masking: drop the rows of negative advantage whose mean
     log-ratio sampler / policy exceeds this (e.g. 0.5); 0 = off."""
+    teacher: str = ""
+    """On-policy distillation: a model folder (or a LoRA adapter folder, or a hub id) whose log-probs
+    of the student's own sampled tokens are the signal: each token's advantage gets
+    -distill_weight * (log pi_student - log pi_teacher). It must share the policy's tokenizer and
+    image-token layout (two sizes of one family do). "" = off. See docs/algorithms.md."""
+    distill_weight: float = 1.0
+    """Weight of the teacher's per-token signal (the reverse KL) in the advantage; > 0 with a teacher."""
+    distill_reward: Literal["keep", "drop"] = "keep"
+    """With a teacher: keep the task's group advantage beside the teacher's signal, or drop it
+    (distillation alone: the rewards are still scored and logged)."""
 
     def validate(self) -> None:
         numbers = {"eps_low": self.eps_low, "eps_high": self.eps_high, "beta": self.beta, "dual_clip": self.dual_clip,
                    "ref_mix": self.ref_mix, "overlong_penalty": self.overlong_penalty, "tis_cap": self.tis_cap,
                    "top_entropy_share": self.top_entropy_share, "sapo_tau_pos": self.sapo_tau_pos,
                    "sapo_tau_neg": self.sapo_tau_neg, "tis_floor": self.tis_floor,
-                   "off_policy_mask": self.off_policy_mask}
+                   "off_policy_mask": self.off_policy_mask, "distill_weight": self.distill_weight}
         infinite = [f"{name}={value}" for name, value in numbers.items() if not math.isfinite(value)]
         require((not infinite, f"algorithm.{', '.join(infinite)}: must be finite (no nan or inf)"),
                 (0 < self.ref_mix <= 1, f"algorithm.ref_mix must be in (0, 1]; got {self.ref_mix}"),
@@ -393,7 +403,11 @@ class AlgorithmConfig:
                 (self.off_policy_mask >= 0, f"algorithm.off_policy_mask must be >= 0 (0: off); got {self.off_policy_mask}"),
                 (self.ref_refresh_steps >= 0 and self.overlong_buffer >= 0 and self.overlong_penalty >= 0,
                  "algorithm.ref_refresh_steps, overlong_buffer and overlong_penalty must be >= 0"),
-                (self.max_sampling_rounds >= 1, f"algorithm.max_sampling_rounds must be >= 1; got {self.max_sampling_rounds}"))
+                (self.max_sampling_rounds >= 1, f"algorithm.max_sampling_rounds must be >= 1; got {self.max_sampling_rounds}"),
+                (not self.teacher or self.distill_weight > 0,
+                 f"algorithm.distill_weight must be > 0 with a teacher; got {self.distill_weight}"),
+                (bool(self.teacher) or self.distill_reward == "keep",
+                 "algorithm.distill_reward=drop needs algorithm.teacher (without one there would be no signal)"))
 
 
 @dataclass

@@ -85,6 +85,25 @@ estimated with k3 from the sampled tokens, with the share of tokens whose weight
     80/20     any                any                 any       any          any        top_entropy_share=0.2
     cubic     any, then A**3     any                 any       any          any        `shape_advantages`
 
+On-policy distillation (`distill_advantages`). The student (the policy) samples; a frozen teacher
+scores each sampled token; the per-token reverse KL estimate on the student's own sample,
+k_t = logp_t - teacher_t (its expectation over y_t ~ pi_student is KL(pi_student || pi_teacher) at
+that prefix), is the signal, as a per-token advantage with no gradient through it:
+
+    A_t = A_task - lambda * (old_t - teacher_t)     distill_reward="keep": beside the task's reward
+    A_t =        - lambda * (old_t - teacher_t)     distill_reward="drop": distillation alone
+
+with old_t the student's log-probs of the batch before the updates (the training forward's, as
+the teacher's come from the same scorer, so a student distilled from a copy of itself gets exactly
+0) and lambda = `distill_weight`. This is Thinking Machines' on-policy distillation (Lu et al.,
+"On-Policy Distillation", 2025; tinker-cookbook `distillation/train_on_policy.py`,
+`incorporate_kl_penalty`: the negative reverse KL times `kl_penalty_coef`, added to the advantages
+after they are normalised, no discount), the form verl, slime, prime-rl and ROLL ship as a "teacher
+KL" advantage; TRL's GKD (Agarwal et al. 2024, arXiv 2306.13649) takes the full-vocabulary
+generalised JSD instead, which needs both models' logits at once: not done here. The surrogate (clip,
+TIS, aggregation) then treats A_t as any per-token advantage; the mean of k_t over the loss's tokens
+is logged as `distill/teacher_kl` (`teacher_kl`).
+
 When old_logp == logp.detach() (one optimizer step per batch, the common case) every ratio is 1,
 nothing is clipped, and the gradient is the REINFORCE gradient -A * grad(logp_t) / normaliser.
 
@@ -108,6 +127,7 @@ RatioLevel = Literal["token", "sequence"]
 Surrogate = Literal["clip", "cispo", "gmpo", "sapo"]
 KLKind = Literal["k1", "k2", "k3"]
 TisMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+DistillReward = Literal["keep", "drop"]
 
 LOG_RATIO_CLAMP = 20.0
 """KL estimators clamp log(ref / policy) to [-20, 20]: exp(20) ~ 5e8 is finite in fp16/bf16/fp32,
@@ -305,6 +325,41 @@ def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "sequence",
             raise ValueError("aggregation 'constant' needs max_len >= 1 (the max_new_tokens of the rollout)")
         return masked.sum() / (rows * max_len)  # ()
     raise ValueError(f"aggregation must be 'token', 'sequence' or 'constant'; got {mode!r}")
+
+
+class DistillSettings(NamedTuple):
+    """The knobs of `distill_advantages`."""
+
+    weight: float = 1.0
+    """lambda >= 0: the weight of the teacher's per-token signal."""
+    reward: DistillReward = "keep"
+    """"keep" the task's advantages beside it, or "drop" them (distillation alone)."""
+
+
+def distill_advantages(advantages: Tensor, student_logp: Tensor, teacher_logp: Tensor, mask: Tensor,
+                       settings: DistillSettings = DistillSettings()) -> Tensor:
+    """(B, T) per-token advantages of on-policy distillation (module doc): the task's advantages
+    (B,) or (B, T), kept or dropped as `settings.reward` says, minus `settings.weight` times the
+    reverse KL estimate student - teacher of each sampled token; 0 on padding. Every input is a
+    constant here."""
+    weight, reward = settings
+    if reward not in ("keep", "drop"):
+        raise ValueError(f"distill reward must be 'keep' or 'drop'; got {reward!r}")
+    if not weight >= 0:
+        raise ValueError(f"distill weight must be >= 0; got {weight}")
+    valid = mask.bool()  # (B, T)
+    task = advantages.detach().to(student_logp.dtype)
+    task = task.unsqueeze(-1) if task.dim() == 1 else task  # (B, 1) or (B, T)
+    reverse_kl = torch.where(valid, student_logp.detach() - teacher_logp.detach(),
+                             torch.zeros_like(student_logp))  # (B, T)
+    base = task.expand_as(reverse_kl) if reward == "keep" else torch.zeros_like(reverse_kl)  # (B, T)
+    return torch.where(valid, base - weight * reverse_kl, torch.zeros_like(reverse_kl))  # (B, T)
+
+
+def teacher_kl(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor) -> Tensor:
+    """() the mean over valid tokens of student - teacher log-probs of the sampled tokens: the
+    reverse KL(student || teacher) estimated on the student's own samples (k1); 0 on an empty mask."""
+    return masked_mean((student_logp - teacher_logp).detach(), mask)
 
 
 def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,

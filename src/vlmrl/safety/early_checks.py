@@ -13,7 +13,9 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
   not installed);
 - the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
   (an encoder-decoder, remote code not allowed, not image-text-to-text, a processor that needs a
-  missing package: model_source.py), and a FlashAttention kernel without its package or a GPU.
+  missing package: model_source.py), and a FlashAttention kernel without its package or a GPU;
+- the distillation teacher (`algorithm.teacher`): missing, the policy itself, or another tokenizer or
+  image-token layout than the policy's (teacher_check.py).
 No torch imported here (transformers imports it once a model config is found). The checks that need the model (prompt lengths in its tokens, memory, disk space)
 follow once it is loaded (preflight.py).
 """
@@ -26,6 +28,7 @@ import os
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
+from vlmrl.models.teacher_check import check_teacher
 from vlmrl.report.tracking import check_trackers
 from vlmrl.rewards.builtin import COMPARING
 from vlmrl.rewards.checks import check_rewards
@@ -95,4 +98,6 @@ def check_before_loading(config: Config, mode: str) -> Task:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)
     check_attention_kernel(config.model.attn_implementation, config.model.device)
+    if mode == "train":
+        check_teacher(config)
     return task

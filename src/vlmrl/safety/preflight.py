@@ -13,7 +13,8 @@ alone and prints the report. They:
   rollout.max_prompt_length. Image tokens are never truncated: a longer prompt is an error that
   says how many of its tokens are image tokens;
 - estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
-  moments, the reference copy, the generation KV cache, training activations) and warn
+  moments, the reference copy, the distillation teacher, the generation KV cache, training
+  activations) and warn
   when it exceeds what the device has free. The activations are what the model keeps for
   backward per token and per image token, measured on the loaded model (activation_memory.py),
   times the tokens and images a micro-batch computes (each prompt and image once per group when
@@ -53,6 +54,7 @@ from vlmrl.models.support import (
     shared_prefill_unsupported,
     tool_rollouts_unsupported,
 )
+from vlmrl.models.teacher_check import teacher_weight_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
@@ -133,11 +135,14 @@ class MemoryEstimate:
     """Sharded: generation gathers the whole model (rollout.fsdp_generation=whole), else by layers."""
     gathered_training: int = 0
     """Sharded: the units gathered at once in training (the root, the layer computing and the next)."""
+    teacher: int = 0
+    """The distillation teacher's weights (algorithm.teacher), this process's part: sharded like the
+    policy under FSDP2, whole under ZeRO-3 (training/teacher.py)."""
 
     @property
     def peak(self) -> int:
         # Generation runs before the update, under no_grad: the two are never alive together.
-        return (self.weights + self.gradients + self.optimizer + self.reference
+        return (self.weights + self.gradients + self.optimizer + self.reference + self.teacher
                 + max(self.generation + self.gathered_generation,
                       self.activations + self.kept_cache + self.gathered_training))
 
@@ -192,6 +197,8 @@ class PreflightReport:
         parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"{adamw} {gib(m.optimizer)}"]
         if m.reference:
             parts.append(f"{'whole reference' if m.deepspeed else 'reference'} {gib(m.reference)}")
+        if m.teacher:
+            parts.append(f"{'whole teacher' if m.deepspeed else 'teacher'} {gib(m.teacher)}")
         kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
         if m.shards > 1:
             parts[0] = f"1/{m.shards} of the weights {gib(m.weights)}"
@@ -498,6 +505,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     gradients = sum(p.numel() * p.element_size() for name, p in policy.named_parameters()
                     if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
     copy_reference = copies_reference(config, mode)
+    teacher = teacher_weight_bytes(config, params[0].element_size()) if mode == "train" else 0
     text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
     layers, vocab, heads = text.num_hidden_layers, text.vocab_size, text.num_attention_heads
     size = params[0].element_size()  # bytes per activation value (the compute dtype)
@@ -539,7 +547,7 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         gathered_generation=((weights - part if whole
                               else gathered_units(policy) * (shards - 1) // shards) if shards > 1 else 0),
         gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0,
-        whole_generation=whole)
+        whole_generation=whole, teacher=teacher if sharding.deepspeed else teacher // shards)
 
 
 def gathered_units(policy) -> int:
@@ -579,10 +587,10 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     else:
         per_process = config.sft.batch_size // session.world
         start = session.start_step * config.sft.batch_size + session.rank * per_process
-    reference = getattr(session.reference, "copy", None)
     loaded = sum(local_bytes(p) for p in session.policy.parameters())
-    if reference is not None:
-        loaded += sum(local_bytes(p) for p in reference.parameters())
+    for frozen in (getattr(session.reference, "copy", None), getattr(getattr(session, "teacher", None), "model", None)):
+        if frozen is not None:  # the reference copy, the teacher
+            loaded += sum(local_bytes(p) for p in frozen.parameters())
     sharding = Sharding(session.world if session.strategy.sharded else 1, session.strategy.deepspeed)
     with session.gathered():  # a sharded policy whole for the measuring forwards and self-checks
         report = preflight(config, session.policy, session.processor, task, mode, session.world, start, loaded,

@@ -4,8 +4,11 @@ Four parts, each readable alone:
 - `loss_batch`: what the loss reads, on the device: completions, advantages, the loss mask (DAPO
   overlong filtering drops truncated rows), the micro-batches, and each micro-batch's share of the
   global loss weight (tokens under token aggregation, else rows), over all processes;
-- `fixed_logprobs`: the reference's log-probs (beta > 0) and the old policy's (updates_per_batch
-  > 1), computed once before the updates, without gradients;
+- `fixed_logprobs`: the reference's log-probs (beta > 0), the teacher's (algorithm.teacher:
+  on-policy distillation) and the old policy's (updates_per_batch > 1), computed once before the
+  updates, without gradients; with a teacher, each micro-batch's advantages become per-token ones
+  (grpo.distill_advantages, from the log-probs before the updates) and the mean reverse KL to the
+  teacher on the sampled tokens is logged as `distill/teacher_kl`;
 - `accumulate_gradients`: forward and backward of every micro-batch, gradients synchronised across
   processes on the last one only; the loss of each is weighted by its share, so the gradient is
   the one of a single process on the global batch;
@@ -57,13 +60,19 @@ class LossBatch:
     reference: torch.Tensor | None = None  # (N, T) reference log-probs, when beta > 0
     old: torch.Tensor | None = None  # (N, T) log-probs before the updates, when updates_per_batch > 1
     sampler: torch.Tensor | None = None  # (N, T) the sampler's log-probs, when it recorded them
+    teacher: torch.Tensor | None = None  # (N, T) the teacher's log-probs, with algorithm.teacher
+    distill: grpo.DistillSettings = grpo.DistillSettings()  # algorithm.distill_weight and distill_reward
 
     def loss_inputs(self, rows: list[int], logp: torch.Tensor) -> grpo.LossInputs:
         """The constants of the loss for micro-batch `rows`, whose current log-probs are `logp`."""
-        old = self.old[rows] if self.old is not None else logp.detach()  # (n, T)
+        old = self.old[rows] if self.old is not None else logp.detach()  # (n, T) before the updates
         reference = self.reference[rows] if self.reference is not None else None  # (n, T)
         sampler = self.sampler[rows] if self.sampler is not None else None  # (n, T)
-        return grpo.LossInputs(old, self.advantages[rows], self.mask[rows], reference, sampler)
+        advantages = self.advantages[rows]  # (n,)
+        if self.teacher is not None:  # on-policy distillation: one advantage per token
+            advantages = grpo.distill_advantages(advantages, old, self.teacher[rows], self.mask[rows],
+                                                 self.distill)  # (n, T)
+        return grpo.LossInputs(old, advantages, self.mask[rows], reference, sampler)
 
 
 def loss_batch(session, experience: Experience) -> LossBatch:
@@ -80,15 +89,19 @@ def loss_batch(session, experience: Experience) -> LossBatch:
     total = session.accelerator.reduce(weights.sum(), "sum").clamp(min=1.0)  # over all processes
     shares = [weights[rows].sum() / total for rows in micro]  # () each
     sampler = None if rollout.sampler_logp is None else rollout.sampler_logp.to(device)  # (N, T)
-    return LossBatch(completions, experience.advantages.to(device), counted, micro, shares, sampler=sampler)
+    algo = config.algorithm
+    return LossBatch(completions, experience.advantages.to(device), counted, micro, shares, sampler=sampler,
+                     distill=grpo.DistillSettings(algo.distill_weight, algo.distill_reward))
 
 
 def fixed_logprobs(session, scorer: LogprobScorer, batch: LossBatch) -> None:
-    """Fill in the reference and old log-probs of `batch` (no gradient), when the run needs them."""
+    """Fill in the reference, teacher and old log-probs of `batch` (no gradient), when the run needs them."""
     parts = [batch.completions.select(rows) for rows in batch.micro]
     if session.reference is not None:
         batch.reference = torch.cat([session.reference.logprobs(session.policy, scorer, part)
                                      for part in parts])  # (N, T)
+    if getattr(session, "teacher", None) is not None:
+        batch.teacher = torch.cat([session.teacher.logprobs(scorer, part) for part in parts])  # (N, T)
     if session.config.algorithm.updates_per_batch > 1:
         with torch.no_grad():
             batch.old = torch.cat([scorer(session.policy, part)[0] for part in parts])  # (N, T)
@@ -100,6 +113,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
     accelerator, settings = session.accelerator, loss_settings(session.config)
     top_entropy = session.config.algorithm.top_entropy_share
     weighted = []  # (S,) per micro-batch: its statistics times its share, kept on the device
+    distilled = []  # (2,) per micro-batch with a teacher: summed reverse KL to it, tokens
     for i, (rows, share) in enumerate(zip(batch.micro, batch.shares)):
         last = i == len(batch.micro) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(session.model):
@@ -109,12 +123,18 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
             if top_entropy < 1:  # only the highest-entropy tokens of the micro-batch count ("80/20")
                 inputs = inputs._replace(trained_mask=grpo.high_entropy_mask(entropy, inputs.mask, top_entropy))
             out = grpo.policy_loss(logp, inputs, settings)
+            if batch.teacher is not None:
+                kl = (inputs.old_logp - batch.teacher[rows]) * inputs.mask  # (n, T)
+                distilled.append(torch.stack([kl.sum(), inputs.mask.sum()]).float())
             session.backward(out.loss * (share * accelerator.num_processes), last)  # DDP averages gradients
         entropy_mean = entropy.detach().sum() / part.completion_mask.sum().clamp(min=1)  # ()
         statistics = [getattr(out, name).detach().float() for name in LOSS_STATISTICS] + [entropy_mean.float()]
         weighted.append(torch.stack(statistics) * share)  # (S,)
     sums = torch.stack(weighted).sum(0).tolist()  # one device-to-host copy per update, not one per value
-    return dict(zip(LOSS_STATISTICS + ("entropy",), sums))
+    statistics = dict(zip(LOSS_STATISTICS + ("entropy",), sums))
+    if distilled:  # summed over this process's micro-batches; update_policy divides over all processes
+        statistics["teacher_kl_sum"], statistics["teacher_tokens"] = torch.stack(distilled).sum(0).tolist()
+    return statistics
 
 
 def update_policy(session, scorer: LogprobScorer, experience: Experience) -> dict[str, float]:
@@ -129,8 +149,12 @@ def update_policy(session, scorer: LogprobScorer, experience: Experience) -> dic
         sums = accumulate_gradients(session, scorer, batch)
         sums["grad_norm"] = session.guard.step(session.update, session.scheduler, sums["loss"])  # before clipping
         for name, value in sums.items():
-            totals[name] += value / updates
-    names = LOSS_STATISTICS + ("entropy",)
+            totals[name] = totals.get(name, 0.0) + value / updates
+    names = LOSS_STATISTICS + ("entropy",) + (("teacher_kl_sum", "teacher_tokens") if batch.teacher is not None else ())
     everyone = session.accelerator.reduce(
         torch.tensor([totals[name] for name in names], device=session.accelerator.device), "sum")
-    return totals | {name: float(value) for name, value in zip(names, everyone)}
+    totals |= {name: float(value) for name, value in zip(names, everyone)}
+    if batch.teacher is not None:  # the mean over every process's tokens (the same in each update)
+        kl_sum, tokens = totals.pop("teacher_kl_sum"), totals.pop("teacher_tokens")
+        totals["distill/teacher_kl"] = kl_sum / max(tokens, 1.0)
+    return totals

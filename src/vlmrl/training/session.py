@@ -55,6 +55,7 @@ from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_lay
 from vlmrl.training.reference import ReferencePolicy, build_reference
 from vlmrl.training.sharding import FullStateOptimizer, full_state, gathered, is_sharded, shard
 from vlmrl.training.strategy import make_accelerator, refuse_unrunnable, settle_strategy
+from vlmrl.training.teacher import Teacher, check_teacher_fits, load_teacher
 
 
 class TrainingSession:
@@ -62,7 +63,8 @@ class TrainingSession:
 
     Attributes used by the step code: accelerator, rank, world, main, policy (the bare model),
     model (the one to call forward/backward on: wrapped for several processes), processor,
-    optimizer, scheduler, reference (None unless with_reference and beta > 0), start_step,
+    optimizer, scheduler, reference (None unless with_reference and beta > 0), teacher (None unless
+    with_reference and algorithm.teacher: on-policy distillation, teacher.py), start_step,
     cursor (the data cursor: index of the next train example, i.e. examples consumed before
     start_step), run_dir, guard (NumericGuard: make every optimizer update through
     `guard.step(session.update, ...)`), update (how an update is made: accelerate's, or DeepSpeed's).
@@ -87,16 +89,17 @@ class TrainingSession:
             build_reference(self.policy, config.algorithm) if with_reference else None)
         if checkpoint is not None and self.reference is not None:
             self.reference.load(checkpoint)
+        self.teacher: Teacher | None = self.load_teacher() if with_reference else None
         reference_copy = getattr(self.reference, "copy", None)
-        if self.strategy.self_sharded:  # FSDP2, applied by vlmrl (sharding.py): policy and reference alike
-            for model in (self.policy, reference_copy):
-                if model is not None:
-                    shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward,
-                          self.strategy.weights_from_main)
-        elif self.strategy.deepspeed:  # ZeRO-3: the policy partitioned before prepare, the reference whole
+        frozen = [m for m in (reference_copy, getattr(self.teacher, "model", None)) if m is not None]
+        if self.strategy.self_sharded:  # FSDP2, applied by vlmrl (sharding.py): policy, reference and teacher alike
+            for model in [self.policy] + frozen:
+                shard(model, self.world, self.accelerator.device, self.strategy.reshard_after_forward,
+                      self.strategy.weights_from_main)
+        elif self.strategy.deepspeed:  # ZeRO-3: the policy partitioned before prepare, the reference and teacher whole
             zero3.partition(self.policy, self.accelerator)
-            if reference_copy is not None:
-                reference_copy.to(self.accelerator.device)
+            for model in frozen:
+                model.to(self.accelerator.device)
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0
@@ -181,6 +184,14 @@ class TrainingSession:
         save_config(self.config, self.run_dir / STARTED_CONFIG)
         if not resumed:
             (self.run_dir / RESUMED_CONFIG).unlink(missing_ok=True)
+
+    def load_teacher(self) -> Teacher | None:
+        """The distillation teacher (teacher.py; None without algorithm.teacher), placed as the policy is,
+        after refusing in one line a teacher whose weights cannot fit in the device's free memory."""
+        if not self.config.algorithm.teacher:
+            return None
+        check_teacher_fits(self.config, self.accelerator.device, self.world if self.strategy.self_sharded else 1)
+        return load_teacher(self.config, self.accelerator.device, self.strategy.loading_place(self.rank))
 
     def hold_run_folder(self):
         """The main process's hold on run_dir (None elsewhere); FolderBusy on every process when

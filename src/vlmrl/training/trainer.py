@@ -101,9 +101,9 @@ def observe(session: TrainingSession, steps_done: int, experience: Experience) -
 
 def fallback_metrics(session: TrainingSession) -> dict[str, int]:
     """`fallback/<path>` = 1 for each fast path that failed on its first use on any process, with the
-    policy or the reference copy, and took the plain path since (fast_paths.py)."""
-    models = [session.policy] + ([session.reference.copy] if getattr(session.reference, "copy", None) is not None
-                                 else [])
+    policy, the reference copy or the teacher, and took the plain path since (fast_paths.py)."""
+    models = [session.policy] + [m for m in (getattr(session.reference, "copy", None),
+                                             getattr(session.teacher, "model", None)) if m is not None]
     fell = {path for model in models for path in fallbacks(model)}
     flags = torch.tensor([float(path in fell) for path in FAST_PATHS], device=session.accelerator.device)
     flags = session.accelerator.reduce(flags, "sum")  # (paths,) processes that fell back
