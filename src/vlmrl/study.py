@@ -55,6 +55,7 @@ from vlmrl.errors import Stopped, VlmrlError, require, warn
 from vlmrl.fields import Naming, build
 from vlmrl.report.compare import write_comparison
 from vlmrl.safety.folder_lock import hold, holder
+from vlmrl.safety.resume import flatten
 from vlmrl.study_processes import Job, Outcome, StopForwarder, checkpoint_step, execute, finished
 
 WARM_START = "{warm_start}"
@@ -278,17 +279,6 @@ def spec_changes(before: dict, after: dict) -> list[str]:
         elif json.dumps(old.get(key)) != json.dumps(new.get(key)):
             changes.append(f"{key.removeprefix('config.')}: {json.dumps(old.get(key))} -> {json.dumps(new.get(key))}")
     return changes
-
-
-def flatten(spec: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out = {}
-    for key, value in spec.items():
-        if isinstance(value, dict) and value:
-            out |= flatten(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def record_specs(runs: list[Run], specs: dict[str, dict]) -> None:
