@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from vlmrl.config import GenerationSettings, RolloutConfig
-from vlmrl.disk import output_folder, write_text
+from vlmrl.disk import output_folder, safe_filename, write_text
 from vlmrl.errors import VlmrlError
 from vlmrl.evaluation.eval_settings import (
     EvalSettings,  # re-exported: `from vlmrl.evaluation.evaluate import EvalSettings`
@@ -431,11 +430,6 @@ def format_table(results: dict) -> str:
             else:
                 lines.append(f"  {kind:<16}{summary['accuracy']:>10.1%}{100 * summary['drop']:>+9.1f} pts")
     return "\n".join(lines)
-
-
-def safe_filename(text: str) -> str:
-    """`text` with every character other than letters, digits, `.`, `_` and `-` replaced by `_`."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
 
 
 def save_evaluation(evaluation: Evaluation, folder: str | Path, filename: str = "eval.json") -> Path:
