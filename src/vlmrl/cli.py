@@ -538,8 +538,18 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
+def import_from_working_directory() -> None:
+    """Put the working directory on sys.path, first, as `python -m vlmrl` has it: the `vlmrl` console
+    script starts with its own bin folder there instead, and could not import a task, tool or reward
+    named by import path (`task.name=my_module:MyTask`) from the folder it runs in."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (0, 2 on bad input, 128 + signal on a stop)."""
+    import_from_working_directory()
     args = parse(build_parser(), argv)
     try:
         args.func(args)
