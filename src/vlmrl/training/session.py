@@ -166,11 +166,11 @@ class TrainingSession:
             self.log.log(metrics)
 
     def maybe_save(self, steps_done: int, cursor: int) -> None:
-        """A checkpoint every train.save_every steps: model, optimizer, scheduler, RNG, data cursor."""
-        every = self.config.train.save_every
-        if not every or steps_done % every:
-            return
-        self.save(steps_done, cursor)
+        """A checkpoint every train.save_every steps and after the last (with save_every=0, only after
+        the last): model, optimizer, scheduler, RNG, data cursor."""
+        every, last = self.config.train.save_every, steps_done == self.config.train.steps
+        if last or (every and steps_done % every == 0):
+            self.save(steps_done, cursor)
 
     def save(self, steps_done: int, cursor: int) -> Path:
         """A checkpoint now (all processes call this); returns its folder."""
