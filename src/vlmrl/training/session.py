@@ -24,7 +24,8 @@ from accelerate.utils import set_seed
 from vlmrl.config import Config, save_config
 from vlmrl.disk import writing
 from vlmrl.errors import Interrupted, VlmrlError
-from vlmrl.evaluation.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
+from vlmrl.evaluation.evaluate import (
+    EvalSettings, evaluate, held_out_count, held_out_examples, save_evaluation, scalar_metrics)
 from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
@@ -240,7 +241,7 @@ class TrainingSession:
         if self.main and settings.every:
             for split in settings.splits:
                 guard = RowGuard(task, self.processor, split)
-                _, self.held_out[split] = guard.checked(list(range(settings.n)))
+                _, self.held_out[split] = guard.checked(list(range(held_out_count(task, split, settings.n))))
                 stop = stop or guard.stop
         if self.any_process(stop is not None):
             self.close()
