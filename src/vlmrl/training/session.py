@@ -358,6 +358,13 @@ class TrainingSession:
         return self.run_dir
 
 
+def epoch_metric(task: Task, seen: int) -> dict[str, float]:
+    """{"epoch": passes over the train rows that `seen` train examples make (1.5: one and a half)} for a
+    task whose train split has a size (a file-backed one: `size`), {} for a generator (no end)."""
+    rows = task.size("train") if hasattr(task, "size") else None
+    return {"epoch": seen / rows} if rows else {}
+
+
 def release_process_group(model: torch.nn.Module) -> None:
     """Let a DistributedDataParallel `model` go without a deadlock at exit, by dropping its C++
     owners of the process group (its reducer, and the logger that holds the reducer) now.
