@@ -140,3 +140,20 @@ def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
     shell = f"{sys.executable} -m vlmrl tasks list | true"
     done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_task_named_by_import_path_is_found_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    """The `vlmrl` console script's sys.path starts with its bin folder, not the working directory
+    (`python -m vlmrl` has the latter): `task.name=my_module:MyTask` was not found from there."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).parent / "letter_task.py", tmp_path / "my_letters.py")
+    monkeypatch.chdir(tmp_path)
+    script_path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != str(tmp_path)]
+    monkeypatch.setattr(sys, "path", [str(Path(sys.executable).parent), *script_path])  # as the console script
+    monkeypatch.delitem(sys.modules, "my_letters", raising=False)
+    assert main(["tasks", "show", "my_letters:LetterTask", "--n", "1"]) == 0
+    assert "task my_letters:LetterTask" in capsys.readouterr().out
+    monkeypatch.delitem(sys.modules, "my_letters", raising=False)

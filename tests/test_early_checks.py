@@ -185,3 +185,12 @@ def test_a_hub_model_is_refused_from_what_the_hub_says_of_its_config(monkeypatch
     for _ in range(2):  # asked once: the loader's second check reads the kept answer
         with pytest.raises(VlmrlError, match=r"'org/florence' \(florence2\) is an encoder-decoder$"):
             model_source.check_model_source("org/florence")
+
+
+def test_task_params_seed_seeds_the_task_and_the_run_seed_the_rest(tiny_model_dir, no_model_load):
+    """`task.params.seed=3` was a TypeError traceback (get_task got `seed` twice)."""
+    config = load_config(None, [f"model.name_or_path={tiny_model_dir}", "seed=7", "task.params.seed=3"])
+    task = check_before_loading(config, "train")
+    assert task.params.seed == 3 and config.seed == 7
+    assert check_before_loading(load_config(None, [f"model.name_or_path={tiny_model_dir}", "seed=7"]),
+                                "train").params.seed == 7  # without it: the run's seed

@@ -151,6 +151,26 @@ def test_safe_filename_keeps_import_paths_usable():
     assert safe_filename("eval_my.tasks:Letters_test.json") == "eval_my.tasks_Letters_test.json"
 
 
+def test_eval_of_a_split_smaller_than_n_takes_each_row_once(tmp_path, tiny_model_dir, capsys):
+    """8 test rows and --n 64: it reported "64 examples", each row 8 times (pass@k over duplicates)."""
+    from PIL import Image
+
+    for split, count in (("train", 4), ("test", 8)):
+        rows = []
+        for i in range(count):
+            Image.new("RGB", (16, 16), (30 * i, 0, 0)).save(tmp_path / f"{split}{i}.png")
+            rows.append({"question": f"{split} chart {i}?", "answer": str(i), "image": f"{split}{i}.png"})
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["eval", tiny_model_dir, "--task", "dataset", f"path={tmp_path}", "--n", "64", "--k", "2",
+                 "--no-blind", "--max-new-tokens", "2", "--device", "cpu", "--out", str(tmp_path / "eval")]) == 0
+    out, err = capsys.readouterr()
+    assert "dataset: 8 examples" in out
+    assert "split 'test' of task 'dataset' holds 8 rows: evaluating those 8, each once (not the 64 asked for)" in err
+    saved = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert saved["results"]["n"] == 8
+    assert sorted(record["prompt"] for record in saved["examples"]) == sorted({r["prompt"] for r in saved["examples"]})
+
+
 # ---------------------------------------------------------------- blind images
 
 

@@ -104,7 +104,8 @@ def test_missing_folder_is_a_clear_error(tmp_path):
 
 
 def test_folder_without_config_is_a_clear_error(tmp_path):
-    with pytest.raises(VlmrlError, match="no config.json"):
+    with pytest.raises(VlmrlError, match=r"is an empty folder: it has neither config.json \(a model folder\) nor "
+                                         r"adapter_config.json \(a LoRA adapter folder\)"):
         load_policy(str(tmp_path))
 
 

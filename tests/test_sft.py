@@ -59,3 +59,20 @@ def test_sft_learns_an_answer_that_only_the_image_holds(tmp_path, tiny_model_dir
     rows = read_metrics(sft(config) / "metrics.jsonl")
     assert rows[-1]["eval/test/accuracy"] == 1.0  # the prompt is the same for both answers
     assert rows[-1]["eval/test/blank/accuracy"] == rows[-1]["eval/test/shuffled/accuracy"] == 0.375  # eval.blind_check
+
+
+def test_sft_logs_the_epoch_of_a_dataset_and_none_for_a_generator(tmp_path, tiny_model_dir, letter_task):
+    from PIL import Image
+
+    rows = []
+    for i in range(5):
+        Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(tmp_path / f"{i}.png")
+        rows.append({"question": f"chart {i}?", "answer": str(i), "image": f"{i}.png"})
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "sft.batch_size=2", "train.steps=3",
+              "eval.every=0"]
+    run = sft(load_config(None, [*common, "task.name=dataset", f"task.params.path={tmp_path / 'train.jsonl'}",
+                                 "task.params.test_fraction=0", f"output_dir={tmp_path / 'data-run'}"]))
+    assert [row["epoch"] for row in read_metrics(run / "metrics.jsonl")] == [0.4, 0.8, 1.2]  # 5 rows, 2 a step
+    run = sft(load_config(None, [*common, "task.name=letter_task:LetterTask", f"output_dir={tmp_path / 'gen-run'}"]))
+    assert all("epoch" not in row for row in read_metrics(run / "metrics.jsonl"))

@@ -211,6 +211,12 @@ def test_show_task_prints_examples_and_writes_images(tmp_path):
         show_task("cryptogram", {}, split="validation", n=1, out_dir=None)
 
 
+def test_show_task_names_the_images_of_a_task_given_by_import_path_without_a_colon(tmp_path, letter_task):
+    text = show_task("letter_task:LetterTask", {}, split="test", n=1, out_dir=str(tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == ["letter_task_LetterTask_test_0.png"]
+    assert str(tmp_path / "letter_task_LetterTask_test_0.png") in text
+
+
 
 def test_examples_are_the_same_in_another_process_with_another_hash_seed():
     code = ("import hashlib\nfrom vlmrl.tasks import get_task\n"

@@ -198,7 +198,8 @@ def test_a_dataset_trains_two_steps_from_the_command_line(tmp_path, tiny_model_d
                  "rollout.max_new_tokens=4", "train.steps=2", "train.micro_batch_size=4", "train.save_every=0"]) == 0
     out = capfd.readouterr()
     assert "data       prompt<-prompt, answer<-answer, images<-images (TRL layout); rows: 7 train, 1 test" in out.out + out.err
-    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in metrics if "epoch" in row] == [pytest.approx(2 / 7), pytest.approx(4 / 7)]
 
 
 def test_a_datasets_object_from_python_is_read_like_a_file(tmp_path):

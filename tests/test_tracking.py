@@ -69,11 +69,11 @@ def test_trackers_are_chosen_by_config(tmp_path):
         _config("train.trackers=[tensorboard, tb]")
 
 
-@pytest.mark.parametrize("name", ["wandb", "trackio"])
-def test_asking_for_a_tracker_that_is_not_installed_is_a_clear_error(name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, written", [("wandb", "[wandb]"), ("trackio", "[trackio]"), ("wandb", "wandb")])
+def test_asking_for_a_tracker_that_is_not_installed_is_a_clear_error(name, written, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, name, None)  # `import name` now raises ImportError
-    with pytest.raises(VlmrlError) as error:
-        build_trackers(_config(f"train.trackers=[{name}]"), tmp_path)
+    with pytest.raises(VlmrlError) as error:  # `train.trackers=wandb` too: a list of one, not a type repr
+        build_trackers(_config(f"train.trackers={written}"), tmp_path)
     assert str(error.value) == (f"train.trackers asks for {name}, but {name} is not installed: "
                                 f"`pip install {name}`, or remove {name} from train.trackers")
 

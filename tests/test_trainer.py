@@ -188,3 +188,13 @@ def test_closing_leaves_the_process_group_no_owner_that_frees_it_holding_the_gil
         release_process_group(torch.nn.Linear(2, 2))  # a model of one process: nothing to do
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_save_every_0_checkpoints_after_the_last_step_only(tmp_path, tiny_model_dir, letter_task):
+    """train.save_every=0 is documented as "only at the end"; it wrote no checkpoint at all."""
+    from vlmrl.safety.checkpoint import list_checkpoints, read_checkpoint
+
+    run = train(_config(tmp_path, tiny_model_dir, "train.steps=2", "train.save_every=0", "rollout.prompts_per_step=2",
+                        "rollout.group_size=2", "train.log_rollouts_every=0"))
+    assert [folder.name for folder in list_checkpoints(run)] == ["step_000002"]
+    assert read_checkpoint(run / "checkpoints" / "step_000002")["step"] == 2

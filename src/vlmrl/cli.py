@@ -60,6 +60,14 @@ def _data_geometry(args: argparse.Namespace) -> None:
     print(f"use it: task.name=geometry task.params.source={args.out}")
 
 
+def _merge(args: argparse.Namespace) -> None:
+    """`vlmrl merge ADAPTER OUT`: a LoRA adapter merged into its base, written as a model folder."""
+    from vlmrl.models.merge import merge_adapter_folder
+
+    out = merge_adapter_folder(args.adapter, args.out, dtype=args.dtype)
+    print(f"wrote {out}: the merged model, loadable with transformers' AutoModelForImageTextToText.from_pretrained")
+
+
 def _compare(args: argparse.Namespace) -> None:
     """`vlmrl compare STUDY.yaml`: run a study's grid (resumable), then write its comparison."""
     from vlmrl.study import run_study
@@ -378,7 +386,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
                "  vlmrl eval runs/b/final --task cryptogram --k 0 --no-blind max_words=2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    evaluate.add_argument("model", help="model folder (a full model, e.g. RUN_DIR/final)")
+    evaluate.add_argument("model", help="model folder, LoRA adapter folder (e.g. RUN_DIR/final) or hub id")
     evaluate.add_argument("--task", required=True, help="task name (see `vlmrl tasks list`)")
     evaluate.add_argument("--split", default="test", help="held-out split: test or ood (default test)")
     evaluate.add_argument("--n", type=int, default=64, help="examples 0..N-1 of the split (default 64)")
@@ -412,6 +420,23 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")
     evaluate.set_defaults(func=_eval)
+
+
+def _add_merge(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl merge ADAPTER OUT [--dtype]`."""
+    merge = commands.add_parser(
+        "merge", help="merge a LoRA adapter into its base model: a plain model folder",
+        description="Merge a LoRA adapter folder (a LoRA run's RUN_DIR/final or a checkpoint: adapter_config.json\n"
+                    "and adapter_model.safetensors) into the base model its adapter_config.json names, and\n"
+                    "write the result with the processor and tokenizer files as a model folder that plain\n"
+                    "transformers loads (AutoModelForImageTextToText.from_pretrained) without peft.",
+        epilog="example:\n  vlmrl merge runs/shapes_lora/final runs/shapes_lora/merged",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    merge.add_argument("adapter", help="LoRA adapter folder")
+    merge.add_argument("out", help="new (or empty) folder to write the merged model into")
+    merge.add_argument("--dtype", default="auto",
+                       help="dtype of the written weights: auto (the base model's), float32, bfloat16, float16")
+    merge.set_defaults(func=_merge)
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
@@ -463,7 +488,7 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
                "  vlmrl attention runs/tiny --image circles.png --prompt 'How many circles?' --layer 0\n"
                "  vlmrl attention runs/tiny --task cryptogram --example 3 --split test max_words=2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    attention.add_argument("model", help="model folder or hub id")
+    attention.add_argument("model", help="model folder, LoRA adapter folder or hub id")
     attention.add_argument("--image", action="append",
                            help="image file (PNG, JPEG, ...); repeat for a prompt of several images "
                                 "(one heatmap panel per image)")
@@ -484,8 +509,8 @@ def _add_attention(commands: argparse._SubParsersAction) -> None:
     attention.set_defaults(func=_attention)
 
 
-COMMANDS = (_add_tiny_model, _add_models, _add_tasks, _add_data, _add_train, _add_sft, _add_check, _add_config, _add_eval, _add_demo,
-            _add_compare, _add_report, _add_attention)
+COMMANDS = (_add_tiny_model, _add_models, _add_tasks, _add_data, _add_train, _add_sft, _add_check, _add_config, _add_eval,
+            _add_merge, _add_demo, _add_compare, _add_report, _add_attention)
 """One function per command, each adding its subparser; in this order in `vlmrl --help`."""
 
 
@@ -513,8 +538,18 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
+def import_from_working_directory() -> None:
+    """Put the working directory on sys.path, first, as `python -m vlmrl` has it: the `vlmrl` console
+    script starts with its own bin folder there instead, and could not import a task, tool or reward
+    named by import path (`task.name=my_module:MyTask`) from the folder it runs in."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == here for entry in sys.path):
+        sys.path.insert(0, here)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (0, 2 on bad input, 128 + signal on a stop)."""
+    import_from_working_directory()
     args = parse(build_parser(), argv)
     try:
         args.func(args)

@@ -468,7 +468,7 @@ class TrainConfig:
     this many positions at a time (and recomputed in backward), so full-vocabulary logits never
     exist for the whole batch. 0 = all logits at once."""
     save_every: int = 0
-    """Checkpoint every N steps (0 = only at the end)."""
+    """Checkpoint every N steps, and after the last step (0 = only after the last step)."""
     keep_checkpoints: int = 2
     """How many step checkpoints to keep, newest first (0 = all; the final model is always kept).
     Keep 2 or more: resume falls back to the one before when the newest is damaged."""

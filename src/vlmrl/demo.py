@@ -30,7 +30,7 @@ from vlmrl.evaluation.evaluate import EvalSettings, evaluate, format_table, held
 from vlmrl.models import build_tiny_model, load_policy
 from vlmrl.models.tiny_model import TINY_MODEL_VERSION, model_summary
 from vlmrl.safety.checkpoint import latest_checkpoint
-from vlmrl.tasks import get_task
+from vlmrl.tasks import run_task
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
     answered once more by the same model with the tools disabled ("no_tools"), in one turn of up to
     the trajectory's whole token budget."""
     model, processor = load_policy(str(model_dir), device="cpu")
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    task = run_task(config.task.name, config.seed, config.task.params)
     rollout = config.rollout
     settings = EvalSettings(batch_size=32, max_new_tokens=rollout.max_new_tokens, blind_check=True,
                             tools=list(rollout.tools), max_turns=rollout.max_turns,
@@ -200,7 +200,7 @@ def attention_on_regions(model_dir: Path, config: Config, n: int, maps_dir: Path
     the reference completions of `n` held-out test examples; with `maps_dir`, also the heatmaps of
     the model's own answer to the first of them (`vlmrl attention`) at the layer that looks most."""
     model, processor = load_policy(str(model_dir), device="cpu")
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    task = run_task(config.task.name, config.seed, config.task.params)
     examples = held_out_examples(task, "test", n)
     summary = region_attention(model, processor, examples, [task.answer_regions(e) for e in examples]).summary()
     if maps_dir is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,6 +144,12 @@ def output_file(path: str | Path, what: str) -> Path:
     except OSError as error:
         raise cannot_write(what, path, error) from error
     return path
+
+
+def safe_filename(text: str) -> str:
+    """`text` with every character other than letters, digits, `.`, `_` and `-` replaced by `_` (a task
+    named by import path, `my.tasks:Letters`, gives a file name every filesystem takes)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
 
 
 def write_file(path: str | Path, what: str, write: Callable[[Path], None]) -> Path:

@@ -8,7 +8,8 @@ their values here, so a value means the same thing in both:
   "[a, b]" -> a list), except where the field takes text as it is (str, Any);
 - then the type is checked strictly: bool only from a bool; int only from an integer (not a bool,
   not 3.0); float from an int or a float; str from a str (numbers and paths are written as text);
-  list and tuple from a list or tuple (a tuple also from comma-separated text, "red,blue"); a
+  list and tuple from a list or tuple, or from comma-separated text ("red,blue"; one value,
+  "wandb", is a list of one: `train.trackers=wandb`); a
   Literal must be one of its choices; a union tries each option in turn; a dataclass is built from
   a mapping, recursively; a dict stays a dict; Any passes through.
 
@@ -229,12 +230,12 @@ def _coerce_literal(hint: Any, value: Any, key: str, naming: Naming) -> Any:
 
 
 def _coerce_sequence(hint: Any, value: Any, key: str, naming: Naming) -> list | tuple:
-    """A list or tuple with each item coerced; a tuple also from comma-separated text."""
+    """A list or tuple with each item coerced; also from comma-separated text (one value: a list of one)."""
     origin = typing.get_origin(hint) or hint
     items = value
     if isinstance(value, str):
         items = read_text(value)
-        if origin is tuple and not isinstance(items, (list, tuple)):
+        if not isinstance(items, (list, tuple)):
             items = [part.strip() for part in value.strip("()[]").split(",") if part.strip()]
     if not isinstance(items, (list, tuple)):
         raise _mismatch(naming, key, type_name(hint), value)

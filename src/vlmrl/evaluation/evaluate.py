@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,8 +33,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from vlmrl.config import GenerationSettings, RolloutConfig
-from vlmrl.disk import output_folder, write_text
-from vlmrl.errors import VlmrlError
+from vlmrl.disk import output_folder, safe_filename, write_text
+from vlmrl.errors import VlmrlError, warn
 from vlmrl.evaluation.eval_settings import (
     EvalSettings,  # re-exported: `from vlmrl.evaluation.evaluate import EvalSettings`
 )
@@ -220,12 +219,27 @@ def _calls(n: int, per_call: int) -> int:
     return -(-n // per_call)
 
 
-def held_out_examples(task: Task, split: str = "test", n: int = 64) -> list[Example]:
-    """Examples 0..n-1 of `split`: the same fixed set every time (VlmrlError for a bad split or n)."""
+def held_out_count(task: Task, split: str, n: int) -> int:
+    """How many examples of `split` an evaluation asking for `n` takes: n, or all the rows of a split
+    that holds fewer (a file-backed task's `size`), each once, with a warning saying so: examples past
+    the split's rows would repeat rows and count them twice. VlmrlError for a bad split or n."""
     task.check_split(split)
     if n < 1:
         raise VlmrlError(f"the number of examples must be >= 1, got {n}")
-    return [task.example(i, split=split) for i in range(n)]
+    rows = task.size(split) if hasattr(task, "size") else None
+    if rows is None or rows >= n:
+        return n
+    if rows < 1:
+        raise VlmrlError(f"task {task.name!r} split {split!r} has no rows to evaluate")
+    warn(f"split {split!r} of task {task.name!r} holds {rows} rows: evaluating those {rows}, each once "
+         f"(not the {n} asked for)")
+    return rows
+
+
+def held_out_examples(task: Task, split: str = "test", n: int = 64) -> list[Example]:
+    """Examples 0..n-1 of `split`, or every row of a split that holds fewer, each once
+    (`held_out_count`): the same fixed set every time (VlmrlError for a bad split or n)."""
+    return [task.example(i, split=split) for i in range(held_out_count(task, split, n))]
 
 
 def evaluate(model, processor, task: Task, examples: list[Example], settings: EvalSettings | None = None,
@@ -433,11 +447,6 @@ def format_table(results: dict) -> str:
             else:
                 lines.append(f"  {kind:<16}{summary['accuracy']:>10.1%}{100 * summary['drop']:>+9.1f} pts")
     return "\n".join(lines)
-
-
-def safe_filename(text: str) -> str:
-    """`text` with every character other than letters, digits, `.`, `_` and `-` replaced by `_`."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
 
 
 def save_evaluation(evaluation: Evaluation, folder: str | Path, filename: str = "eval.json") -> Path:

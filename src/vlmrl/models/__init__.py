@@ -3,6 +3,8 @@ family supports.
 
     loading.py            load_policy (dtype, device, LoRA, frozen vision, checkpointing) and
                           load_trainable_policy (a run's policy: resumed adapter, kernels chosen)
+    merge.py              `vlmrl merge`: a LoRA adapter merged into its base, a plain model folder
+    adapter_folder.py     a LoRA adapter folder taken for a model: its base found, moved folders too
     tiny_model.py         the offline tiny builders, one per family (real configs, random weights)
     processing.py         image+text processors that need no torchvision
     model_source.py       a model name or folder checked before anything loads, and refused
@@ -16,7 +18,7 @@ family supports.
     vision_attention.py   the vision tower's windows in one batched call
     fused_kernels.py      liger-kernel's fused RMSNorm/MLP (CUDA), self-checked before use
 
-May import: torch, transformers, peft, and vlmrl's config, errors and fields. Nothing from the
+May import: torch, transformers, peft, and vlmrl's config, errors, fields and disk. Nothing from the
 rollout, training, safety, evaluation or report folders.
 
     from vlmrl.models import load_policy, build_tiny_model

@@ -21,6 +21,8 @@ import torch
 
 from vlmrl.config import Config, LoraConfig
 from vlmrl.errors import VlmrlError
+from vlmrl.models.adapter_folder import (
+    ADAPTER_FILE, adapter_base, adapter_settings, is_adapter_folder, no_base_config_warning)
 from vlmrl.models.folder_check import (
     check_fit, check_image_token, check_loaded_weights, check_processor_family, check_vocabulary, check_weight_file,
     check_weight_files, shape_fit, tensor_shapes, withheld_load_report)
@@ -38,7 +40,6 @@ _VISION_RE = re.compile(r"(^|\.)(" + "|".join(VISION_MODULE_NAMES) + r")(\.|$)")
 PLACES = ("device", "host", "meta")
 """Where `load_policy` puts the model: on the device, in CPU memory, or on the meta device (no weights)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ADAPTER_FILE = "adapter_model.safetensors"
 
 
 def is_vision_parameter(name: str) -> bool:
@@ -103,7 +104,8 @@ def load_policy(
     trust_remote_code: bool = False,
     place: str = "device",
 ):
-    """Load an image-text-to-text model and its processor, ready to train.
+    """Load an image-text-to-text model and its processor, ready to train. `name_or_path`: a model
+    folder, a hub id, or a LoRA adapter folder (its base with the adapter merged: adapter_folder.py).
 
     Returns (model, processor). With `lora`, the model is a peft model with only the adapter
     trainable; with `freeze_vision`, the vision tower's parameters do not train. `place` (PLACES):
@@ -141,10 +143,15 @@ def load_policy(
 def load_checked_model(name_or_path: str, dtype: torch.dtype, attn_implementation: str | None,
                        trust_remote_code: bool, on_meta: bool):
     """The model of `name_or_path` (on the meta device: `on_meta`), after checking its weight files,
-    with every weight from them: none missing, unused or of another shape (folder_check.py)."""
+    with every weight from them: none missing, unused or of another shape (folder_check.py). For a
+    LoRA adapter folder: its base's model with the adapter merged in (on the meta device, the base's:
+    the same parameters, their values come later)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForImageTextToText
 
+    if is_adapter_folder(name_or_path):
+        base = load_checked_model(adapter_base(name_or_path), dtype, attn_implementation, trust_remote_code, on_meta)
+        return base if on_meta else merge_adapter(base, Path(name_or_path).expanduser())
     check_weight_files(name_or_path)
     try:
         with withheld_load_report():
@@ -249,10 +256,35 @@ def load_adapter_weights(model: torch.nn.Module, folder: Path) -> None:
     if not path.exists():
         raise VlmrlError(f"checkpoint {folder} has no {ADAPTER_FILE}")
     check_weight_file(path, "LoRA adapter file")
-    expected = {name: tuple(value.shape) for name, value in get_peft_model_state_dict(model).items()}
+    with no_base_config_warning():
+        expected = {name: tuple(value.shape) for name, value in get_peft_model_state_dict(model).items()}
     check_fit(f"LoRA adapter in {folder}", ADAPTER_FILE, *shape_fit(expected, tensor_shapes(path)),
               "the run's LoRA settings")
     set_peft_model_state_dict(model, load_file(path))
+
+
+def merge_adapter(model: torch.nn.Module, folder: Path):
+    """`model` with the LoRA adapter saved in `folder` merged into its weights (peft's
+    merge_and_unload), the adapter file checked as `load_adapter_weights` checks it. The merged model's
+    name_or_path is the adapter folder: an adapter trained on top of it names that folder as its base."""
+    from peft import PeftConfig, get_peft_model
+
+    settings = adapter_settings(folder)
+    if settings.get("peft_type") != "LORA":
+        raise VlmrlError(f"{str(folder)!r} holds a {settings.get('peft_type')} adapter; vlmrl loads LoRA adapters")
+    try:
+        peft_config = PeftConfig.from_pretrained(str(folder))
+    except (TypeError, ValueError) as error:
+        raise VlmrlError(f"cannot read the LoRA adapter settings in {folder}: {first_line(error)}") from None
+    peft_config.base_model_name_or_path = None  # the base is loaded already: no rename warning
+    peft_config.inference_mode = False
+    with warnings.catch_warnings():  # peft's own use of a name transformers 5.24 deprecates: not the user's
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        adapted = get_peft_model(model, peft_config)
+    load_adapter_weights(adapted, folder)
+    merged = adapted.merge_and_unload()
+    merged.name_or_path = merged.config.name_or_path = str(folder.resolve())
+    return merged
 
 
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:

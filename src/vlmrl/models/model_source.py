@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from vlmrl.errors import VlmrlError
+from vlmrl.models.adapter_folder import adapter_base, describe_folder, is_adapter_folder
 from vlmrl.models.processing import import_processor_module
 from vlmrl.models.tiny_model import SIZES
 
@@ -69,15 +70,18 @@ def check_model_source(name_or_path: str, trust_remote_code: bool = False) -> di
 
 def find_model_config(name_or_path: str) -> dict | None:
     """The model's config.json as a dict, after failing in one line for a model that cannot load
-    from here: a local-looking path that does not exist, a folder without config.json, a hub id
+    from here: a local-looking path that does not exist, a folder without config.json (said what it
+    is: describe_folder; a LoRA adapter folder gives its base's config), a hub id
     while the hub is off (HF_HUB_OFFLINE) and the id is not in the local cache, or a hub that cannot
     be reached (one quick request, no retries) or does not know the id. None where the hub said
     nothing of the config."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise VlmrlError(f"{name_or_path!r} is not a model folder: it has no config.json")
-        return _read_json(path / "config.json")
+        if (path / "config.json").exists():
+            return _read_json(path / "config.json")
+        if is_adapter_folder(path):  # a LoRA adapter stands for its base (adapter_folder.py)
+            return find_model_config(adapter_base(path))
+        raise VlmrlError(describe_folder(path))
     if path.exists():
         raise VlmrlError(f"{name_or_path!r} is a file, not a model folder")
     if looks_local(name_or_path):

@@ -37,6 +37,7 @@ import torch
 
 from vlmrl.disk import DiskFull, output_folder, writing
 from vlmrl.errors import VlmrlError, warn
+from vlmrl.models.adapter_folder import no_base_config_warning, store_base_path
 from vlmrl.models.folder_check import safetensors_problem
 
 STATE_FILE = "trainer_state.pt"
@@ -57,9 +58,12 @@ class Gathered:
 
 def save_model(folder: Path, model: torch.nn.Module, processor, weights: dict | None = None) -> None:
     """The model (or adapter) and processor, loadable with transformers (and peft); `weights`: the
-    full state dict of a sharded model (default: the model's own)."""
+    full state dict of a sharded model (default: the model's own). An adapter's base is stored as an
+    absolute path, so that the folder can be moved (adapter_folder.py)."""
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, state_dict=weights)
+    with no_base_config_warning():
+        model.save_pretrained(folder, state_dict=weights)
+    store_base_path(folder)
     processor.save_pretrained(folder)
 
 

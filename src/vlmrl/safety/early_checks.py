@@ -33,7 +33,7 @@ from vlmrl.report.tracking import check_trackers
 from vlmrl.rewards.builtin import COMPARING
 from vlmrl.rewards.checks import check_rewards
 from vlmrl.rewards.reward import build_rewards
-from vlmrl.tasks import Example, Task, get_task
+from vlmrl.tasks import Example, Task, run_task
 from vlmrl.tasks.tools import resolve_tools
 
 
@@ -83,7 +83,7 @@ def check_before_loading(config: Config, mode: str) -> Task:
     check_model_source(config.model.name_or_path, config.model.trust_remote_code)  # the first thing a new user builds: said first
     world = launched_world()
     (config.rollout if mode == "train" else config.sft).check_layout(world)
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    task = run_task(config.task.name, config.seed, config.task.params)
     if config.eval.every > 0:
         for split in config.eval.splits:
             if split not in task.splits:

@@ -410,7 +410,7 @@ def estimate_disk(config: Config, policy, mode: str) -> DiskEstimate:
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad) * element
     lora = config.model.lora.enabled
     reference = total if copies_reference(config, mode) else 0
-    saves = train.steps // train.save_every if train.save_every > 0 else 0
+    saves = -(-train.steps // train.save_every) if train.save_every > 0 else 1  # and one after the last step
     at_once = min(saves, train.keep_checkpoints + 1) if train.keep_checkpoints > 0 else saves
     rows = config.rollout.prompts_per_step * (config.rollout.group_size if mode == "train" else 1)
     logged = train.steps // train.log_rollouts_every if mode == "train" and train.log_rollouts_every > 0 else 0

@@ -232,3 +232,9 @@ def get_task(name: str, **params: Any) -> Task:
     """Task `name` built from keyword parameters (strings are coerced to the field types)."""
     cls = task_class(name)
     return cls(build_params(cls.Params, params, task=name))
+
+
+def run_task(name: str, run_seed: int, params: dict[str, Any]) -> Task:
+    """A run's task: `params` (task.params) with the run's seed as the task's seed, unless they give
+    one (task.params.seed: the examples, split and order stay fixed while the run's `seed` changes)."""
+    return get_task(name, **{"seed": run_seed, **params})

@@ -221,6 +221,10 @@ class GeometryTask(Task):
     def splits(self) -> tuple[str, ...]:
         return ("train", "test") if self.params.source == PROCEDURAL else self.files.splits
 
+    def size(self, split: str = "train") -> int | None:
+        """How many rows `split` of the files serves (one epoch); None for generated problems (no end)."""
+        return None if self.params.source == PROCEDURAL else self.files.size(split)
+
     def generated_problem(self, idx: int, split: str) -> Problem:
         """Problem `idx` of `split` from the generator (source=procedural): drawn again until its
         content belongs to the split, so train and test never share a problem."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from vlmrl.disk import output_folder, write_file
+from vlmrl.disk import output_folder, safe_filename, write_file
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, get_task, list_tasks, param_table, task_class
 
@@ -38,7 +38,8 @@ def _indent(text: str) -> str:
 
 def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 4, out_dir: str | None = None) -> str:
     """Text describing examples 0..n-1 of `split`; when `out_dir` is given their images are written
-    to `out_dir/{name}_{split}_{i}.png` (the first image), `..._{i}_{k}.png` (image k >= 1 of an
+    to `out_dir/{name}_{split}_{i}.png` (the first image; `:` and other characters a file name
+    should not hold become `_`: safe_filename), `..._{i}_{k}.png` (image k >= 1 of an
     example that shows several) and `..._{i}_original.png` / `..._{i}_original_{k}.png` (the
     full-resolution originals tools read, when they differ from the images shown)."""
     if n < 0:
@@ -58,7 +59,7 @@ def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 
             lines += [_indent(f"[{k}] {turn}") for k, turn in enumerate(turns)]
         lines += ["reference completion:", _indent(example.reference_completion),
                   "reference score: " + ", ".join(f"{k}={v:.3f}" for k, v in scores.items())]
-        lines += _image_lines(example, folder, f"{name}_{split}_{i}")
+        lines += _image_lines(example, folder, safe_filename(f"{name}_{split}_{i}"))
     return "\n".join(lines)
 
 

@@ -28,7 +28,8 @@ from accelerate.utils import set_seed
 from vlmrl.config import Config, save_config
 from vlmrl.disk import writing
 from vlmrl.errors import Interrupted, VlmrlError
-from vlmrl.evaluation.evaluate import EvalSettings, evaluate, held_out_examples, save_evaluation, scalar_metrics
+from vlmrl.evaluation.evaluate import (
+    EvalSettings, evaluate, held_out_count, held_out_examples, save_evaluation, scalar_metrics)
 from vlmrl.models.loading import load_trainable_policy
 from vlmrl.report.tracking import build_trackers
 from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
@@ -248,11 +249,11 @@ class TrainingSession:
             self.log.log(metrics)
 
     def maybe_save(self, steps_done: int, cursor: int) -> None:
-        """A checkpoint every train.save_every steps: model, optimizer, scheduler, RNG, data cursor."""
-        every = self.config.train.save_every
-        if not every or steps_done % every:
-            return
-        self.save(steps_done, cursor)
+        """A checkpoint every train.save_every steps and after the last (with save_every=0, only after
+        the last): model, optimizer, scheduler, RNG, data cursor."""
+        every, last = self.config.train.save_every, steps_done == self.config.train.steps
+        if last or (every and steps_done % every == 0):
+            self.save(steps_done, cursor)
 
     def save(self, steps_done: int, cursor: int) -> Path:
         """A checkpoint now (all processes call this); returns its folder."""
@@ -323,7 +324,7 @@ class TrainingSession:
         if self.main and settings.every:
             for split in settings.splits:
                 guard = RowGuard(task, self.processor, split)
-                _, self.held_out[split] = guard.checked(list(range(settings.n)))
+                _, self.held_out[split] = guard.checked(list(range(held_out_count(task, split, settings.n))))
                 stop = stop or guard.stop
         if self.any_process(stop is not None):
             self.close()
@@ -455,6 +456,13 @@ class TrainingSession:
         self.accelerator.wait_for_everyone()
         self.close()
         return self.run_dir
+
+
+def epoch_metric(task: Task, seen: int) -> dict[str, float]:
+    """{"epoch": passes over the train rows that `seen` train examples make (1.5: one and a half)} for a
+    task whose train split has a size (a file-backed one: `size`), {} for a generator (no end)."""
+    rows = task.size("train") if hasattr(task, "size") else None
+    return {"epoch": seen / rows} if rows else {}
 
 
 def release_process_group(model: torch.nn.Module) -> None:

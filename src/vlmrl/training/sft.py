@@ -44,7 +44,7 @@ from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example
 from vlmrl.training.logprobs import LogprobScorer
-from vlmrl.training.session import TrainingSession
+from vlmrl.training.session import TrainingSession, epoch_metric
 
 
 def completion_text(processor, example: Example) -> str:
@@ -109,6 +109,7 @@ def sft(config: Config) -> Path:
             skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(used, wanted))],
                                                               device=device), "sum")
             metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
+            metrics |= epoch_metric(task, (step + 1) * batch)
             metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
                         "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
                         "seconds": time.perf_counter() - started}

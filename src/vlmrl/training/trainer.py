@@ -34,7 +34,7 @@ from vlmrl.seeds import derive_seed
 from vlmrl.training.experience import Experience, GroupSampler, collect_experience
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training.policy_update import update_policy
-from vlmrl.training.session import TrainingSession
+from vlmrl.training.session import TrainingSession, epoch_metric
 
 
 def train(config: Config) -> Path:
@@ -69,6 +69,7 @@ def train(config: Config) -> Path:
             update["time/train"] = time.perf_counter() - update_started
             refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
             metrics = step_metrics(experience, session.accelerator) | update
+            metrics |= epoch_metric(task, cursor)
             metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
                         "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
                         "seconds": time.perf_counter() - started}

@@ -1,0 +1,136 @@
+"""LoRA adapter folders: merged into a plain model folder, taken by eval, attention and train in place
+of a model, their base stored so that they can be moved, and a folder that is neither named for
+what it is."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from vlmrl.cli import main
+from vlmrl.config import LoraConfig, load_config
+from vlmrl.errors import VlmrlError
+from vlmrl.models.adapter_folder import ADAPTER_CONFIG, BASE_KEY
+from vlmrl.models.loading import load_policy
+from vlmrl.safety.checkpoint import save_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TOKENS = torch.tensor([[5, 9, 17, 23, 42, 7]])
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=TOKENS).logits
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter of the tiny model saved as vlmrl saves one, loaded by the base's path relative
+    to the working directory (as `model.name_or_path=runs/...` is), with non-zero weights; and the
+    adapted model's logits."""
+    base = Path(tiny_model_dir)
+    folder = tmp_path_factory.mktemp("adapter") / "final"
+    with contextlib.chdir(base.parent):
+        policy, processor = load_policy(base.name, device="cpu", lora=LoraConfig(enabled=True, r=4))
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for name, parameter in policy.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0, 0.5)
+        save_model(folder, policy, processor)
+    return folder, logits(policy.eval())
+
+
+def test_the_adapter_stores_its_base_as_an_absolute_path(adapter, tiny_model_dir):
+    folder, _ = adapter
+    stored = json.loads((folder / ADAPTER_CONFIG).read_text())[BASE_KEY]
+    assert stored == str(Path(tiny_model_dir).resolve())
+
+
+def test_merge_writes_a_model_folder_plain_transformers_loads(adapter, tiny_model_dir, tmp_path, capsys):
+    folder, adapted = adapter
+    out = tmp_path / "merged"
+    assert main(["merge", str(folder), str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    merged = AutoModelForImageTextToText.from_pretrained(out).eval()
+    assert not hasattr(merged, "peft_config")
+    torch.testing.assert_close(logits(merged), adapted, rtol=1e-4, atol=1e-4)
+    base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).eval()
+    assert not torch.allclose(logits(base), adapted, atol=1e-3)  # the adapter changed the model
+    _, processor = load_policy(str(out), device="cpu")  # the processor and tokenizer files are there
+    assert processor.tokenizer("a b").input_ids
+
+
+def test_merge_refuses_a_model_folder_and_a_full_output(adapter, tiny_model_dir, tmp_path, capsys):
+    assert main(["merge", tiny_model_dir, str(tmp_path / "x")]) == 2
+    assert "is a model folder (config.json), not a LoRA adapter" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    assert main(["merge", str(adapter[0]), str(tmp_path / "full")]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_a_moved_adapter_folder_loads_as_its_merged_model(adapter, tmp_path, monkeypatch):
+    folder, adapted = adapter
+    moved = shutil.copytree(folder, tmp_path / "elsewhere" / "adapter")
+    monkeypatch.chdir(tmp_path)  # neither where training ran nor beside the base
+    model, processor = load_policy(str(moved), device="cpu")
+    assert not hasattr(model, "peft_config") and model.name_or_path == str(moved.resolve())
+    torch.testing.assert_close(logits(model.eval()), adapted, rtol=1e-4, atol=1e-4)
+
+
+def test_a_relative_base_is_found_from_the_adapter_folder(adapter, tiny_model_dir, tmp_path, monkeypatch):
+    folder, adapted = adapter
+    copy = shutil.copytree(folder, tmp_path / "runs" / "adapter")
+    shutil.copytree(tiny_model_dir, tmp_path / "runs" / "base")
+    settings = json.loads((copy / ADAPTER_CONFIG).read_text())
+    (copy / ADAPTER_CONFIG).write_text(json.dumps({**settings, BASE_KEY: "../base"}))
+    monkeypatch.chdir(tmp_path.parent)
+    model, _ = load_policy(str(copy), device="cpu")
+    torch.testing.assert_close(logits(model.eval()), adapted, rtol=1e-4, atol=1e-4)
+
+
+def test_eval_and_attention_take_an_adapter_folder(adapter, tmp_path, capsys):
+    folder, _ = adapter
+    assert main(["eval", str(folder), "--task", "shapes", "--n", "2", "--k", "0", "--no-blind",
+                 "--max-new-tokens", "2", "--device", "cpu", "--out", str(tmp_path / "eval")]) == 0
+    assert (tmp_path / "eval" / "eval.json").is_file()
+    assert main(["attention", str(folder), "--task", "shapes", "--max-new-tokens", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "attention")]) == 0
+    assert (tmp_path / "attention" / "index.json").is_file()
+
+
+def test_train_starts_from_an_adapter_folder_and_its_adapter_names_it(adapter, tmp_path, letter_task):
+    from vlmrl.training.trainer import train
+
+    folder, _ = adapter
+    config = load_config(None, [f"model.name_or_path={folder}", "model.device=cpu", "task.name=letter_task:LetterTask",
+                                f"output_dir={tmp_path / 'run'}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                                "rollout.max_new_tokens=4", "train.steps=1", "model.lora.enabled=true",
+                                "model.lora.r=2", "eval.every=0"])
+    run = train(config)
+    stored = json.loads((run / "final" / ADAPTER_CONFIG).read_text())[BASE_KEY]
+    assert stored == str(folder.resolve())  # the model it trained from: the first adapter, merged
+    load_policy(str(run / "final"), device="cpu")  # an adapter on an adapter loads
+
+
+def test_a_folder_that_is_neither_says_what_it_is(adapter, tmp_path):
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    with pytest.raises(VlmrlError, match=r"is a vlmrl run folder, not a model: its model is in '.*run/final'"):
+        load_policy(str(run))
+    weightless = shutil.copytree(adapter[0], tmp_path / "weightless")
+    (weightless / "adapter_model.safetensors").unlink()
+    with pytest.raises(VlmrlError, match="LoRA adapter folder without its weights: .* no adapter_model.safetensors"):
+        load_policy(str(weightless))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    with pytest.raises(VlmrlError, match=r"has neither config.json \(a model folder\) nor adapter_config.json .* a.txt"):
+        load_policy(str(tmp_path / "notes"))
