@@ -140,3 +140,65 @@ def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
     shell = f"{sys.executable} -m vlmrl tasks list | true"
     done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+BIG = 10 ** 20
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tiny-model", "never-written", "--seed", str(BIG)], f"--seed must be in [0, 2**32) (numpy's range); got {BIG}"),
+    (["config", f"rollout.group_size={BIG}"], f"rollout.group_size must be at most 4,096; got {BIG}"),
+    (["config", f"model.lora.r={BIG}"], f"model.lora.r must be at most 16,384; got {BIG}"),
+    (["tasks", "show", "shapes", "--n", str(BIG)], f"--n must be in [0, 10,000], got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--n", str(BIG)], f"the number of examples must be in [1, 1,000,000], got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--k", str(BIG)], f"k must be at most 4,096; got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--max-new-tokens", str(BIG)], f"max new tokens must be at most 1,048,576; got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--device", "gpu"], "--device must be auto, cpu, mps, cuda or cuda:N; got 'gpu'"),
+    (["attention", "m", "--task", "shapes", "--device", "gpu"], "--device must be auto, cpu, mps, cuda or cuda:N; got 'gpu'"),
+], ids=["tiny-model-seed", "group-size", "lora-r", "tasks-show-n", "eval-n", "eval-k", "eval-max-new-tokens",
+        "eval-device-gpu", "attention-device-gpu"])
+def test_a_number_past_its_bound_or_a_device_that_is_none_is_one_line(args, message, capsys, tmp_path, monkeypatch):
+    """Each was a traceback (an overflow in torch, "Expected one of cpu, cuda, ... device type") or a
+    hang (a list of 10**20 examples) before."""
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n"
+    assert not (tmp_path / "never-written").exists()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
+@pytest.mark.parametrize("command", ["eval", "check", "train"])
+def test_a_device_this_machine_lacks_is_one_line_before_anything_loads(command, device, capsys, monkeypatch,
+                                                                       tiny_model_dir, tmp_path):
+    """`--device cuda` on a torch without CUDA was "Torch not compiled with CUDA enabled" in eval and
+    check; `model.device=cuda` trained on the CPU without a word (accelerate's cpu=True)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    args = {"eval": ["eval", tiny_model_dir, "--task", "shapes", "--device", device, "--out", str(tmp_path)],
+            "check": ["check", f"model.name_or_path={tiny_model_dir}", f"model.device={device}"],
+            "train": ["train", f"model.name_or_path={tiny_model_dir}", f"model.device={device}",
+                      f"output_dir={tmp_path / 'run'}"]}[command]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    name = "--device" if command == "eval" else "model.device"
+    if device == "mps":
+        assert err == f"error: {name}=mps but MPS (Apple GPUs) is not available here: use cpu or auto\n"
+    else:
+        assert err.startswith(f"error: {name}={device} but ") and "use cpu or auto" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists() and not (tmp_path / "eval.json").exists()
+
+
+def test_a_gpu_the_machine_does_not_have_is_named(monkeypatch):
+    import torch
+
+    from vlmrl.models.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1", "--device") == torch.device("cuda:1")
+    with pytest.raises(VlmrlError, match=r"^--device=cuda:2 but this machine has 2 GPU\(s\): cuda:0 \.\. cuda:1$"):
+        resolve_device("cuda:2", "--device")
+

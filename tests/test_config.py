@@ -148,3 +148,32 @@ def test_every_preset_in_configs_is_a_valid_config():
     assert len(presets) >= 18
     for preset in presets:
         load_config(preset)  # every key known, every value in range (raises VlmrlError otherwise)
+
+
+BIG = 10 ** 20  # a typo of twenty digits: once a hang in the preflight (group_size) or an overflow in torch
+
+
+@pytest.mark.parametrize("key, bound", [
+    ("rollout.group_size", 4096), ("rollout.max_new_tokens", 2 ** 20), ("rollout.max_prompt_length", 2 ** 20),
+    ("rollout.generation_batch_size", 2 ** 20), ("rollout.max_turns", 1024),
+    ("rollout.max_trajectory_tokens", 2 ** 20), ("rollout.tool_timeout_s", 3600), ("model.lora.r", 16384),
+    ("algorithm.updates_per_batch", 1000), ("algorithm.max_sampling_rounds", 1000), ("eval.n", 1_000_000),
+    ("eval.max_new_tokens", 2 ** 20), ("eval.batch_size", 2 ** 20), ("train.micro_batch_size", 2 ** 20),
+    ("sft.batch_size", 2 ** 20),
+])
+def test_every_count_has_an_upper_bound_no_real_run_reaches(key, bound):
+    """Each bound is accepted, and a 20-digit value is one line naming the key and the bound."""
+    assert load_config(None, [f"{key}={bound}", "rollout.prompts_per_step=1"]) is not None
+    with pytest.raises(VlmrlError) as error:
+        load_config(None, [f"{key}={BIG}"])
+    message = str(error.value)
+    got = float(BIG) if key.endswith("_s") else BIG  # a float field reads 10**20 as 1e+20
+    assert message.startswith(f"{key} must be at most {bound:,}") and message.endswith(f"; got {got}"), message
+
+
+def test_the_completions_of_a_step_are_bounded_together():
+    load_config(None, ["rollout.prompts_per_step=256", "rollout.group_size=4096"])  # 2**20: the most
+    with pytest.raises(VlmrlError, match=r"^rollout.prompts_per_step x group_size must be at most 1,048,576 "
+                                         r"completions per step; got 100000000000000000000 x 8$"):
+        load_config(None, [f"rollout.prompts_per_step={BIG}"])
+

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from vlmrl.config import Config, LoraConfig
-from vlmrl.errors import VlmrlError
+from vlmrl.config import Config, LoraConfig, device_rule
+from vlmrl.errors import VlmrlError, require
 from vlmrl.models.fused_kernels import use_fused_kernels
 from vlmrl.models.model_source import check_model_source, first_line, processor_class, saved_processor_class
 from vlmrl.models.processing import image_text_processor_class
@@ -41,11 +41,26 @@ def is_vision_parameter(name: str) -> bool:
     return bool(_VISION_RE.search(name))
 
 
-def resolve_device(device: str) -> torch.device:
-    """"auto" is CUDA when present, else CPU."""
+def resolve_device(device: str, name: str = "device") -> torch.device:
+    """"auto" is CUDA when present, else CPU. A device that is not one (config.DEVICES: "gpu") or that
+    this machine does not have (cuda on a torch built without it, cuda:3 of two GPUs, mps off a Mac) is
+    one line naming the setting `name` (model.device, --device), before anything loads."""
+    require(device_rule(name, device))
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    target = torch.device(device)
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is built without CUDA" if torch.version.cuda is None
+                   else "no CUDA GPU is visible (driver, CUDA_VISIBLE_DEVICES)")
+            raise VlmrlError(f"{name}={device} but {why} (torch {torch.__version__}): use cpu or auto, or install "
+                             "a CUDA build of torch on a machine with a GPU")
+        count = torch.cuda.device_count()
+        if target.index is not None and target.index >= count:
+            raise VlmrlError(f"{name}={device} but this machine has {count} GPU(s): cuda:0 .. cuda:{count - 1}")
+    if target.type == "mps" and not torch.backends.mps.is_available():
+        raise VlmrlError(f"{name}=mps but MPS (Apple GPUs) is not available here: use cpu or auto")
+    return target
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -10,7 +10,8 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
   not installed);
 - the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
   (an encoder-decoder, remote code not allowed, not image-text-to-text, a processor that needs a
-  missing package: model_source.py), and a FlashAttention kernel without its package or a GPU.
+  missing package: model_source.py), a device this machine does not have (model.device=cuda without
+  CUDA, which accelerate would run on the CPU), and a FlashAttention kernel without its package or a GPU.
 No torch imported here (transformers imports it once a model config is found). The checks that need the model (prompt lengths in its tokens, memory, disk space)
 follow once it is loaded (preflight.py).
 """
@@ -52,6 +53,16 @@ def check_attention_kernel(kernel: str | None, device: str) -> None:
                          "(install it, or use sdpa)")
 
 
+def check_device(device: str) -> None:
+    """model.device names a device this machine has (loading.resolve_device): accelerate would
+    otherwise run a run that asked for cuda on the CPU, silently. Torch is imported only for a device
+    other than auto or cpu."""
+    if device not in ("auto", "cpu"):
+        from vlmrl.models.loading import resolve_device
+
+        resolve_device(device, "model.device")
+
+
 def check_before_loading(config: Config, mode: str) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task."""
@@ -67,5 +78,6 @@ def check_before_loading(config: Config, mode: str) -> Task:
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)
+    check_device(config.model.device)
     check_attention_kernel(config.model.attn_implementation, config.model.device)
     return task

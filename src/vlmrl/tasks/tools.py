@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from vlmrl.config import MAX_TOOL_TIMEOUT_S
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks.images import to_rgb
 from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
@@ -123,6 +124,8 @@ class ToolLimits:
         if not (self.timeout_s > 0 and self.max_image_pixels >= 1 and self.max_text_chars >= 1):
             raise VlmrlError(f"tool limits must be > 0: timeout_s={self.timeout_s}, "
                              f"max_image_pixels={self.max_image_pixels}, max_text_chars={self.max_text_chars}")
+        if not self.timeout_s <= MAX_TOOL_TIMEOUT_S:
+            raise VlmrlError(f"tool timeout_s must be at most {MAX_TOOL_TIMEOUT_S:,} s; got {self.timeout_s}")
 
 
 @dataclass
