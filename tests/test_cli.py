@@ -51,7 +51,7 @@ def test_config_prints_resolved_yaml_and_docs(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["config", "model.freez_vision=true"], "error: unknown config key 'model.freez_vision'; did you mean model.freeze_vision"),
-    (["config", "model.lora.r=big"], "error: model.lora.r must be int; got 'big'"),
+    (["config", "model.lora.r=big"], "error: model.lora.r must be an integer; got 'big'"),
     (["config", "missing.yaml"], "error: config file 'missing.yaml' does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
@@ -202,3 +202,79 @@ def test_a_gpu_the_machine_does_not_have_is_named(monkeypatch):
     with pytest.raises(VlmrlError, match=r"^--device=cuda:2 but this machine has 2 GPU\(s\): cuda:0 \.\. cuda:1$"):
         resolve_device("cuda:2", "--device")
 
+
+@pytest.mark.parametrize("name, data", [
+    ("latin1.yaml", "model: {name_or_path: caf\xe9}\n".encode("latin-1")),
+    ("binary.yaml", bytes(range(256))),
+    ("deep.yaml", ("a: " + "[" * 5000 + "]" * 5000 + "\n").encode()),
+    ("twice.yaml", b"train:\n  lr: 0.1\n  lr: 0.2\n"),
+])
+def test_a_config_file_that_is_not_clean_yaml_is_one_line_from_the_command(name, data, tmp_path, capsys):
+    (tmp_path / name).write_bytes(data)
+    assert main(["config", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_adapter_folder_is_named_a_lora_adapter_with_what_to_do(tmp_path, capsys):
+    adapter = tmp_path / "final"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "runs/small-model", "r": 16}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    for args in (["eval", str(adapter), "--task", "shapes"], ["check", f"model.name_or_path={adapter}"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {str(adapter)!r} is a LoRA adapter (adapter_config.json), not a whole model, "
+                              "and vlmrl loads whole models: merge it into its base model 'runs/small-model' "
+                              "(peft: PeftModel.from_pretrained(base,"), err
+        assert err.rstrip().endswith("or continue its run with resume=true") and err.count("\n") == 1
+        assert "not a model folder" not in err
+
+
+@pytest.mark.parametrize("removed, message", [
+    ("tokenizer.json", "cannot load a processor from {m!r}: it has no tokenizer (tokenizer.json); copy it from the "
+                       "model it was made from"),
+    ("processor_config.json", "cannot load a processor from {m!r}: it has no image processor settings "
+                              "(processor_config.json or preprocessor_config.json); copy it from the model it was "
+                              "made from"),
+    ("chat_template.jinja", "{m!r} has no chat template (chat_template.jinja, or chat_template in its processor or "
+                            "tokenizer config), which vlmrl writes every prompt with; copy it from the model it was "
+                            "made from"),
+])
+def test_a_missing_processor_part_is_named_in_vlmrls_words(removed, message, tiny_model_dir, tmp_path, capsys):
+    """Before: "Couldn't instantiate the backend tokenizer from one of: " (cut there), transformers' hub
+    text ("If you were trying to load it from 'https://huggingface.co/models'..."), a ValueError traceback."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / removed).unlink()
+    assert main(["eval", str(model), "--task", "shapes", "--n", "1", "--k", "0", "--no-blind"]) == 2
+    assert capsys.readouterr().err == f"error: {message.format(m=str(model))}\n"
+
+
+def test_another_library_s_error_is_kept_whole_on_one_line():
+    """A message cut at its first line read "Couldn't instantiate the backend tokenizer from one of: "."""
+    from vlmrl.errors import one_line
+    from vlmrl.models.model_source import first_line
+
+    error = ValueError("Couldn't instantiate the backend tokenizer from one of: \n(1) a `tokenizers` library "
+                       "serialization file, \n(2) a slow tokenizer instance to convert")
+    whole = ("Couldn't instantiate the backend tokenizer from one of: (1) a `tokenizers` library serialization file, "
+             "(2) a slow tokenizer instance to convert")
+    assert one_line(error) == first_line(error) == whole
+    assert one_line(ValueError()) == "ValueError"
+
+
+@pytest.mark.parametrize("command", ["eval", "attention"])
+def test_max_new_tokens_past_the_model_s_context_is_one_line(command, tiny_model_dir, tmp_path, capsys):
+    """The tiny model reads 4096 positions; 5000 new tokens generated past them without a word."""
+    args = {"eval": ["eval", tiny_model_dir, "--task", "shapes", "--n", "1", "--k", "0", "--no-blind",
+                     "--out", str(tmp_path)],
+            "attention": ["attention", tiny_model_dir, "--task", "shapes", "--out", str(tmp_path / "maps")]}[command]
+    assert main([*args, "--max-new-tokens", "5000"]) == 2
+    err = capsys.readouterr().err  # after the loader's progress bar
+    assert err.endswith("\nerror: --max-new-tokens=5000 is longer than the model's context of 4096 positions "
+                        "(max_position_embeddings in its config.json): set it to at most 4096\n"), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "eval.json").exists()

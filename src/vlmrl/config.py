@@ -20,8 +20,8 @@ from typing import Any, Literal
 import yaml
 
 from vlmrl.disk import write_text
-from vlmrl.errors import VlmrlError, require
-from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.errors import VlmrlError, one_line, require
+from vlmrl.fields import Naming, StrictLoader, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
 
 TOOL_IMAGE_SIDES = (28, 1024)
 """Smallest and largest `tool_image_side` (rollout.tool_image_side, `vlmrl eval --tool-image-side`):
@@ -578,17 +578,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), cls: 
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from `path`; syntax errors become one-line errors with the position."""
+    """A YAML mapping from `path` (UTF-8, or UTF-16 with its byte-order mark, as PyYAML reads bytes);
+    whatever is wrong is one line with the position: a syntax error, a key written twice in one
+    mapping, nesting deeper than fields.MAX_YAML_DEPTH, or bytes that are not such text."""
     path = Path(path)
     if not path.is_file():
         raise VlmrlError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_bytes(), Loader=StrictLoader)
+    except OSError as error:
+        raise VlmrlError(f"cannot read config file {str(path)!r}: {error.strerror or error}") from None
+    except yaml.reader.ReaderError as error:  # undecodable bytes, or a control character (a binary file)
+        raise VlmrlError(f"{path} is not a YAML text file: {error.reason} at byte {error.position}; save it as "
+                         "UTF-8 text") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise VlmrlError(f"YAML syntax error in {path}{where}: {problem}")
+        problem = getattr(error, "problem", None) or one_line(error)
+        raise VlmrlError(f"YAML syntax error in {path}{where}: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

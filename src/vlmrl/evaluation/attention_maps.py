@@ -28,7 +28,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
 from vlmrl.disk import output_folder, write_file, write_text
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, one_line
 from vlmrl.evaluation.attention import attention_forward, image_grids, resolve_layer
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.tasks import Example
@@ -191,7 +191,7 @@ def check_prompt(processor, example: Example) -> None:
         encode_prompts(processor, [example], torch.device("cpu"))
     except Exception as error:  # noqa: BLE001 - the processor's own reason, in one line
         sizes = ", ".join(f"{image.width}x{image.height}" for image in example.images)
-        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        reason = f"{type(error).__name__}: {one_line(error)}"
         raise VlmrlError(f"the model's processor cannot take the image ({sizes}): {reason}") from error
 
 

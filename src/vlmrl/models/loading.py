@@ -22,7 +22,8 @@ import torch
 from vlmrl.config import Config, LoraConfig, device_rule
 from vlmrl.errors import VlmrlError, require
 from vlmrl.models.fused_kernels import use_fused_kernels
-from vlmrl.models.model_source import check_model_source, first_line, processor_class, saved_processor_class
+from vlmrl.models.model_source import (check_model_source, first_line, missing_processor_part, processor_class,
+                                      saved_processor_class)
 from vlmrl.models.processing import image_text_processor_class
 from vlmrl.models.support import hf_model
 from vlmrl.models.vision_attention import use_batched_vision_attention
@@ -41,14 +42,16 @@ def is_vision_parameter(name: str) -> bool:
     return bool(_VISION_RE.search(name))
 
 
-def resolve_device(device: str, name: str = "device") -> torch.device:
-    """"auto" is CUDA when present, else CPU. A device that is not one (config.DEVICES: "gpu") or that
-    this machine does not have (cuda on a torch built without it, cuda:3 of two GPUs, mps off a Mac) is
-    one line naming the setting `name` (model.device, --device), before anything loads."""
+def resolve_device(device: str, name: str = "device", present: bool = True) -> torch.device:
+    """"auto" is CUDA when present, else CPU. A device that is not one (config.DEVICES: "gpu") or, with
+    `present`, that this machine does not have (cuda on a torch built without it, cuda:3 of two GPUs,
+    mps off a Mac) is one line naming the setting `name` (model.device, --device), before anything loads."""
     require(device_rule(name, device))
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target = torch.device(device)
+    if not present:
+        return target
     if target.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch is built without CUDA" if torch.version.cuda is None
@@ -86,15 +89,21 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
         class_name = saved_processor_class(name_or_path)
         base = processor_class(class_name) if class_name else None
         if base is None:
-            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(auto_error)}")
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: "
+                             f"{missing_processor_part(name_or_path) or first_line(auto_error)}")
         try:
             processor = image_text_processor_class(base).from_pretrained(name_or_path)
         except (OSError, ImportError, ValueError) as error:
-            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(error)}")
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: "
+                             f"{missing_processor_part(name_or_path) or first_line(error)}")
     if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
         raise VlmrlError(
             f"{name_or_path!r} has no image processor (no processor_config.json or "
             "preprocessor_config.json): it is not an image-text-to-text model folder")
+    if not getattr(processor, "chat_template", None):  # every prompt is written with it (prompts.py)
+        raise VlmrlError(f"{name_or_path!r} has no chat template (chat_template.jinja, or chat_template in its "
+                         "processor or tokenizer config), which vlmrl writes every prompt with; copy it from the "
+                         "model it was made from")
     processor.tokenizer.padding_side = "left"  # generation appends on the right
     return processor
 
@@ -125,7 +134,7 @@ def load_policy(
     if place not in PLACES:
         raise ValueError(f"place must be one of {PLACES}; got {place!r}")
     processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
-    target = resolve_device(device)
+    target = resolve_device(device, present=place == "device")  # elsewhere the device only settles the dtype
     try:
         model = AutoModelForImageTextToText.from_pretrained(
             name_or_path,

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from vlmrl.errors import VlmrlError, warn
+from vlmrl.errors import VlmrlError, one_line, warn
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task, stable_unit
 from vlmrl.tasks.geometry_gen import KINDS, Problem, make_problem
 from vlmrl.tasks.images import BadImage, to_rgb
@@ -211,6 +212,19 @@ def _holds_no_rows(path: Path) -> bool:
     return size == 0 or (size < 64 and path.read_text(errors="replace").strip() in ("", "[]"))
 
 
+def hub_problem(error: Exception) -> str:
+    """Why a name that is no local path did not load from the hub, in vlmrl's words (the datasets
+    library's own speak of "Couldn't reach 'x' on the Hub (LocalEntryNotFoundError)")."""
+    import datasets
+
+    if any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+           for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return "and the hub is off (HF_HUB_OFFLINE) and its cache does not hold such a dataset"
+    if isinstance(error, datasets.exceptions.DatasetNotFoundError):
+        return "nor a dataset on the hub"
+    return f"and the hub cannot be reached to look for a dataset of that name ({type(error).__name__})"
+
+
 @functools.lru_cache(maxsize=4)
 def load_source(source: str) -> tuple[dict[str, Any], dict[str, tuple[Path, ...]], dict[str, list[str]]]:
     """({split: datasets.Dataset}, {split: folders where relative image paths are looked up: the
@@ -225,12 +239,16 @@ def load_source(source: str) -> tuple[dict[str, Any], dict[str, tuple[Path, ...]
             root = path if path.is_dir() else path.parent
             folders = {split: (Path(files[0]).parent, root) for split, files in data_files.items()}
         else:
-            loaded = datasets.load_dataset(source)
+            try:
+                loaded = datasets.load_dataset(source)
+            except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as error:
+                raise VlmrlError(f"geometry source {source!r} is not a local file or folder, {hub_problem(error)}: "
+                                 "give a .json/.jsonl/.parquet file, a folder of them, or a hub dataset id") from error
             folders, data_files = {}, {}
     except VlmrlError:
         raise
     except Exception as error:  # noqa: BLE001 - any loader failure is a problem with the user's data
-        raise VlmrlError(f"cannot load geometry source {source!r}: {type(error).__name__}: {error}") from error
+        raise VlmrlError(f"cannot load geometry source {source!r}: {type(error).__name__}: {one_line(error)}") from error
     return dict(loaded), folders, data_files
 
 
