@@ -51,7 +51,7 @@ def test_config_prints_resolved_yaml_and_docs(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["config", "model.freez_vision=true"], "error: unknown config key 'model.freez_vision'; did you mean model.freeze_vision"),
-    (["config", "model.lora.r=big"], "error: model.lora.r must be int; got 'big'"),
+    (["config", "model.lora.r=big"], "error: model.lora.r must be an integer; got 'big'"),
     (["config", "missing.yaml"], "error: config file 'missing.yaml' does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
@@ -157,3 +157,126 @@ def test_a_task_named_by_import_path_is_found_in_the_working_directory(tmp_path,
     assert main(["tasks", "show", "my_letters:LetterTask", "--n", "1"]) == 0
     assert "task my_letters:LetterTask" in capsys.readouterr().out
     monkeypatch.delitem(sys.modules, "my_letters", raising=False)
+
+
+BIG = 10 ** 20
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tiny-model", "never-written", "--seed", str(BIG)], f"--seed must be in [0, 2**32) (numpy's range); got {BIG}"),
+    (["config", f"rollout.group_size={BIG}"], f"rollout.group_size must be at most 4,096; got {BIG}"),
+    (["config", f"model.lora.r={BIG}"], f"model.lora.r must be at most 16,384; got {BIG}"),
+    (["tasks", "show", "shapes", "--n", str(BIG)], f"--n must be in [0, 10,000], got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--n", str(BIG)], f"the number of examples must be in [1, 1,000,000], got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--k", str(BIG)], f"k must be at most 4,096; got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--max-new-tokens", str(BIG)], f"max new tokens must be at most 1,048,576; got {BIG}"),
+    (["eval", "m", "--task", "shapes", "--device", "gpu"], "--device must be auto, cpu, mps, cuda or cuda:N; got 'gpu'"),
+    (["attention", "m", "--task", "shapes", "--device", "gpu"], "--device must be auto, cpu, mps, cuda or cuda:N; got 'gpu'"),
+], ids=["tiny-model-seed", "group-size", "lora-r", "tasks-show-n", "eval-n", "eval-k", "eval-max-new-tokens",
+        "eval-device-gpu", "attention-device-gpu"])
+def test_a_number_past_its_bound_or_a_device_that_is_none_is_one_line(args, message, capsys, tmp_path, monkeypatch):
+    """Each was a traceback (an overflow in torch, "Expected one of cpu, cuda, ... device type") or a
+    hang (a list of 10**20 examples) before."""
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n"
+    assert not (tmp_path / "never-written").exists()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
+@pytest.mark.parametrize("command", ["eval", "check", "train"])
+def test_a_device_this_machine_lacks_is_one_line_before_anything_loads(command, device, capsys, monkeypatch,
+                                                                       tiny_model_dir, tmp_path):
+    """`--device cuda` on a torch without CUDA was "Torch not compiled with CUDA enabled" in eval and
+    check; `model.device=cuda` trained on the CPU without a word (accelerate's cpu=True)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    args = {"eval": ["eval", tiny_model_dir, "--task", "shapes", "--device", device, "--out", str(tmp_path)],
+            "check": ["check", f"model.name_or_path={tiny_model_dir}", f"model.device={device}"],
+            "train": ["train", f"model.name_or_path={tiny_model_dir}", f"model.device={device}",
+                      f"output_dir={tmp_path / 'run'}"]}[command]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    name = "--device" if command == "eval" else "model.device"
+    if device == "mps":
+        assert err == f"error: {name}=mps but MPS (Apple GPUs) is not available here: use cpu or auto\n"
+    else:
+        assert err.startswith(f"error: {name}={device} but ") and "use cpu or auto" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists() and not (tmp_path / "eval.json").exists()
+
+
+def test_a_gpu_the_machine_does_not_have_is_named(monkeypatch):
+    import torch
+
+    from vlmrl.models.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1", "--device") == torch.device("cuda:1")
+    with pytest.raises(VlmrlError, match=r"^--device=cuda:2 but this machine has 2 GPU\(s\): cuda:0 \.\. cuda:1$"):
+        resolve_device("cuda:2", "--device")
+
+
+@pytest.mark.parametrize("name, data", [
+    ("latin1.yaml", "model: {name_or_path: caf\xe9}\n".encode("latin-1")),
+    ("binary.yaml", bytes(range(256))),
+    ("deep.yaml", ("a: " + "[" * 5000 + "]" * 5000 + "\n").encode()),
+    ("twice.yaml", b"train:\n  lr: 0.1\n  lr: 0.2\n"),
+])
+def test_a_config_file_that_is_not_clean_yaml_is_one_line_from_the_command(name, data, tmp_path, capsys):
+    (tmp_path / name).write_bytes(data)
+    assert main(["config", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("removed, message", [
+    ("tokenizer.json", "cannot load a processor from {m!r}: it has no tokenizer (tokenizer.json); copy it from the "
+                       "model it was made from"),
+    ("processor_config.json", "cannot load a processor from {m!r}: it has no image processor settings "
+                              "(processor_config.json or preprocessor_config.json); copy it from the model it was "
+                              "made from"),
+    ("chat_template.jinja", "{m!r} has no chat template (chat_template.jinja, or chat_template in its processor or "
+                            "tokenizer config), which vlmrl writes every prompt with; copy it from the model it was "
+                            "made from"),
+])
+def test_a_missing_processor_part_is_named_in_vlmrls_words(removed, message, tiny_model_dir, tmp_path, capsys):
+    """Before: "Couldn't instantiate the backend tokenizer from one of: " (cut there), transformers' hub
+    text ("If you were trying to load it from 'https://huggingface.co/models'..."), a ValueError traceback."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / removed).unlink()
+    assert main(["eval", str(model), "--task", "shapes", "--n", "1", "--k", "0", "--no-blind"]) == 2
+    assert capsys.readouterr().err == f"error: {message.format(m=str(model))}\n"
+
+
+def test_another_library_s_error_is_kept_whole_on_one_line():
+    """A message cut at its first line read "Couldn't instantiate the backend tokenizer from one of: "."""
+    from vlmrl.errors import one_line
+    from vlmrl.models.model_source import first_line
+
+    error = ValueError("Couldn't instantiate the backend tokenizer from one of: \n(1) a `tokenizers` library "
+                       "serialization file, \n(2) a slow tokenizer instance to convert")
+    whole = ("Couldn't instantiate the backend tokenizer from one of: (1) a `tokenizers` library serialization file, "
+             "(2) a slow tokenizer instance to convert")
+    assert one_line(error) == first_line(error) == whole
+    assert one_line(ValueError()) == "ValueError"
+
+
+@pytest.mark.parametrize("command", ["eval", "attention"])
+def test_max_new_tokens_past_the_model_s_context_is_one_line(command, tiny_model_dir, tmp_path, capsys):
+    """The tiny model reads 4096 positions; 5000 new tokens generated past them without a word."""
+    args = {"eval": ["eval", tiny_model_dir, "--task", "shapes", "--n", "1", "--k", "0", "--no-blind",
+                     "--out", str(tmp_path)],
+            "attention": ["attention", tiny_model_dir, "--task", "shapes", "--out", str(tmp_path / "maps")]}[command]
+    assert main([*args, "--max-new-tokens", "5000"]) == 2
+    err = capsys.readouterr().err  # after the loader's progress bar
+    assert err.endswith("\nerror: --max-new-tokens=5000 is longer than the model's context of 4096 positions "
+                        "(max_position_embeddings in its config.json): set it to at most 4096\n"), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "eval.json").exists()

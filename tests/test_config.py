@@ -48,9 +48,9 @@ def test_unknown_key_names_the_key_and_the_closest_valid_ones(tmp_path):
 
 
 def test_wrong_type_names_the_field_and_the_value():
-    with pytest.raises(VlmrlError, match=r"model\.lora\.r must be int; got 'four'"):
+    with pytest.raises(VlmrlError, match=r"model\.lora\.r must be an integer; got 'four'"):
         load_config(None, ["model.lora.r=four"])
-    with pytest.raises(VlmrlError, match=r"model\.freeze_vision must be bool; got 3"):
+    with pytest.raises(VlmrlError, match=r"model\.freeze_vision must be true or false; got 3"):
         load_config(None, ["model.freeze_vision=3"])
     with pytest.raises(VlmrlError, match=r"model\.dtype must be one of auto, float32.*got 'fp8'"):
         load_config(None, ["model.dtype=fp8"])
@@ -68,13 +68,13 @@ def test_values_follow_one_rule_from_yaml_overrides_and_python(tmp_path):
     assert from_dict(Config, {"output_dir": 5}).output_dir == "5"
     assert from_dict(Config, {"model": {"name_or_path": "null"}}).model.name_or_path == "null"
     assert load_config(None, ["model.attn_implementation=null"]).model.attn_implementation is None
-    with pytest.raises(VlmrlError, match=r"^train\.steps must be int; got 3\.0 \(float\)$"):
+    with pytest.raises(VlmrlError, match=r"^train\.steps must be an integer; got 3\.0$"):
         from_dict(Config, {"train": {"steps": 3.0}})
-    with pytest.raises(VlmrlError, match=r"^model\.freeze_vision must be bool; got 1 \(int\)$"):
+    with pytest.raises(VlmrlError, match=r"^model\.freeze_vision must be true or false; got 1$"):
         load_config(None, ["model.freeze_vision=1"])
-    with pytest.raises(VlmrlError, match=r"^output_dir must be str; got True \(bool\)$"):
+    with pytest.raises(VlmrlError, match=r"^output_dir must be text; got true$"):
         load_config(None, ["output_dir=true"])
-    with pytest.raises(VlmrlError, match=r"^train\.adam_betas\[1\] must be float; got 'x' \(str\)$"):
+    with pytest.raises(VlmrlError, match=r"^train\.adam_betas\[1\] must be a number; got 'x'$"):
         load_config(None, ["train.adam_betas=[0.9, x]"])
 
 
@@ -148,3 +148,67 @@ def test_every_preset_in_configs_is_a_valid_config():
     assert len(presets) >= 18
     for preset in presets:
         load_config(preset)  # every key known, every value in range (raises VlmrlError otherwise)
+
+
+BIG = 10 ** 20  # a typo of twenty digits: once a hang in the preflight (group_size) or an overflow in torch
+
+
+@pytest.mark.parametrize("key, bound", [
+    ("rollout.group_size", 4096), ("rollout.max_new_tokens", 2 ** 20), ("rollout.max_prompt_length", 2 ** 20),
+    ("rollout.generation_batch_size", 2 ** 20), ("rollout.max_turns", 1024),
+    ("rollout.max_trajectory_tokens", 2 ** 20), ("rollout.tool_timeout_s", 3600), ("model.lora.r", 16384),
+    ("algorithm.updates_per_batch", 1000), ("algorithm.max_sampling_rounds", 1000), ("eval.n", 1_000_000),
+    ("eval.max_new_tokens", 2 ** 20), ("eval.batch_size", 2 ** 20), ("train.micro_batch_size", 2 ** 20),
+    ("sft.batch_size", 2 ** 20),
+])
+def test_every_count_has_an_upper_bound_no_real_run_reaches(key, bound):
+    """Each bound is accepted, and a 20-digit value is one line naming the key and the bound."""
+    assert load_config(None, [f"{key}={bound}", "rollout.prompts_per_step=1"]) is not None
+    with pytest.raises(VlmrlError) as error:
+        load_config(None, [f"{key}={BIG}"])
+    message = str(error.value)
+    got = float(BIG) if key.endswith("_s") else BIG  # a float field reads 10**20 as 1e+20
+    assert message.startswith(f"{key} must be at most {bound:,}") and message.endswith(f"; got {got}"), message
+
+
+def test_the_completions_of_a_step_are_bounded_together():
+    load_config(None, ["rollout.prompts_per_step=256", "rollout.group_size=4096"])  # 2**20: the most
+    with pytest.raises(VlmrlError, match=r"^rollout.prompts_per_step x group_size must be at most 1,048,576 "
+                                         r"completions per step; got 100000000000000000000 x 8$"):
+        load_config(None, [f"rollout.prompts_per_step={BIG}"])
+
+
+def test_utf16_with_its_byte_order_mark_and_utf8_with_one_are_read(tmp_path):
+    text = "model:\n  dtype: float32\n"
+    for name, data in (("utf16.yaml", text.encode("utf-16")), ("bom.yaml", b"\xef\xbb\xbf" + text.encode())):
+        (tmp_path / name).write_bytes(data)
+        assert load_config(tmp_path / name).model.dtype == "float32"
+
+
+@pytest.mark.parametrize("data, message", [
+    ("model:\n  dtype: float32\n".encode("utf-16-le"), r"is not a YAML text file: special characters are not "
+                                                        r"allowed at byte 1; save it as UTF-8 text$"),
+    (bytes(range(256)), r"is not a YAML text file: .* at byte \d+; save it as UTF-8 text$"),
+    ("model:\n  name_or_path: caf\xe9\n".encode("latin-1"), r"is not a YAML text file: invalid continuation byte"),
+    (("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), r"YAML syntax error in .* at line 1, column \d+: nested "
+                                                         r"deeper than 100 levels$"),
+    ("train:\n  lr: 0.1\n  steps: 3\n  lr: 0.2\n".encode(), r"YAML syntax error in .* at line 4, column 3: duplicate "
+                                                             r"key 'lr' \(first at line 2\): a key may appear once"),
+    ("model: {dtype: float32}\nseed: 1\nmodel: {dtype: bfloat16}\n".encode(),
+     r"at line 3, column 1: duplicate key 'model' \(first at line 1\)"),
+], ids=["utf16-without-bom", "binary", "latin1", "5000-deep", "duplicate-key", "duplicate-section"])
+def test_a_file_that_is_not_one_clean_yaml_mapping_is_one_line(tmp_path, data, message):
+    """UTF-16 without its mark, a binary file, Latin-1, 5000 levels of nesting (a RecursionError
+    before) and a key written twice (PyYAML kept the last, silently) are each one line."""
+    path = tmp_path / "run.yaml"
+    path.write_bytes(data)
+    with pytest.raises(VlmrlError, match=message) as error:
+        load_config(path)
+    assert "\n" not in str(error.value)
+
+
+def test_merge_keys_may_still_override_what_they_merge(tmp_path):
+    path = _write(tmp_path, "base: &base {lr: 0.1, steps: 3}\ntrain:\n  <<: *base\n  lr: 0.2\n")
+    from vlmrl.config import read_yaml
+
+    assert read_yaml(path)["train"] == {"lr": 0.2, "steps": 3}

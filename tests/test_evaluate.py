@@ -215,8 +215,10 @@ def test_held_out_examples_are_fixed_and_checked(task):
     assert [e.answer for e in first] == [e.answer for e in again]
     with pytest.raises(VlmrlError, match="has no split 'valid'"):
         held_out_examples(task, "valid", 3)
-    with pytest.raises(VlmrlError, match="must be >= 1"):
+    with pytest.raises(VlmrlError, match=r"must be in \[1, 1,000,000\], got 0"):
         held_out_examples(task, "test", 0)
+    with pytest.raises(VlmrlError, match=r"must be in \[1, 1,000,000\], got 100000000000000000000"):
+        held_out_examples(task, "test", 10 ** 20)  # a list of them all was made first: a hang
 
 
 # ---------------------------------------------------------------- on the tiny model
@@ -332,7 +334,7 @@ def test_eval_command_prints_the_table_and_writes_json(tiny_model_dir, tmp_path,
 @pytest.mark.parametrize("args, message", [
     (["--task", "shapez"], "error: unknown task 'shapez'; did you mean shapes"),
     (["--task", "shapes", "--split", "valid"], "error: task 'shapes' has no split 'valid'; valid: train, test, ood"),
-    (["--task", "shapes", "--n", "0"], "error: the number of examples must be >= 1"),
+    (["--task", "shapes", "--n", "0"], "error: the number of examples must be in [1, 1,000,000], got 0"),
     (["--task", "shapes", "--k", "-1"], "error: k must be >= 0"),
     (["--task", "shapes", "colour=red"], "error: unknown parameter 'colour' of task 'shapes'"),
     (["--task", "shapes", "--tools", "zoom", "--tool-image-side", "0"],

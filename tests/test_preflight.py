@@ -411,3 +411,23 @@ def test_check_planning_zero3_says_log_probs_come_from_the_logits(tiny_model_dir
     planned = check(config, processes=2, strategy="ZeRO-3").speed
     assert f"no output layer in chunks of 1024 ({ZERO3_UNTAPPABLE})" in planned
     assert "; output layer in chunks of 1024;" in check(config, processes=2, strategy="FSDP2").speed
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["rollout.max_new_tokens=5000"], r"^rollout.max_new_tokens=5000 after the longest train prompt \((\d+) tokens\) would "
+                                      r"reach \d+ positions, past the model's context of 4096 positions "
+                                      r"\(max_position_embeddings in its config.json\): set rollout.max_new_tokens to at "
+                                      r"most \d+$"),
+    (["eval.every=1", "eval.max_new_tokens=4096"], r"^eval.max_new_tokens=4096 after the longest eval/test prompt"),
+    (["rollout.tools=[zoom]", "rollout.max_trajectory_tokens=8000"], r"^rollout.max_trajectory_tokens=8000 after the "
+                                                                     r"longest train prompt"),
+])
+def test_a_generation_past_the_model_s_context_is_one_line_before_step_one(tiny_model_dir, letter_task, extra, message):
+    """The tiny model reads 4096 positions (max_position_embeddings): a longer completion was
+    accepted, and generated past them (or allocated a static cache of the whole length)."""
+    with pytest.raises(VlmrlError, match=message) as error:
+        check(load_config(None, overrides(tiny_model_dir, *extra)))
+    if extra == ["rollout.max_new_tokens=5000"]:
+        prompt = int(error.value.args[0].split("(")[1].split(" ")[0])
+        fits = 4096 - prompt
+        check(load_config(None, overrides(tiny_model_dir, f"rollout.max_new_tokens={fits}")))  # the most is accepted

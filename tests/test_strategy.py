@@ -159,3 +159,60 @@ def test_accelerate_launch_num_processes_2_without_multi_gpu_is_refused_on_a_cpu
     assert "error: accelerate launch was asked for several processes but started one: on a machine without GPUs " \
            "add --multi_gpu" in stderr
     assert "Loading weights" not in stderr
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"FSDP_VERSION": "two"}, r"^fsdp_version: two in the accelerate config is not a version of FSDP \(FSDP_VERSION\): "
+                              r"vlmrl runs FSDP2, set fsdp_version: 2"),
+    ({"FSDP_RESHARD_AFTER_FORWARD": "maybe"}, r"^fsdp_reshard_after_forward: maybe in the accelerate config is not true "
+                                              r"or false \(FSDP_RESHARD_AFTER_FORWARD\): set true or false$"),
+    ({"FSDP_CPU_RAM_EFFICIENT_LOADING": "sometimes"}, r"^fsdp_cpu_ram_efficient_loading: sometimes in the accelerate"),
+    ({"FSDP_OFFLOAD_PARAMS": "2"}, r"^fsdp_offload_params: 2 in the accelerate config is not true or false"),
+    ({"ACCELERATE_DYNAMO_BACKEND": "turbo"}, r"^dynamo_backend: turbo in the accelerate config is not a backend "
+                                            r"accelerate knows"),
+])
+def test_an_fsdp_setting_accelerate_cannot_read_is_one_line_before_the_accelerator(setting, message):
+    """accelerate's int("two") and str_to_bool("maybe") were a ValueError traceback on every process."""
+    from vlmrl.training.strategy import refuse_unrunnable
+
+    with pytest.raises(VlmrlError, match=message):
+        refuse_unrunnable(TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} | setting)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "three"}, r"^zero_stage: three in the accelerate config is not a ZeRO stage"),
+    ({"ACCELERATE_DEEPSPEED_ZERO3_INIT": "perhaps"}, r"^zero3_init_flag: perhaps in the accelerate config is not true "
+                                                    r"or false"),
+])
+def test_a_deepspeed_setting_accelerate_cannot_read_is_one_line(setting, message):
+    from vlmrl.training.strategy import refuse_unrunnable
+
+    with pytest.raises(VlmrlError, match=message):
+        refuse_unrunnable(TORCHRUN | {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+                          | setting)
+
+
+@pytest.mark.parametrize(("value", "reshard"), [("off", False), ("n", False), ("f", False), ("0", False),
+                                                ("on", True), ("Yes", True), ("t", True)])
+def test_a_yes_or_no_setting_means_what_accelerate_takes_it_to_mean(value, reshard):
+    """vlmrl read "off" and "n" as true (only false, 0 and no were false), accelerate as false."""
+    fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": value}
+    assert settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2).reshard_after_forward is reshard
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"}, r"^fsdp_sharding_strategy: SHARD_GRAD_OP is not applied under vlmrl's "
+                                                  r"FSDP2, .* fsdp_reshard_after_forward: false"),
+    ({"FSDP_SHARDING_STRATEGY": "NO_SHARD"}, r"^fsdp_sharding_strategy: NO_SHARD is not applied .*configs/accelerate/ddp"),
+    ({"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}, r"^dynamo_backend: INDUCTOR in the accelerate config is not applied "
+                                                r"under vlmrl's FSDP2 .* set dynamo_backend: no"),
+])
+def test_a_sharding_strategy_or_dynamo_backend_fsdp2_would_ignore_is_refused(setting, message):
+    """Both were accepted in silence: vlmrl shards FULL_SHARD-style itself, and accelerate compiles only
+    a model it prepares (under DDP and ZeRO-3 it does)."""
+    fsdp2 = TORCHRUN | {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    with pytest.raises(VlmrlError, match=message):
+        settle_strategy("MULTI_CPU", 2, "gloo", "cpu", fsdp2 | setting)
+    launched = fsdp2 | {"FSDP_SHARDING_STRATEGY": "FULL_SHARD", "ACCELERATE_DYNAMO_BACKEND": "NO"}  # the launcher's defaults
+    assert settle_strategy("MULTI_CPU", 2, "gloo", "cpu", launched).name == "FSDP2"
+    assert settle_strategy("MULTI_CPU", 2, "gloo", "cpu", TORCHRUN | {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}).name == "DDP"

@@ -331,3 +331,45 @@ def test_walk_letter_cells_point_each_looked_up_letter_at_its_cell():
     assert [text[a:b] for a, b, _ in spans] == list("thehis")
     assert [box for _, _, box in spans] == [box for _, _, box in decoded_letter_cells(example)]
     assert spans[0][:2] == (10, 11) and walk_letter_cells(TASK.example(0)) == []
+
+
+@pytest.mark.parametrize("reference", ["walk", "pairs", "chars"])
+def test_a_one_letter_message_s_reference_scores_the_maximum(reference):
+    """A one-letter message is its own spaced form: the reference's <chars> equals its answer, which
+    was therefore never "strictly closer" than the <chars>, and correctness was never paid (2 of 3)."""
+    task = get_task("cryptogram", vocabulary="strings", min_words=1, max_words=1, max_word_length=1,
+                    reference=reference)
+    for idx in range(20):
+        example = task.example(idx, "train")
+        assert len(example.answer) == 1
+        assert task.score(example, example.reference_completion) == {
+            "format": 1.0, "decoding": 1.0, "correctness": 1.0, "accuracy": 1.0, "total": 3.0}
+    copied = f"<think> <chars> {example.answer} </chars> </think> <answer> x </answer>"
+    assert task.score(example, copied)["correctness"] == 0.0  # a wrong answer still earns nothing
+
+
+@pytest.mark.parametrize("letters", ["ab", "abc"])
+def test_a_message_space_too_small_to_split_is_a_parameter_error(letters):
+    """held_out=messages_and_ciphers over 2 or 3 one-letter messages and 1 or 2 ciphers puts every
+    draw on one side: a RuntimeError ("no message landed in the split") at the first example of the
+    other side, before; now one line when the task is made."""
+    params = {"letters": letters, "layout": "grid", "vocabulary": "strings", "max_word_length": 1, "max_words": 1}
+    with pytest.raises(VlmrlError, match=r"^held_out=messages_and_ciphers leaves the (train|test) split 0\.0% of the "
+                                         r"\(message, cipher\) draws: \d messages and \d ciphers? of \d letters are too "
+                                         r"few to split between train and test; .* or use held_out=pairs$"):
+        get_task("cryptogram", held_out="messages_and_ciphers", **params)
+    task = get_task("cryptogram", held_out="pairs", **params)  # pairs split these spaces: both sides draw
+    assert task.example(0, "train") and task.example(0, "test")
+
+
+def test_split_shares_count_small_spaces_draw_by_draw():
+    from vlmrl.tasks.cryptogram import derangement_count, split_shares
+
+    assert [derangement_count(n) for n in (2, 3, 4, 5, 26)][:4] == [1, 2, 9, 44]
+    four = get_task("cryptogram", letters="abcd", layout="grid", vocabulary="strings", max_word_length=1,
+                    max_words=1, held_out="messages_and_ciphers")
+    shares = split_shares(four.params)
+    assert 0.03 < shares["train"] < 0.5 and 0.03 < shares["test"] < 0.5  # both sides draw
+    for split in ("train", "test"):
+        assert {four.example(i, split).meta["split"] for i in range(5)} == {split}
+    assert split_shares(TASK.params) == {"train": 0.5, "test": 0.5}  # 2000 words, 26 letters: too many to count

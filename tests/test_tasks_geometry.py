@@ -224,3 +224,23 @@ def test_score_is_total_and_in_range(text, example):
     assert set(scores) == {"accuracy", "format", "total"}
     assert all(math.isfinite(v) for v in scores.values())
     assert scores["accuracy"] in (0.0, 1.0) and scores["format"] in (0.0, 1.0) and 0.0 <= scores["total"] <= 1.5
+
+
+@pytest.mark.parametrize("source", ["no-such-dataset", "data/no-such-folder"])
+def test_a_source_that_is_neither_here_nor_on_the_hub_is_said_in_vlmrls_words(source, monkeypatch):
+    """The datasets library's "ConnectionError: Couldn't reach 'x' on the Hub (OfflineModeIsEnabled)"
+    stood where vlmrl's own sentence belongs."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets, "load_dataset", lambda name: (_ for _ in ()).throw(
+        ConnectionError(f"Couldn't reach '{name}' on the Hub (OfflineModeIsEnabled)")))
+    with pytest.raises(VlmrlError) as error:
+        get_task("geometry", source=source).example(0)
+    assert str(error.value) == (f"data source {source!r} is not a local file or folder, and the hub is off "
+                                "(HF_HUB_OFFLINE) and its cache does not hold such a dataset: give a "
+                                ".json/.jsonl/.csv/.parquet file, a folder of them, or a hub dataset id")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(datasets, "load_dataset", lambda name: (_ for _ in ()).throw(
+        datasets.exceptions.DatasetNotFoundError(f"Dataset '{name}' doesn't exist on the Hub")))
+    with pytest.raises(VlmrlError, match=rf"^data source '{source}' is not a local file or folder, nor a dataset "
+                                         r"on the hub: give"):
+        get_task("geometry", source=source).example(0)

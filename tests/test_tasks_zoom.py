@@ -320,6 +320,7 @@ def test_parameters_change_the_images():
     ({"colors": "red,red"}, "colors must be distinct names"),
     ({"colors": "pink"}, "colors must be distinct names"),
     ({"tag_min": 30, "tag_max": 20}, "need 8 <= tag_min <= tag_max"),
+    ({"tag_max": 10 ** 20}, "need 8 <= tag_min <= tag_max <= image_size, got 20, 100000000000000000000"),  # was an OSError from FreeType
     ({"distractor_shapes": 8}, "do not fit"),
     ({"call_cost": -0.1}, "must be >= 0"),
     ({"max_zoom_area": 0}, "max_zoom_area and min_cover must be in"),

@@ -646,3 +646,17 @@ def test_a_zoom_on_a_one_pixel_strip_is_padded_too(context):
     448 x 4 (aspect 112), comes back 448 x 28."""
     result = run_tool(call("zoom", box=[0, 0, 100, 1]), resolve_tools(["zoom"]), context, ToolLimits())
     assert (result.error, [i.size for i in result.images]) == (None, [(448, 28)])
+
+
+def test_a_tool_timeout_past_an_hour_is_refused():
+    """1e300 s overflowed the worker's wait (connection.poll) mid-rollout."""
+    from vlmrl.errors import VlmrlError
+    from vlmrl.tasks.tools import ToolLimits
+
+    from vlmrl import config
+    from vlmrl.tasks import tools as tools_module
+
+    assert tools_module.MAX_TOOL_TIMEOUT_S == config.MAX_TOOL_TIMEOUT_S == 3600  # one bound, checked in two places
+    ToolLimits(timeout_s=3600).validate()
+    with pytest.raises(VlmrlError, match=r"^tool timeout_s must be at most 3,600 s; got 1e\+300$"):
+        ToolLimits(timeout_s=1e300).validate()

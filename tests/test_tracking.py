@@ -65,7 +65,7 @@ def test_trackers_are_chosen_by_config(tmp_path):
     default = build_trackers(load_config(), tmp_path)
     assert [type(s) for s in default.sinks] == [MetricsLog, TensorBoardSink]  # the default
     default.close()
-    with pytest.raises(VlmrlError, match=r"train.trackers\[1\] must be one of tensorboard, wandb, trackio; got 'tb'"):
+    with pytest.raises(VlmrlError, match=r"train.trackers\[1\] must be one of tensorboard, wandb or trackio; got 'tb'"):
         _config("train.trackers=[tensorboard, tb]")
 
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import yaml
 
 from vlmrl.disk import write_text
-from vlmrl.errors import VlmrlError, require
-from vlmrl.fields import Naming, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.errors import VlmrlError, one_line, require
+from vlmrl.fields import Naming, StrictLoader, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
 from vlmrl.imports import resolve_file
 
 TOOL_IMAGE_SIDES = (28, 1024)
@@ -55,12 +55,74 @@ def temperature_rule(name: str, temperature: float, greedy: bool) -> tuple[bool,
                      f"overflows float32, larger samples the vocabulary uniformly); got {temperature}")
 
 
+# --------------------------------------------------------------------------- upper bounds
+# Each number a run sizes its work, memory or waiting by has an upper bound far above any real run,
+# so that a typo (an extra digit, or twenty) is one line when the config is read rather than a hang,
+# an overflow deep in torch, or a preflight walking 10**20 micro-batches (a 20-digit
+# rollout.group_size hung it, deaf to SIGTERM). The reason for each bound is under it.
+
+MAX_GROUP_SIZE = 4096
+"""Most completions per prompt (rollout.group_size, `vlmrl eval --k`): published GRPO groups hold 4
+to 64 completions and pass@k curves stop at a few hundred samples; a group is generated together."""
+MAX_ROWS = 2 ** 20
+"""Most completions a step samples (rollout.prompts_per_step x group_size), SFT examples per step
+(sft.batch_size), rows per micro-batch or per generate call: 1,048,576, some thirty times the largest
+RL steps published (512 prompts x 64); a step holds all its rows at once."""
+MAX_TOKENS = 2 ** 20
+"""Most tokens of a prompt, a completion or a tool trajectory (max_prompt_length, max_new_tokens,
+max_trajectory_tokens): 1,048,576, the longest context of any image-text model; once the model is
+loaded the preflight holds completions to its own context (`context_length`)."""
+MAX_TURNS = 1024
+"""Most model turns of a tool trajectory (rollout.max_turns, `vlmrl eval --max-turns`): agentic
+rollouts take a few to a few dozen turns, each one a generate call."""
+MAX_TOOL_TIMEOUT_S = 3600
+"""Longest a call of your own tool may run (rollout.tool_timeout_s): an hour, while every rollout of
+the step waits for it; the worker's wait overflows past about 10**8 seconds."""
+MAX_LORA_RANK = 16384
+"""Largest LoRA rank (model.lora.r): the widest language models have a hidden size of 16,384 or
+less, and a rank equal to the hidden size is already a full-rank update."""
+MAX_UPDATES_PER_BATCH = 1000
+"""Most optimisation passes over one rollout batch (algorithm.updates_per_batch): PPO-style reuse
+takes 1 to 4; long before 1000 the clipped ratios stop every token's gradient."""
+MAX_SAMPLING_ROUNDS = 1000
+"""Most generation rounds per step under dynamic sampling (algorithm.max_sampling_rounds): DAPO
+uses a handful; every round is a full generation pass."""
+MAX_EVAL_EXAMPLES = 1_000_000
+"""Most held-out examples per split (eval.n, `vlmrl eval --n`): all are made before the first is
+answered; the same limit as `vlmrl data geometry --n`."""
+
+
+SEEDS = 2 ** 32
+"""Seeds are in [0, SEEDS): numpy's range (the run's seed seeds numpy, torch and Python's random)."""
+
+
+def seed_rule(name: str, seed: int) -> tuple[bool, str]:
+    """The rule "seed `name` is in [0, 2**32)" for `require` (the run's seed, `vlmrl tiny-model --seed`)."""
+    return 0 <= seed < SEEDS, f"{name} must be in [0, 2**32) (numpy's range); got {seed}"
+
+
+def at_most(key: str, value: float, bound: float) -> tuple[bool, str]:
+    """The rule "`key` is at most `bound`" for `require`, with its one-line message (the reason for
+    each bound is in its docstring)."""
+    return value <= bound, f"{key} must be at most {bound:,}; got {value}"
+
+
 RENAMED_KEYS: dict[str, str] = {
     "rollout.shared_prefill": "rollout.share_prompt_cache",
     "train.shared_prefix": "train.pack_groups",
     "algorithm.cubic_shaping": "algorithm.advantage_shaping",
 }
 """Old dotted key -> its new name: a config that still uses an old key gets an error saying so."""
+
+DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+"""What a device setting may name (model.device, `--device`): auto (a GPU when present), cpu, mps,
+cuda or cuda:N; whether this machine has it is checked where torch is at hand (loading.resolve_device)."""
+
+
+def device_rule(name: str, device: str) -> tuple[bool, str]:
+    """The rule "setting `name` names a device" (DEVICES) for `require`."""
+    return DEVICES.fullmatch(device) is not None, f"{name} must be auto, cpu, mps, cuda or cuda:N; got {device!r}"
+
 
 ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 """Values of model.attn_implementation transformers knows by name (a hub kernel "org/name" too)."""
@@ -86,6 +148,7 @@ class LoraConfig:
 
     def validate(self) -> None:
         require((self.r >= 1 and self.alpha >= 1, f"model.lora.r and alpha must be >= 1; got r={self.r}, alpha={self.alpha}"),
+                at_most("model.lora.r", self.r, MAX_LORA_RANK),
                 (math.isfinite(self.dropout) and 0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1); got {self.dropout}"),
                 (bool(self.target_modules) and all(self.target_modules),
                  f"model.lora.target_modules must name at least one module; got {self.target_modules}"))
@@ -118,8 +181,7 @@ class ModelConfig:
     def validate(self) -> None:
         kernel = self.attn_implementation
         require((bool(self.name_or_path.strip()), "model.name_or_path is empty"),
-                (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
-                 f"model.device must be auto, cpu, mps, cuda or cuda:N; got {self.device!r}"),
+                device_rule("model.device", self.device),
                 (kernel is None or kernel in ATTENTION_KERNELS or "/" in kernel,
                  f"model.attn_implementation must be one of {', '.join(ATTENTION_KERNELS)} (or a hub kernel "
                  f"org/name); got {kernel!r}"),
@@ -216,6 +278,8 @@ class GenerationSettings:
                 (self.group_size >= 1 and self.max_new_tokens >= 1,
                  f"group_size and max_new_tokens must be >= 1; got {self.group_size}, {self.max_new_tokens}"),
                 temperature_rule("temperature", self.temperature, greedy=True),
+                at_most("group_size", self.group_size, MAX_GROUP_SIZE),
+                at_most("max_new_tokens", self.max_new_tokens, MAX_TOKENS),
                 (math.isfinite(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1]; got {self.top_p}"))
 
 
@@ -272,7 +336,15 @@ class RolloutConfig(GenerationSettings):
                 (TOOL_IMAGE_SIDES[0] <= self.tool_image_side <= TOOL_IMAGE_SIDES[1],
                  tool_image_side_rule("rollout.tool_image_side", self.tool_image_side)),
                 (min(self.prompts_per_step, self.generation_batch_size, self.max_prompt_length) >= 1,
-                 "rollout.prompts_per_step, generation_batch_size and max_prompt_length must be >= 1"))
+                 "rollout.prompts_per_step, generation_batch_size and max_prompt_length must be >= 1"),
+                at_most("rollout.tool_timeout_s", self.tool_timeout_s, MAX_TOOL_TIMEOUT_S),
+                at_most("rollout.max_turns", self.max_turns, MAX_TURNS),
+                at_most("rollout.max_trajectory_tokens", self.max_trajectory_tokens, MAX_TOKENS),
+                at_most("rollout.max_prompt_length", self.max_prompt_length, MAX_TOKENS),
+                at_most("rollout.generation_batch_size", self.generation_batch_size, MAX_ROWS),
+                (self.prompts_per_step * self.group_size <= MAX_ROWS,
+                 f"rollout.prompts_per_step x group_size must be at most {MAX_ROWS:,} completions per step; got "
+                 f"{self.prompts_per_step} x {self.group_size}"))
 
     def per_process(self, world: int) -> int:
         """Prompts each of `world` processes handles per step."""
@@ -407,7 +479,9 @@ class AlgorithmConfig:
                 (not self.teacher or self.distill_weight > 0,
                  f"algorithm.distill_weight must be > 0 with a teacher; got {self.distill_weight}"),
                 (bool(self.teacher) or self.distill_reward == "keep",
-                 "algorithm.distill_reward=drop needs algorithm.teacher (without one there would be no signal)"))
+                 "algorithm.distill_reward=drop needs algorithm.teacher (without one there would be no signal)"),
+                at_most("algorithm.updates_per_batch", self.updates_per_batch, MAX_UPDATES_PER_BATCH),
+                at_most("algorithm.max_sampling_rounds", self.max_sampling_rounds, MAX_SAMPLING_ROUNDS))
 
 
 @dataclass
@@ -492,6 +566,8 @@ class TrainConfig:
         negative = [f"{name}={value}" for name, value in counts.items() if value < 0]
         require((self.steps >= 1 and (self.micro_batch_size == "auto" or self.micro_batch_size >= 1),
                  "train.steps and train.micro_batch_size must be >= 1 (micro_batch_size may be auto)"),
+                (self.micro_batch_size == "auto" or self.micro_batch_size <= MAX_ROWS,
+                 f"train.micro_batch_size must be at most {MAX_ROWS:,} (or auto); got {self.micro_batch_size}"),
                 (not negative, f"train.{', '.join(negative)}: must be >= 0"),
                 (math.isfinite(self.lr) and self.lr >= 0, f"train.lr must be >= 0; got {self.lr}"),
                 (math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"train.weight_decay must be >= 0; got {self.weight_decay}"),
@@ -525,6 +601,9 @@ class EvalConfig:
     def validate(self) -> None:
         require((self.every >= 0 and self.n >= 1 and self.batch_size >= 1 and self.max_new_tokens >= 0,
                  "eval.every and eval.max_new_tokens must be >= 0, eval.n and eval.batch_size >= 1"),
+                at_most("eval.n", self.n, MAX_EVAL_EXAMPLES),
+                at_most("eval.max_new_tokens", self.max_new_tokens, MAX_TOKENS),
+                at_most("eval.batch_size", self.batch_size, MAX_ROWS),
                 (bool(self.splits) or self.every == 0, "eval.splits is empty while eval.every > 0"))
 
 
@@ -537,8 +616,8 @@ class SftConfig:
     """Examples per optimizer step, over all processes (split into train.micro_batch_size)."""
 
     def validate(self) -> None:
-        if self.batch_size < 1:
-            raise VlmrlError(f"sft.batch_size must be >= 1; got {self.batch_size}")
+        require((self.batch_size >= 1, f"sft.batch_size must be >= 1; got {self.batch_size}"),
+                at_most("sft.batch_size", self.batch_size, MAX_ROWS))
 
     def check_layout(self, world: int) -> None:
         """The batch splits evenly over `world` processes."""
@@ -585,7 +664,7 @@ class Config:
 
     def validate(self) -> None:
         """The rules between sections (each section checks its own fields when it is built)."""
-        require((0 <= self.seed < 2 ** 32, f"seed must be in [0, 2**32) (numpy's range); got {self.seed}"),
+        require(seed_rule("seed", self.seed),
                 (bool(self.output_dir.strip()), "output_dir is empty"),
                 (self.algorithm.overlong_buffer <= self.rollout.max_new_tokens,
                  f"algorithm.overlong_buffer={self.algorithm.overlong_buffer} must be at most "
@@ -624,17 +703,24 @@ def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from `path`; syntax errors become one-line errors with the position."""
+    """A YAML mapping from `path` (UTF-8, or UTF-16 with its byte-order mark, as PyYAML reads bytes);
+    whatever is wrong is one line with the position: a syntax error, a key written twice in one
+    mapping, nesting deeper than fields.MAX_YAML_DEPTH, or bytes that are not such text."""
     path = Path(path)
     if not path.is_file():
         raise VlmrlError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_bytes(), Loader=StrictLoader)
+    except OSError as error:
+        raise VlmrlError(f"cannot read config file {str(path)!r}: {error.strerror or error}") from None
+    except yaml.reader.ReaderError as error:  # undecodable bytes, or a control character (a binary file)
+        raise VlmrlError(f"{path} is not a YAML text file: {error.reason} at byte {error.position}; save it as "
+                         "UTF-8 text") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise VlmrlError(f"YAML syntax error in {path}{where}: {problem}")
+        problem = getattr(error, "problem", None) or one_line(error)
+        raise VlmrlError(f"YAML syntax error in {path}{where}: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -16,6 +16,14 @@ class VlmrlError(Exception):
     """Bad user input (a missing folder, a config mistake, bad data): a clear one-line message."""
 
 
+def one_line(error: BaseException | str) -> str:
+    """Another library's error message, whole, on one line (its lines joined, whitespace collapsed;
+    an empty message gives the error's type): cutting it at its first line left "... from one of:"
+    with nothing after."""
+    text = " ".join(str(error).split())
+    return text or (type(error).__name__ if isinstance(error, BaseException) else "")
+
+
 def require(*rules: tuple[bool, str]) -> None:
     """VlmrlError with the message of the first rule whose condition is false."""
     for ok, message in rules:

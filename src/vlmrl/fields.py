@@ -63,7 +63,51 @@ class Naming:
         return self.label.replace("{key}", key)
 
 
-class _Loader(yaml.SafeLoader):
+MAX_YAML_DEPTH = 100
+"""Deepest nesting of mappings and lists a YAML text may have: a config is three levels deep, task
+parameters a few more; PyYAML builds a node per level recursively, so 5000 levels overflowed
+Python's stack (a RecursionError) before this limit."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing (a YAMLError at the place) what it would let through: a key
+    written twice in one mapping, which YAML forbids and PyYAML resolves silently by keeping the last,
+    and nesting deeper than MAX_YAML_DEPTH. Merge keys (`<<: *base`) may still be overridden."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}  # key -> the line it was first written on
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in lines
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first at line {lines[key]}): a key may appear "
+                                    "once in a mapping", key_node.start_mark)
+                lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+class _Loader(StrictLoader):
     """YAML 1.1 as PyYAML reads it, except that 1e-6 (no dot) is a float, as in YAML 1.2."""
 
 
@@ -117,10 +161,67 @@ def _own_field_docs(klass: type) -> dict[str, str]:
 
 
 def type_name(hint: Any) -> str:
-    """A type hint as messages and tables write it: int, list[str], tuple[str, ...], str | None."""
+    """A type hint in Python's notation, as the parameter table of `vlmrl tasks list` writes it: int,
+    list[str], tuple[str, ...], str | None (errors write `describe_type`'s words)."""
     if isinstance(hint, type) and typing.get_origin(hint) is None:
         return hint.__name__
     return str(hint).replace("typing.", "")
+
+
+def describe_type(hint: Any) -> str:
+    """A type hint as a user reads it in an error, in the words of YAML rather than Python's:
+    `bool | Literal["auto"]` is "true, false or auto", int "an integer", list[str] "a list of texts"."""
+    origin = typing.get_origin(hint) or hint
+    if origin in (typing.Union, types.UnionType) or origin is Literal or hint is bool:
+        words = _choices(hint)
+        if origin is Literal:
+            return f"one of {_either(words)}"
+        return _either(words)
+    if hint is Any:
+        return "any value"
+    if dataclasses.is_dataclass(hint) or origin is dict:
+        return "a mapping"
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(set(args)) == 1:
+                return f"a list of {len(args)} {_plural(args[0])}"
+            return f"a list of {len(args)} items ({'; '.join(describe_type(arg) for arg in args)})"
+        listed = f"a list of {_plural(args[0])}" if args and args[0] is not Any else "a list"
+        return listed + (" (or comma-separated text)" if origin is tuple else "")
+    return _WORDS.get(hint, (None, None))[0] or getattr(hint, "__name__", str(hint))
+
+
+_WORDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), str: ("text", "texts"),
+          bool: ("true or false", "true/false values"), type(None): ("null", "nulls")}
+"""Each plain type as a user reads it: alone, and in a list."""
+
+
+def _choices(hint: Any) -> list[str]:
+    """The values a bool, Literal or None allow as YAML writes them, and the other options of a union
+    described (`describe_type`)."""
+    origin = typing.get_origin(hint) or hint
+    if hint is bool:
+        return ["true", "false"]
+    if hint is type(None):
+        return ["null"]
+    if origin is Literal:
+        return [str(choice).lower() if isinstance(choice, bool) else str(choice) for choice in typing.get_args(hint)]
+    if origin in (typing.Union, types.UnionType):
+        return [word for option in typing.get_args(hint) for word in _choices(option)]
+    return [describe_type(hint)]
+
+
+def _either(words: list[str]) -> str:
+    """"a", "a or b", "a, b or c"."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _plural(hint: Any) -> str:
+    """Items of type `hint` in a list: "texts", "integers", "items, each one of a, b or c"."""
+    if hint in _WORDS:
+        return _WORDS[hint][1]
+    return f"items, each {describe_type(hint)}"
 
 
 def all_keys(cls: type, prefix: str = "") -> list[str]:
@@ -194,8 +295,22 @@ def coerce(hint: Any, value: Any, key: str, naming: Naming = Naming()) -> Any:
     return _coerce_plain(hint, value, key, naming)
 
 
-def _mismatch(naming: Naming, key: str, expected: str, value: Any) -> FieldTypeError:
-    return FieldTypeError(f"{naming.name(key)} must be {expected}; got {value!r} ({type(value).__name__})")
+def _mismatch(naming: Naming, key: str, hint: Any, value: Any) -> FieldTypeError:
+    """The error for a value that does not fit `hint`, both written as a user reads them."""
+    return FieldTypeError(f"{naming.name(key)} must be {describe_type(hint)}; got {shown(value)}")
+
+
+def shown(value: Any) -> str:
+    """A value as YAML writes it, text quoted: true, null, 3.0, 'big', [1, 'x']."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(shown(item) for item in value)}]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{shown(k)}: {shown(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def _coerce_dataclass(hint: type, value: Any, key: str, naming: Naming) -> Any:
@@ -204,7 +319,7 @@ def _coerce_dataclass(hint: type, value: Any, key: str, naming: Naming) -> Any:
     if read is None:
         read = {}
     if not isinstance(read, Mapping):
-        raise _mismatch(naming, key, "a mapping", value)
+        raise _mismatch(naming, key, hint, value)
     return build(hint, read, naming, key + ".")
 
 
@@ -215,7 +330,7 @@ def _coerce_union(hint: Any, value: Any, key: str, naming: Naming) -> Any:
             return coerce(option, value, key, naming)
         except FieldTypeError:
             continue
-    raise _mismatch(naming, key, type_name(hint), value)
+    raise _mismatch(naming, key, hint, value)
 
 
 def _coerce_literal(hint: Any, value: Any, key: str, naming: Naming) -> Any:
@@ -226,7 +341,7 @@ def _coerce_literal(hint: Any, value: Any, key: str, naming: Naming) -> Any:
         for choice in choices:
             if candidate == choice and isinstance(candidate, bool) == isinstance(choice, bool):
                 return choice
-    raise _mismatch(naming, key, f"one of {', '.join(map(str, choices))}", value)
+    raise _mismatch(naming, key, hint, value)
 
 
 def _coerce_sequence(hint: Any, value: Any, key: str, naming: Naming) -> list | tuple:
@@ -238,11 +353,11 @@ def _coerce_sequence(hint: Any, value: Any, key: str, naming: Naming) -> list | 
         if not isinstance(items, (list, tuple)):
             items = [part.strip() for part in value.strip("()[]").split(",") if part.strip()]
     if not isinstance(items, (list, tuple)):
-        raise _mismatch(naming, key, type_name(hint), value)
+        raise _mismatch(naming, key, hint, value)
     args = typing.get_args(hint)
     if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         if len(args) != len(items):
-            raise _mismatch(naming, key, type_name(hint), value)
+            raise _mismatch(naming, key, hint, value)
         item_hints = list(args)
     else:
         item_hints = [args[0] if args else Any] * len(items)
@@ -258,7 +373,7 @@ def _coerce_str(value: Any, key: str, naming: Naming) -> str:
         return str(value)
     if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
         return os.fspath(value)
-    raise _mismatch(naming, key, "str", value)
+    raise _mismatch(naming, key, str, value)
 
 
 def _coerce_plain(hint: Any, value: Any, key: str, naming: Naming) -> Any:
@@ -276,7 +391,7 @@ def _coerce_plain(hint: Any, value: Any, key: str, naming: Naming) -> Any:
     else:
         fits = isinstance(origin, type) and isinstance(read, origin)
     if not fits:
-        raise _mismatch(naming, key, type_name(hint), value)
+        raise _mismatch(naming, key, hint, value)
     if origin in (int, float, dict):
         return origin(read)
     return read

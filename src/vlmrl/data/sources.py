@@ -16,12 +16,13 @@ Empty files and splits are errors. No torch here.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, one_line
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 SPLIT_NAMES = ("train", "test", "validation")
@@ -72,10 +73,23 @@ def _open_path_or_id(source: str) -> Source:
     except VlmrlError:
         raise
     except Exception as error:  # noqa: BLE001 - any loader failure is a problem with the user's data
-        if not path.exists() and ("offline" in str(error).lower() or "Couldn't find" in str(error)):
-            raise VlmrlError(f"data source {source!r} is neither a local path nor a dataset in the Hugging Face "
-                             "cache (offline); give a file or folder, or download it first") from error
-        raise VlmrlError(f"cannot load data source {source!r}: {type(error).__name__}: {error}") from error
+        if not path.exists():
+            raise VlmrlError(f"data source {source!r} is not a local file or folder, {hub_problem(error)}: give a "
+                             ".json/.jsonl/.csv/.parquet file, a folder of them, or a hub dataset id") from error
+        raise VlmrlError(f"cannot load data source {source!r}: {type(error).__name__}: {one_line(error)}") from error
+
+
+def hub_problem(error: Exception) -> str:
+    """Why a name that is no local path did not load from the hub, in vlmrl's words (the datasets
+    library's own read "Couldn't reach 'x' on the Hub (LocalEntryNotFoundError)")."""
+    import datasets
+
+    if any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+           for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")) or "offline" in str(error).lower():
+        return "and the hub is off (HF_HUB_OFFLINE) and its cache does not hold such a dataset"
+    if isinstance(error, datasets.exceptions.DatasetNotFoundError) or "Couldn't find" in str(error):
+        return "nor a dataset on the hub"
+    return f"and the hub cannot be reached to look for a dataset of that name ({type(error).__name__})"
 
 
 def _saved_to_disk(path: Path) -> bool:

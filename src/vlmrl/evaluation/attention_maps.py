@@ -28,7 +28,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
 from vlmrl.disk import output_folder, write_file, write_text
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, one_line
 from vlmrl.evaluation.attention import attention_forward, image_grids, resolve_layer
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.tasks import Example
@@ -191,7 +191,7 @@ def check_prompt(processor, example: Example) -> None:
         encode_prompts(processor, [example], torch.device("cpu"))
     except Exception as error:  # noqa: BLE001 - the processor's own reason, in one line
         sizes = ", ".join(f"{image.width}x{image.height}" for image in example.images)
-        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        reason = f"{type(error).__name__}: {one_line(error)}"
         raise VlmrlError(f"the model's processor cannot take the image ({sizes}): {reason}") from error
 
 
@@ -205,13 +205,17 @@ def attention_maps(model_path: str, image: str | Path | Image.Image | list, prom
     `out_dir` (files named NNN_*.png) are replaced.
     """
     from vlmrl.models import load_policy
+    from vlmrl.models.context import check_generation_length
+    from vlmrl.models.loading import resolve_device
 
     if max_new_tokens < 1:
         raise VlmrlError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    resolve_device(device, "--device")  # a device this machine lacks: one line, before any work
     output_folder(out_dir, "the attention maps")  # a bad --out in one line, before any work
     pictures = [path.convert("RGB") if isinstance(path, Image.Image) else load_image(path)
                 for path in (image if isinstance(image, (list, tuple)) else [image])]
     model, processor = load_policy(model_path, device=device, attn_implementation="eager")
+    check_generation_length(model, "--max-new-tokens", max_new_tokens)
     model.eval()
     n_layers = model.config.get_text_config().num_hidden_layers
     layer_index = resolve_layer(layer, n_layers)

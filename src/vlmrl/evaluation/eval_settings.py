@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlmrl.config import TOOL_IMAGE_SIDES, temperature_rule, tool_image_side_rule
+from vlmrl.config import (MAX_GROUP_SIZE, MAX_ROWS, MAX_TOKENS, MAX_TURNS, TOOL_IMAGE_SIDES, at_most,
+                          temperature_rule, tool_image_side_rule)
 from vlmrl.errors import require
+
+MAX_LENGTH_BUCKETS = 100
+"""Most completion-length buckets (quantiles of the greedy lengths): more than 100 leaves a handful of
+examples, or none, in each."""
 
 
 @dataclass
@@ -59,5 +64,12 @@ class EvalSettings:
                   (self.max_trajectory_tokens >= 1,
                    f"max trajectory tokens must be >= 1, got {self.max_trajectory_tokens}"),
                   (TOOL_IMAGE_SIDES[0] <= self.tool_image_side <= TOOL_IMAGE_SIDES[1],
-                   tool_image_side_rule("--tool-image-side", self.tool_image_side))]
+                   tool_image_side_rule("--tool-image-side", self.tool_image_side)),
+                  # the bounds of the run config's fields (config.py says why each)
+                  at_most("batch size", self.batch_size, MAX_ROWS),
+                  at_most("max new tokens", self.max_new_tokens, MAX_TOKENS),
+                  at_most("k", self.k, MAX_GROUP_SIZE),
+                  at_most("length buckets", self.length_buckets, MAX_LENGTH_BUCKETS),
+                  at_most("max turns", self.max_turns, MAX_TURNS),
+                  at_most("max trajectory tokens", self.max_trajectory_tokens, MAX_TOKENS)]
         require(*checks)

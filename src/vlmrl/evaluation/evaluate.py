@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from vlmrl.config import GenerationSettings, RolloutConfig
+from vlmrl.config import MAX_EVAL_EXAMPLES, GenerationSettings, RolloutConfig
 from vlmrl.disk import output_folder, safe_filename, write_text
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.evaluation.eval_settings import (
@@ -224,8 +224,8 @@ def held_out_count(task: Task, split: str, n: int) -> int:
     that holds fewer (a file-backed task's `size`), each once, with a warning saying so: examples past
     the split's rows would repeat rows and count them twice. VlmrlError for a bad split or n."""
     task.check_split(split)
-    if n < 1:
-        raise VlmrlError(f"the number of examples must be >= 1, got {n}")
+    if not 1 <= n <= MAX_EVAL_EXAMPLES:  # all are made first: a 20-digit n would never start
+        raise VlmrlError(f"the number of examples must be in [1, {MAX_EVAL_EXAMPLES:,}], got {n}")
     rows = task.size(split) if hasattr(task, "size") else None
     if rows is None or rows >= n:
         return n
@@ -465,16 +465,22 @@ def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "te
     Task, split and settings are checked before the model loads.
     """
     from vlmrl.models import load_policy
+    from vlmrl.models.context import check_generation_length
+    from vlmrl.models.loading import resolve_device
     from vlmrl.models.vision_attention import use_batched_vision_attention
     from vlmrl.tasks import get_task
 
     settings = settings or EvalSettings()
     settings.validate()
+    resolve_device(device, "--device")
     task = get_task(task_name, **task_params)
     examples = held_out_examples(task, split, n)
     if out_dir is not None or Path(model_dir).is_dir():  # a bad output path in one line, before the model loads
         output_folder(out_dir if out_dir is not None else model_dir, "the evaluation")
     model, processor = load_policy(model_dir, dtype=dtype, device=device)
+    check_generation_length(model, "--max-new-tokens", settings.max_new_tokens)
+    if settings.tools:
+        check_generation_length(model, "max_trajectory_tokens", settings.max_trajectory_tokens)
     use_batched_vision_attention(model, True)  # the same numbers, far fewer kernel launches
     evaluation = evaluate(model, processor, task, examples, settings)
     evaluation.settings = {"model": str(model_dir), "split": split, **evaluation.settings}

@@ -47,6 +47,8 @@ from typing import Callable
 
 import torch
 
+from vlmrl.errors import one_line
+
 FUSABLE_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen2VLRMSNorm", "Qwen2_5_VLRMSNorm")
 FUSABLE_MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen2_5_VLMLP")
 SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
@@ -136,7 +138,7 @@ def _check_one(kernels: Kernels, name: str, width: int, like: torch.Tensor) -> s
     try:
         got = _values_and_gradients(kernels, name, inputs)
     except Exception as error:  # a kernel that cannot compile or launch here
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        return f"{type(error).__name__}: {one_line(error)[:200]}"
     exact = [t.float() if t.element_size() < 4 else t for t in inputs]  # 16-bit: the reference in float32
     expected = _values_and_gradients(TORCH_KERNELS, name, exact)
     for what, a, b in zip(("values", "input gradients", "weight gradients"), got, expected):

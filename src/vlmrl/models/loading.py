@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from vlmrl.config import Config, LoraConfig
-from vlmrl.errors import VlmrlError
+from vlmrl.config import Config, LoraConfig, device_rule
+from vlmrl.errors import VlmrlError, require
 from vlmrl.models.adapter_folder import (
     ADAPTER_FILE, adapter_base, adapter_settings, is_adapter_folder, no_base_config_warning)
 from vlmrl.models.folder_check import (
@@ -28,7 +28,7 @@ from vlmrl.models.folder_check import (
     check_weight_files, shape_fit, tensor_shapes, withheld_load_report)
 from vlmrl.models.fused_kernels import use_fused_kernels
 from vlmrl.models.model_source import (
-    check_model_source, find_model_config, first_line, processor_class, saved_processor_class)
+    check_model_source, find_model_config, first_line, missing_processor_part, processor_class, saved_processor_class)
 from vlmrl.models.processing import image_text_processor_class
 from vlmrl.models.support import hf_model
 from vlmrl.models.vision_attention import use_batched_vision_attention
@@ -47,11 +47,28 @@ def is_vision_parameter(name: str) -> bool:
     return bool(_VISION_RE.search(name))
 
 
-def resolve_device(device: str) -> torch.device:
-    """"auto" is CUDA when present, else CPU."""
+def resolve_device(device: str, name: str = "device", present: bool = True) -> torch.device:
+    """"auto" is CUDA when present, else CPU. A device that is not one (config.DEVICES: "gpu") or, with
+    `present`, that this machine does not have (cuda on a torch built without it, cuda:3 of two GPUs,
+    mps off a Mac) is one line naming the setting `name` (model.device, --device), before anything loads."""
+    require(device_rule(name, device))
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    target = torch.device(device)
+    if not present:
+        return target
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is built without CUDA" if torch.version.cuda is None
+                   else "no CUDA GPU is visible (driver, CUDA_VISIBLE_DEVICES)")
+            raise VlmrlError(f"{name}={device} but {why} (torch {torch.__version__}): use cpu or auto, or install "
+                             "a CUDA build of torch on a machine with a GPU")
+        count = torch.cuda.device_count()
+        if target.index is not None and target.index >= count:
+            raise VlmrlError(f"{name}={device} but this machine has {count} GPU(s): cuda:0 .. cuda:{count - 1}")
+    if target.type == "mps" and not torch.backends.mps.is_available():
+        raise VlmrlError(f"{name}=mps but MPS (Apple GPUs) is not available here: use cpu or auto")
+    return target
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -79,15 +96,21 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
         class_name = saved_processor_class(name_or_path)
         base = processor_class(class_name) if class_name else None
         if base is None:
-            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(auto_error)}")
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: "
+                             f"{missing_processor_part(name_or_path) or first_line(auto_error)}")
         try:
             processor = image_text_processor_class(base).from_pretrained(name_or_path)
         except (OSError, ImportError, ValueError) as error:
-            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: {first_line(error)}")
+            raise VlmrlError(f"cannot load a processor from {name_or_path!r}: "
+                             f"{missing_processor_part(name_or_path) or first_line(error)}")
     if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
         raise VlmrlError(
             f"{name_or_path!r} has no image processor (no processor_config.json or "
             "preprocessor_config.json): it is not an image-text-to-text model folder")
+    if not getattr(processor, "chat_template", None):  # every prompt is written with it (prompts.py)
+        raise VlmrlError(f"{name_or_path!r} has no chat template (chat_template.jinja, or chat_template in its "
+                         "processor or tokenizer config), which vlmrl writes every prompt with; copy it from the "
+                         "model it was made from")
     processor.tokenizer.padding_side = "left"  # generation appends on the right
     return processor
 
@@ -123,7 +146,7 @@ def load_policy(
         raise ValueError(f"place must be one of {PLACES}; got {place!r}")
     processor = load_processor(name_or_path, trust_remote_code=trust_remote_code)
     check_image_token(name_or_path, find_model_config(name_or_path), processor)  # the hub asked once
-    target = resolve_device(device)
+    target = resolve_device(device, present=place == "device")  # elsewhere the device only settles the dtype
     model = load_checked_model(name_or_path, resolve_dtype(dtype, target), attn_implementation, trust_remote_code,
                                on_meta=place == "meta")
     check_vocabulary(name_or_path, model, processor.tokenizer)

@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, one_line
 from vlmrl.models.adapter_folder import adapter_base, describe_folder, is_adapter_folder
 from vlmrl.models.processing import import_processor_module
 from vlmrl.models.tiny_model import SIZES
@@ -114,6 +114,45 @@ def find_model_config(name_or_path: str) -> dict | None:
     if isinstance(config, dict) and config.get("model_type"):
         _HUB_CONFIGS[name_or_path] = config
         return config
+    return None
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""What peft writes beside a LoRA adapter's weights (a LoRA run's checkpoints and final/ hold one)."""
+
+
+def adapter_folder_message(name_or_path: str) -> str:
+    """What to do with a LoRA adapter folder given where a whole model belongs: vlmrl loads whole
+    models; merge the adapter into its base model (named in adapter_config.json), or resume its run."""
+    try:
+        base = json.loads((Path(name_or_path).expanduser() / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    merged = f"its base model {base!r}" if isinstance(base, str) and base else "its base model"
+    return (f"{name_or_path!r} is a LoRA adapter ({ADAPTER_CONFIG}), not a whole model, and vlmrl loads whole models: "
+            f"merge it into {merged} (peft: PeftModel.from_pretrained(base, {name_or_path!r}).merge_and_unload()"
+            ".save_pretrained(OUT), and save the processor there too) and give OUT, or continue its run with "
+            "resume=true")
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+"""Where a model folder keeps its image processor's settings (either name)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken")
+"""The files a tokenizer is built from (a fast tokenizer's, or a slow one's to convert)."""
+
+
+def missing_processor_part(name_or_path: str) -> str | None:
+    """For a local folder whose processor does not load, the part it lacks in vlmrl's words (transformers'
+    own message speaks of the hub, "If you were trying to load it from 'https://huggingface.co/models'",
+    or lists conversions); None for a hub id or a folder that has both parts."""
+    folder = Path(name_or_path).expanduser()
+    if not folder.is_dir():
+        return None
+    copy = "copy it from the model it was made from"
+    if not any((folder / name).exists() for name in PROCESSOR_FILES):
+        return f"it has no image processor settings ({' or '.join(PROCESSOR_FILES)}); {copy}"
+    if not any((folder / name).exists() for name in TOKENIZER_FILES):
+        return f"it has no tokenizer (tokenizer.json); {copy}"
     return None
 
 
@@ -244,6 +283,5 @@ def _processor_module(class_name: str) -> str | None:
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of an error's message (its type's name when empty)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    """An error's message on one line, whole (its type's name when empty): errors.one_line."""
+    return one_line(error)

@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 
 from vlmrl.disk import output_folder, write_text, writing
-from vlmrl.errors import VlmrlError
+from vlmrl.config import seed_rule
+from vlmrl.errors import VlmrlError, require
 from vlmrl.models.tiny_families import FAMILIES
 
 ARCHES = tuple(FAMILIES)
@@ -128,6 +129,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
         raise VlmrlError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     if arch not in ARCHES:
         raise VlmrlError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHES)}")
+    require(seed_rule("--seed", seed))  # the run's range: torch's seed overflows past 2**64
     out = output_folder(out_dir, "the model")  # a bad OUT in one line, before the model is built
     spec = SPECS[size]
     tok = build_tokenizer(spec.vocab, arch)

@@ -37,6 +37,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from vlmrl.errors import one_line
 from vlmrl.models.block_attention import NAME as BLOCKS_KERNEL
 
 BATCHABLE = ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention",
@@ -126,7 +127,7 @@ def self_check(module: torch.nn.Module, device: torch.device | None = None) -> s
         try:
             module = _copy_on(module, device if device is not None else torch.device("cpu"))
         except (RuntimeError, AssertionError) as error:  # a device this torch cannot reach
-            return f"not checked on {device}: {str(error).splitlines()[0][:200]}"
+            return f"not checked on {device}: {one_line(error)[:200]}"
     parameter = next(module.parameters())
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(12, module.dim, generator=generator).to(parameter)  # (S, dim)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vlmrl.errors import VlmrlError, warn
+from vlmrl.errors import VlmrlError, one_line, warn
 from vlmrl.rollout.prompts import encode_prompts
 from vlmrl.tasks import Example, Task
 
@@ -60,7 +60,7 @@ def encoding_problem(processor, example: Example) -> str | None:
     try:
         encode_prompts(processor, [example], torch.device("cpu"))
     except Exception as error:  # noqa: BLE001 - the processor's own message is what is wrong
-        return f"{type(error).__name__}: {error}".splitlines()[0]
+        return f"{type(error).__name__}: {one_line(error)}"
     return None
 
 

@@ -13,7 +13,8 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
   not installed);
 - the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
   (an encoder-decoder, remote code not allowed, not image-text-to-text, a processor that needs a
-  missing package: model_source.py), and a FlashAttention kernel without its package or a GPU;
+  missing package: model_source.py), a device this machine does not have (model.device=cuda without
+  CUDA, which accelerate would run on the CPU), and a FlashAttention kernel without its package or a GPU;
 - the distillation teacher (`algorithm.teacher`): missing, the policy itself, or another tokenizer or
   image-token layout than the policy's (teacher_check.py).
 No torch imported here (transformers imports it once a model config is found). The checks that need the model (prompt lengths in its tokens, memory, disk space)
@@ -77,6 +78,16 @@ def first_examples(task: Task, count: int) -> list[Example]:
     return examples
 
 
+def check_device(device: str) -> None:
+    """model.device names a device this machine has (loading.resolve_device): accelerate would
+    otherwise run a run that asked for cuda on the CPU, silently. Torch is imported only for a device
+    other than auto or cpu."""
+    if device not in ("auto", "cpu"):
+        from vlmrl.models.loading import resolve_device
+
+        resolve_device(device, "model.device")
+
+
 def check_before_loading(config: Config, mode: str) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task."""
@@ -97,6 +108,7 @@ def check_before_loading(config: Config, mode: str) -> Task:
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)
     check_trackers(config.train.trackers)
+    check_device(config.model.device)
     check_attention_kernel(config.model.attn_implementation, config.model.device)
     if mode == "train":
         check_teacher(config)

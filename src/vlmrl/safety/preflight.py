@@ -11,7 +11,8 @@ alone and prints the report. They:
 - check each prompt: no special token (an image placeholder) written into the question, which
   breaks the match between image tokens and image features, and prompt plus image tokens within
   rollout.max_prompt_length. Image tokens are never truncated: a longer prompt is an error that
-  says how many of its tokens are image tokens;
+  says how many of its tokens are image tokens; and each generation (rollouts, evaluations) after the
+  longest prompt of its split within the model's context (max_position_embeddings, context.py);
 - estimate the peak memory of the configured batch, G and lengths (weights, gradients, AdamW
   moments, the reference copy, the distillation teacher, the generation KV cache, training
   activations) and warn
@@ -42,6 +43,7 @@ import torch
 from vlmrl.config import Config
 from vlmrl.disk import DiskEstimate, free_space, gib
 from vlmrl.errors import VlmrlError, warn
+from vlmrl.models.context import check_generation_length
 from vlmrl.models.fused_kernels import computes_fused, fused_kernels_unsupported
 from vlmrl.models.loading import checkpoint_activations, is_vision_parameter, load_trainable_policy, resolve_device
 from vlmrl.models.support import (
@@ -255,6 +257,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
         if mode == "sft" and split == "train":
             completion = max(len(processor.tokenizer(ex.reference_completion, add_special_tokens=False).input_ids)
                              for ex in examples) + 2  # end-of-turn tokens
+    check_generation_lengths(config, policy, mode, {check.split: check.longest for check in checks})
     longest = max(check.longest for check in checks)
     image_tokens = max(check.image_tokens for check in checks)
     costs = measure_activation_costs(policy, processor)
@@ -282,6 +285,23 @@ def data_line(config: Config, task: Task, mode: str) -> str:
     rows = task.size("train")
     return (f"{line}; {-(-rows // per_step)} steps per epoch of {per_step} prompts, "
             f"{config.train.steps * per_step / rows:.2f} epochs in {config.train.steps} steps")
+
+
+def check_generation_lengths(config: Config, policy, mode: str, longest: dict[str, int]) -> None:
+    """Each generation the run makes, after the longest prompt of its split (`longest`: split -> tokens),
+    fits the model's context (context.py): rollouts (with tools, each turn and the whole trajectory)
+    and evaluations."""
+    rollout = config.rollout
+    if mode == "train":
+        check_generation_length(policy, "rollout.max_new_tokens", rollout.max_new_tokens, longest["train"], "train")
+        if rollout.tools:
+            check_generation_length(policy, "rollout.max_trajectory_tokens", rollout.max_trajectory_tokens,
+                                    longest["train"], "train")
+    if config.eval.every > 0:
+        name = "eval.max_new_tokens" if config.eval.max_new_tokens else "rollout.max_new_tokens"
+        for split in config.eval.splits:
+            check_generation_length(policy, name, config.eval.max_new_tokens or rollout.max_new_tokens,
+                                    longest[split], f"eval/{split}")
 
 
 def dtype_note(config: Config, params: list[torch.nn.Parameter]) -> str:

@@ -14,7 +14,8 @@ Reward components (total = format + decoding + correctness, in [0, 3]):
 - decoding [0, 1]: 1 - normalized edit distance between the <chars> content and the true spaced
   message, and 0 unless it is strictly closer to the truth than the coded message is.
 - correctness [0, 1]: 1 - normalized edit distance between the answer and the true message, paid only
-  when decoding is exact and the answer is strictly closer to the truth than the <chars> content is.
+  when decoding is exact and the answer is strictly closer to the truth than the <chars> content is,
+  or is the message itself (a one-letter message is its own spaced form: its <chars> is the answer).
 - accuracy (0/1, not in the total): the answer equals the message (lower case, whitespace collapsed).
 The OOD split has max_words+1..max_words+ood_extra_words words.
 
@@ -31,6 +32,8 @@ merged 2 x 2), so one image token holds both letters of the entry.
 in order followed by its plain letter, "a t, o h,", before the <chars> block) or the <chars> block
 alone. `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of
 training (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
+A space of messages and ciphers so small that one split would get (almost) none of the draws is a
+parameter error when the task is made (`split_shares`), not a failure at the example that finds out.
 `meta["cells"]` maps each coded letter to the pixel box [x0, y0, x1, y1] of its table cell, where
 its plain letter is drawn (the attention measure reads it).
 """
@@ -39,6 +42,8 @@ from __future__ import annotations
 
 import colorsys
 import functools
+import itertools
+import math
 import re
 import string
 from dataclasses import dataclass
@@ -46,6 +51,7 @@ from importlib import resources
 
 from PIL import Image, ImageDraw, ImageFont
 
+from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
 from vlmrl.rewards.verify import (
     Rubric,
@@ -220,6 +226,79 @@ def walk_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
     return [(m.start(2), m.end(2), tuple(cells[m.group(1)])) for m in re.finditer(r"\b([a-z]) ([a-z]),", walk)]
 
 
+MIN_SPLIT_SHARE = 0.03
+"""Least share of the generator's draws that must land in each of train and test: an example is
+redrawn until one lands in its split, at most 1000 times, and 0.97**1000 is below 1e-13."""
+ENUMERABLE = 20_000
+"""Largest space of messages, ciphers or pairs that `split_shares` counts draw by draw; a larger one
+splits about evenly (each member's side is a hash of it)."""
+
+
+def derangement_count(n: int) -> int:
+    """Derangements of n letters (the ciphers): 1, 2, 9, 44, ... for n = 2, 3, 4, 5."""
+    count = 1  # D(0)
+    for k in range(1, n + 1):
+        count = k * count + (-1) ** k
+    return count
+
+
+def _message_draws(p: "CryptogramParams") -> list[tuple[str, float]] | None:
+    """Every train or test message with the probability that `_example` draws it (a number of words,
+    then each word), or None when there are more than ENUMERABLE."""
+    if p.vocabulary == "words":
+        words = [(word, 1 / len(message_words(p))) for word in message_words(p)]
+    else:
+        lengths = range(p.min_word_length, p.max_word_length + 1)
+        if sum(len(p.letters) ** n for n in lengths) > ENUMERABLE:
+            return None
+        words = [("".join(letters), 1 / len(lengths) / len(p.letters) ** n)
+                 for n in lengths for letters in itertools.product(p.letters, repeat=n)]
+    counts = range(p.min_words, p.max_words + 1)
+    if sum(len(words) ** k for k in counts) > ENUMERABLE:
+        return None
+    return [(" ".join(word for word, _ in drawn), math.prod(chance for _, chance in drawn) / len(counts))
+            for k in counts for drawn in itertools.product(words, repeat=k)]
+
+
+def _ciphers(letters: str) -> list[str] | None:
+    """Every derangement of `letters` (all equally likely), or None when there are more than ENUMERABLE."""
+    if derangement_count(len(letters)) > ENUMERABLE:
+        return None
+    return ["".join(c) for c in itertools.permutations(letters) if all(a != b for a, b in zip(letters, c))]
+
+
+def split_shares(p: "CryptogramParams") -> dict[str, float]:
+    """The share of the generator's (message, cipher) draws that belongs to each of train and test
+    under `held_out`, counted where the spaces are small (ENUMERABLE); a large space splits about
+    evenly and counts as 0.5."""
+    return dict(_split_shares(p.held_out, p.vocabulary, p.letters, p.vocab_size, p.min_word_length,
+                              p.max_word_length, p.min_words, p.max_words))
+
+
+@functools.lru_cache(maxsize=16)
+def _split_shares(held_out: str, vocabulary: str, letters: str, vocab_size: int, shortest: int, longest: int,
+                  fewest: int, most: int) -> tuple[tuple[str, float], ...]:
+    p = CryptogramParams(held_out=held_out, vocabulary=vocabulary, letters=letters, vocab_size=vocab_size,
+                         min_word_length=shortest, max_word_length=longest, min_words=fewest, max_words=most)
+    messages, ciphers = _message_draws(p), _ciphers(letters)
+    shares = []
+    for split in ("train", "test"):
+        if held_out == "pairs":
+            if messages is None or ciphers is None or len(messages) * len(ciphers) > ENUMERABLE:
+                share = 0.5
+            else:
+                share = sum(chance for message, chance in messages for cipher in ciphers
+                            if in_split(f"{message}|{cipher}", split)) / len(ciphers)
+        else:
+            message_share = 0.5 if messages is None else sum(
+                chance for message, chance in messages if in_split(f"message:{message}", split))
+            cipher_share = 0.5 if ciphers is None else (
+                sum(in_split(f"cipher:{cipher}", split) for cipher in ciphers) / len(ciphers))
+            share = message_share * cipher_share
+        shares.append((split, share))
+    return tuple(shares)
+
+
 @dataclass
 class CryptogramParams(TaskParams):
     """Parameters of the cryptogram task."""
@@ -299,6 +378,15 @@ class CryptogramParams(TaskParams):
         words = len(message_words(self)) if self.vocabulary == "words" else 2
         check(words >= 2, f"only {words} of the {self.vocab_size} words fit letters={self.letters!r} and "
                           f"word lengths {self.min_word_length}..{self.max_word_length}; allow more")
+        split, share = min(split_shares(self).items(), key=lambda item: item[1])
+        if share < MIN_SPLIT_SHARE:
+            messages, ciphers = _message_draws(self), derangement_count(len(self.letters))
+            raise VlmrlError(
+                f"held_out={self.held_out} leaves the {split} split {share:.1%} of the (message, cipher) draws: "
+                f"{len(messages) if messages is not None else f'over {ENUMERABLE:,}'} messages and "
+                f"{ciphers:,} cipher{'s' if ciphers != 1 else ''} of {len(self.letters)} letters are too few to split "
+                "between train and test; allow more words, longer messages or more letters"
+                + (", or use held_out=pairs" if self.held_out != "pairs" else ""))
 
 
 @register_task
@@ -398,7 +486,7 @@ class CryptogramTask(Task):
         answer_raw = extract_tag(completion, "answer")
         answer = collapse_whitespace(answer_raw.lower()) if answer_raw is not None else None
         correctness = 0.0
-        if chars == truth and answer is not None and closer_than(answer, message, chars):
+        if chars == truth and answer is not None and (answer == message or closer_than(answer, message, chars)):
             correctness = normalized_edit_similarity(answer, message)
         return RUBRIC({"format": float(well_formed), "decoding": decoding, "correctness": correctness,
                        "accuracy": float(answer == message)})

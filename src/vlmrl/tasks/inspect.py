@@ -36,14 +36,19 @@ def _indent(text: str) -> str:
     return textwrap.indent(text, "    ")
 
 
+MAX_SHOWN = 10_000
+"""Most examples `vlmrl tasks show` prints: far more than anyone reads, and its text is built whole
+before it prints (a 20-digit --n would fill the memory first)."""
+
+
 def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 4, out_dir: str | None = None) -> str:
     """Text describing examples 0..n-1 of `split`; when `out_dir` is given their images are written
     to `out_dir/{name}_{split}_{i}.png` (the first image; `:` and other characters a file name
     should not hold become `_`: safe_filename), `..._{i}_{k}.png` (image k >= 1 of an
     example that shows several) and `..._{i}_original.png` / `..._{i}_original_{k}.png` (the
     full-resolution originals tools read, when they differ from the images shown)."""
-    if n < 0:
-        raise VlmrlError(f"--n must be >= 0, got {n}")
+    if not 0 <= n <= MAX_SHOWN:
+        raise VlmrlError(f"--n must be in [0, {MAX_SHOWN:,}], got {n}")
     task = get_task(name, **params)
     task.check_split(split)
     folder = output_folder(out_dir, "the example images") if out_dir else None  # a bad --out: one line, now

@@ -107,6 +107,12 @@ class ToolContext:
     """Longest side, in pixels, of an image a built-in tool returns (crops are resized to fit)."""
 
 
+MAX_TOOL_TIMEOUT_S = 3600
+"""Longest a call of your own tool may run, an hour: past about 10**8 s the worker's wait overflows.
+The same bound as config.MAX_TOOL_TIMEOUT_S, which checks rollout.tool_timeout_s where the config is
+read (tasks import no config; tests/test_tools.py holds the two equal)."""
+
+
 @dataclass
 class ToolLimits:
     """What `run_tool` allows a tool: its time, the size of the images and text it returns."""
@@ -124,6 +130,8 @@ class ToolLimits:
         if not (self.timeout_s > 0 and self.max_image_pixels >= 1 and self.max_text_chars >= 1):
             raise VlmrlError(f"tool limits must be > 0: timeout_s={self.timeout_s}, "
                              f"max_image_pixels={self.max_image_pixels}, max_text_chars={self.max_text_chars}")
+        if not self.timeout_s <= MAX_TOOL_TIMEOUT_S:
+            raise VlmrlError(f"tool timeout_s must be at most {MAX_TOOL_TIMEOUT_S:,} s; got {self.timeout_s}")
 
 
 @dataclass

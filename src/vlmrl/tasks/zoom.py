@@ -379,7 +379,8 @@ class ZoomParams(TaskParams):
         check(distinct and 0 <= self.distractor_tags < len(self.colors), "colors must be distinct names from "
               f"{', '.join(RGB)}, more than distractor_tags={self.distractor_tags}; got {self.colors!r}")
         check(self.distractor_shapes >= 0, f"distractor_shapes must be >= 0, got {self.distractor_shapes}")
-        check(8 <= self.tag_min <= self.tag_max, f"need 8 <= tag_min <= tag_max, got {self.tag_min}, {self.tag_max}")
+        check(8 <= self.tag_min <= self.tag_max <= self.image_size,  # a taller tag fits no image (nor a font)
+              f"need 8 <= tag_min <= tag_max <= image_size, got {self.tag_min}, {self.tag_max}")
         check(0.1 <= self.code_size <= 1, f"code_size must be in 0.1..1, got {self.code_size}")
         check(self.gap >= 0, f"gap must be >= 0, got {self.gap}")
         check(self.layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")

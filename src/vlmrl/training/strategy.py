@@ -11,6 +11,15 @@ not by accelerate's plugin: one code path, the one the CPU tests run.
 DeepSpeed ZeRO-3 is engaged by accelerate (on a CPU too: `make_accelerator`); what a partitioned
 model needs is in zero3.py. ZeRO-1 and ZeRO-2 are refused (vlmrl runs ZeRO-3, FSDP2 or DDP).
 
+The accelerate settings vlmrl reads are checked before the Accelerator reads them (`check_readable`):
+`fsdp_version: two` or `fsdp_reshard_after_forward: maybe` is one line naming the key, not
+accelerate's ValueError on every process; yes/no settings mean what accelerate takes them to mean
+(`TRUTH`: on, y and off too). A setting that would not be applied is refused rather than ignored:
+under FSDP2 (vlmrl shards, accelerate's plugin never sees the model) mixed precision, parameter
+offload, activation checkpointing, a sharding strategy other than FULL_SHARD and a dynamo backend;
+under ZeRO-3 mixed precision, offload, zero3_init_flag and a DeepSpeed config file. Under DDP and
+ZeRO-3 accelerate itself compiles the model it prepares when a dynamo backend is set.
+
 The preflight's first line is `Strategy.line()`: `processes: 2, strategy: FSDP2, backend: gloo`.
 """
 
@@ -22,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
+from accelerate.utils import DynamoBackend, InitProcessGroupKwargs
 
 from vlmrl.errors import VlmrlError
 from vlmrl.models.support import deepspeed_accelerator_named
@@ -76,6 +85,59 @@ def _on(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "false").strip().lower() in ("1", "true", "yes")
 
 
+TRUTH = {"1": True, "true": True, "yes": True, "y": True, "t": True, "on": True,
+         "0": False, "false": False, "no": False, "n": False, "f": False, "off": False}
+"""A yes/no setting as accelerate reads it (its str_to_bool); any other value is a ValueError raised
+inside the Accelerator on every process."""
+
+SETTING_KEYS = {"FSDP_VERSION": "fsdp_version", "FSDP_RESHARD_AFTER_FORWARD": "fsdp_reshard_after_forward",
+                "FSDP_CPU_RAM_EFFICIENT_LOADING": "fsdp_cpu_ram_efficient_loading",
+                "FSDP_OFFLOAD_PARAMS": "fsdp_offload_params", "FSDP_ACTIVATION_CHECKPOINTING": "fsdp_activation_checkpointing",
+                "FSDP_SHARDING_STRATEGY": "fsdp_sharding_strategy", "ACCELERATE_DYNAMO_BACKEND": "dynamo_backend",
+                "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage", "ACCELERATE_DEEPSPEED_ZERO3_INIT": "zero3_init_flag"}
+"""The accelerate launcher's variable -> the key of the accelerate config file that sets it (errors name the key)."""
+
+FULL_SHARD = ("", "full_shard", "1")
+"""fsdp_sharding_strategy values that mean what vlmrl's FSDP2 does (the launcher writes FULL_SHARD when unset)."""
+
+
+def flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """The yes/no accelerate setting `name` as accelerate reads it (TRUTH); a value it would stop at
+    is one line naming the config key, before the Accelerator reads it."""
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if value.lower() not in TRUTH:
+        raise VlmrlError(f"{SETTING_KEYS[name]}: {value} in the accelerate config is not true or false ({name}): "
+                         "set true or false")
+    return TRUTH[value.lower()]
+
+
+def check_readable(env: Mapping[str, str]) -> None:
+    """Each accelerate setting vlmrl reads has a value accelerate can read: otherwise accelerate stops
+    with a traceback on every process (int("two"), str_to_bool("maybe")); here, one line."""
+    if _on(env, "ACCELERATE_USE_FSDP"):
+        version = env.get("FSDP_VERSION", "1").strip()
+        if version not in ("1", "2"):
+            raise VlmrlError(f"fsdp_version: {version} in the accelerate config is not a version of FSDP (FSDP_VERSION): "
+                             "vlmrl runs FSDP2, set fsdp_version: 2 (configs/accelerate/fsdp2.yaml)")
+        for name in ("FSDP_RESHARD_AFTER_FORWARD", "FSDP_CPU_RAM_EFFICIENT_LOADING", "FSDP_OFFLOAD_PARAMS",
+                     "FSDP_ACTIVATION_CHECKPOINTING"):
+            if version == "2" or name != "FSDP_RESHARD_AFTER_FORWARD":  # FSDP1 names a strategy there (refused)
+                flag(env, name)
+    if _on(env, "ACCELERATE_USE_DEEPSPEED"):
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2").strip()
+        if stage not in ("", "0", "1", "2", "3"):
+            raise VlmrlError(f"zero_stage: {stage} in the accelerate config is not a ZeRO stage "
+                             "(ACCELERATE_DEEPSPEED_ZERO_STAGE): vlmrl runs ZeRO-3, set zero_stage: 3 "
+                             "(configs/accelerate/zero3.yaml)")
+        flag(env, "ACCELERATE_DEEPSPEED_ZERO3_INIT")
+    backend = env.get("ACCELERATE_DYNAMO_BACKEND", "no").strip()
+    if backend.upper() not in {member.value for member in DynamoBackend} | {""}:
+        raise VlmrlError(f"dynamo_backend: {backend} in the accelerate config is not a backend accelerate knows "
+                         "(ACCELERATE_DYNAMO_BACKEND): set dynamo_backend: no, or inductor")
+
+
 def requested_strategy(env: Mapping[str, str]) -> str | None:
     """The strategy `accelerate launch` (its flags or config file) asked for, as named in STRATEGIES
     ("FSDP1" and "ZeRO-1" too), or None when it asked for none (DDP or one process)."""
@@ -114,7 +176,8 @@ def make_accelerator(device: str, env: Mapping[str, str]) -> Accelerator:
 
 def refuse_unrunnable(env: Mapping[str, str]) -> None:
     """Before the Accelerator is built (it raises an ImportError of its own without deepspeed): a
-    strategy vlmrl cannot run whatever accelerate does, one line."""
+    strategy vlmrl cannot run whatever accelerate does, or a setting accelerate cannot read, one line."""
+    check_readable(env)
     asked = requested_strategy(env)
     if asked == "FSDP1":
         raise VlmrlError("FSDP version 1 was asked for (FSDP_VERSION=1); vlmrl runs FSDP2: set fsdp_version: 2 "
@@ -141,7 +204,7 @@ def refuse_unapplied_zero3_settings(env: Mapping[str, str]) -> None:
             setting = name.removeprefix("ACCELERATE_DEEPSPEED_").lower()
             raise VlmrlError(f"{setting}: {env[name]} is not run by vlmrl's ZeRO-3 (its gradient norm and checkpoints "
                              f"read the partitions on the device): set {setting}: none, or shard over more GPUs")
-    if _on(env, "ACCELERATE_DEEPSPEED_ZERO3_INIT"):
+    if flag(env, "ACCELERATE_DEEPSPEED_ZERO3_INIT"):
         raise VlmrlError("zero3_init_flag: true is not run by vlmrl: it partitions the weights as transformers "
                          "reads them, before the speedups' self-checks can; vlmrl partitions them itself as they "
                          "move onto the device: set zero3_init_flag: false (configs/accelerate/zero3.yaml)")
@@ -151,18 +214,31 @@ def refuse_unapplied_zero3_settings(env: Mapping[str, str]) -> None:
 
 
 def refuse_unapplied_fsdp_settings(env: Mapping[str, str]) -> None:
-    """FSDP2 (vlmrl shards, not accelerate's plugin): an accelerate setting it would not apply, one
-    line, rather than a run that quietly differs from its config."""
+    """FSDP2 (vlmrl shards, not accelerate's plugin): an accelerate setting it would not apply (mixed
+    precision, offload, activation checkpointing, a sharding strategy, a dynamo backend), one line,
+    rather than a run that quietly differs from its config."""
     precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     if precision not in ("no", ""):
         raise VlmrlError(f"mixed_precision: {precision} in the accelerate config is not applied under vlmrl's FSDP2: "
                          "set mixed_precision: 'no' there and model.dtype=bfloat16 (or float32) in vlmrl")
-    if _on(env, "FSDP_OFFLOAD_PARAMS"):
+    if flag(env, "FSDP_OFFLOAD_PARAMS"):
         raise VlmrlError("fsdp_offload_params: true is not applied under vlmrl's FSDP2 (the parameters stay on the "
                          "device): set fsdp_offload_params: false, or shard over more GPUs")
-    if _on(env, "FSDP_ACTIVATION_CHECKPOINTING"):
+    if flag(env, "FSDP_ACTIVATION_CHECKPOINTING"):
         raise VlmrlError("fsdp_activation_checkpointing: true is not applied under vlmrl's FSDP2 (vlmrl checkpoints "
                          "activations itself): set it to false there and model.gradient_checkpointing=true in vlmrl")
+    sharding = env.get("FSDP_SHARDING_STRATEGY", "").strip()
+    if sharding.lower() not in FULL_SHARD:
+        raise VlmrlError(f"fsdp_sharding_strategy: {sharding} is not applied under vlmrl's FSDP2, which splits every "
+                         "parameter, gradient and AdamW moment over the processes (FULL_SHARD): remove it from the "
+                         "accelerate config; fsdp_reshard_after_forward: false keeps each block gathered from its "
+                         "forward to its backward (SHARD_GRAD_OP's trade), and DDP keeps whole copies "
+                         "(configs/accelerate/ddp.yaml)")
+    dynamo = env.get("ACCELERATE_DYNAMO_BACKEND", "no").strip()
+    if dynamo.lower() not in ("", "no"):
+        raise VlmrlError(f"dynamo_backend: {dynamo} in the accelerate config is not applied under vlmrl's FSDP2 (vlmrl "
+                         "shards the model itself, and accelerate compiles only a model it prepares): set "
+                         "dynamo_backend: no; vlmrl compiles its decode step itself (rollout.decode=compiled)")
 
 
 def settle_strategy(engaged: str, processes: int, backend: str | None, device: str,
@@ -181,9 +257,9 @@ def settle_strategy(engaged: str, processes: int, backend: str | None, device: s
     refuse_unrunnable(env)
     if asked == "FSDP2" and engaged in ("FSDP", "MULTI_CPU"):  # GPUs; CPU processes (accelerate runs DDP)
         refuse_unapplied_fsdp_settings(env)
-        reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() not in ("false", "0", "no")
+        reshard = flag(env, "FSDP_RESHARD_AFTER_FORWARD", default=True)
         return Strategy(processes, "FSDP2", backend, self_sharded=True, reshard_after_forward=reshard,
-                        weights_from_main=processes > 1 and _on(env, "FSDP_CPU_RAM_EFFICIENT_LOADING"))
+                        weights_from_main=processes > 1 and flag(env, "FSDP_CPU_RAM_EFFICIENT_LOADING"))
     if asked == "ZeRO-3" and engaged == "DEEPSPEED":
         return Strategy(processes, asked, backend)
     raise VlmrlError(f"{asked} was asked for but accelerate engaged {engaged} on {processes} process(es) "
