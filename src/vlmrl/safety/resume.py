@@ -168,7 +168,8 @@ def check_fresh_start(run_dir: Path) -> None:
     metrics = folder / "metrics.jsonl"
     held = [what for what, there in (
         ("a final model", (folder / "final").exists()),
-        ("checkpoints", checkpoints.is_dir() and any(p.name.startswith("step_") for p in checkpoints.iterdir())),
+        ("checkpoints", checkpoints.is_dir() and any(p.name.startswith("step_") and p.is_dir()
+                                                      for p in checkpoints.iterdir())),
         ("metrics", metrics.is_file() and metrics.stat().st_size > 0)) if there]
     if held:
         raise VlmrlError(f"output_dir {folder} already holds a run ({', '.join(held)}) and resume is false: "
