@@ -155,3 +155,17 @@ def test_a_run_stopped_before_its_first_step_may_start_again(tiny_model_dir, tmp
     save_config(Config(), run / "config.yaml")  # what a run stopped by its preflight leaves
     (run / "metrics.jsonl").write_text("")
     assert vlmrl.train(fast(tiny_model_dir, run), {"train.steps": 1}).metrics["step"] == 1
+
+
+def test_the_refusal_says_whether_the_run_can_be_resumed(tmp_path):
+    from vlmrl.safety.resume import check_fresh_start
+
+    (tmp_path / "final").mkdir()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(VlmrlError, match=r"holds a run \(a final model, metrics\) and resume is false: it has no "
+                                         r"checkpoint to continue from: choose another output_dir, or remove this one"):
+        check_fresh_start(tmp_path)
+    (tmp_path / "checkpoints" / "step_000001").mkdir(parents=True)
+    with pytest.raises(VlmrlError, match=r"\(a final model, checkpoints, metrics\) and resume is false: resume=true "
+                                         r"continues it \(raise train.steps to train longer\)"):
+        check_fresh_start(tmp_path)

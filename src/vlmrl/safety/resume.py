@@ -171,7 +171,10 @@ def check_fresh_start(run_dir: Path) -> None:
         ("checkpoints", checkpoints.is_dir() and any(p.name.startswith("step_") and p.is_dir()
                                                       for p in checkpoints.iterdir())),
         ("metrics", metrics.is_file() and metrics.stat().st_size > 0)) if there]
-    if held:
-        raise VlmrlError(f"output_dir {folder} already holds a run ({', '.join(held)}) and resume is false: "
-                         "resume=true continues it (raise train.steps to train longer), or choose another "
-                         "output_dir; a run never starts over in the folder of another")
+    if not held:
+        return
+    way = ("resume=true continues it (raise train.steps to train longer), or choose another output_dir"
+           if "checkpoints" in held else "it has no checkpoint to continue from: choose another output_dir, or "
+           "remove this one")
+    raise VlmrlError(f"output_dir {folder} already holds a run ({', '.join(held)}) and resume is false: {way}; "
+                     "a run never starts over in the folder of another")
