@@ -2,6 +2,25 @@
 
 GRPO and its variants (DAPO, Dr. GRPO, GSPO) on any Hugging Face image-text-to-text model, with
 procedural visual reasoning tasks whose rewards resist hacking. See README.md and the `vlmrl` command.
+
+From Python (docs/python.md): `vlmrl.train(config, ...)`, `vlmrl.sft(config, ...)` and
+`vlmrl.evaluate(model, task, ...)`, imported on first use (vlmrl/training/api.py), so that
+`import vlmrl` and `vlmrl --help` load no torch.
 """
 
+import importlib
+
 __version__ = "0.1.0"
+
+PYTHON_API = ("train", "sft", "evaluate", "RunResult", "EvalResult")
+"""The names of vlmrl/training/api.py that `vlmrl` itself offers."""
+
+__all__ = [*PYTHON_API, "__version__"]
+
+
+def __getattr__(name: str):
+    """`vlmrl.train` and the other names of PYTHON_API, imported when first asked for, by name: the
+    modules that read `vlmrl.__version__` (report/) do not import the training stage through it."""
+    if name in PYTHON_API:
+        return getattr(importlib.import_module("vlmrl.training.api"), name)
+    raise AttributeError(f"module 'vlmrl' has no attribute {name!r}")

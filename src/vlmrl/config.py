@@ -690,6 +690,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), cls: 
     return from_dict(cls, data)
 
 
+def check_config(config: Config) -> Config:
+    """`config` checked as `load_config` checks what it reads: every field coerced to its type and every
+    section's rules, then the rules between sections (`fields.build`); a VlmrlError in one line, the
+    same line `vlmrl train` prints, for a config built in Python (`Config(rollout=RolloutConfig(
+    group_size=1))`) as for one read from YAML. Returns the checked copy."""
+    require((isinstance(config, Config), f"a run needs a vlmrl.config.Config; got {type(config).__name__}"))
+    return from_dict(Config, to_dict(config))
+
+
 def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """`data` with the `file.py:function` rewards of a config file made absolute from its folder (a
     reward named on the command line is read from the working directory)."""

@@ -456,11 +456,12 @@ def save_evaluation(evaluation: Evaluation, folder: str | Path, filename: str = 
     return write_text(Path(folder) / filename, "the evaluation", json.dumps(document, indent=2, default=str) + "\n")
 
 
-def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "test", n: int = 64,
+def run_eval(model_dir: str, task_name: str | Task, task_params: dict, split: str = "test", n: int = 64,
              settings: EvalSettings | None = None, out_dir: str | None = None, dtype: str = "auto",
              device: str = "auto") -> tuple[Evaluation, Path]:
     """`vlmrl eval`: load the model folder, evaluate `n` examples of `split`, write the JSON.
 
+    `task_name` is a task's name (built with `task_params`) or a Task built in Python (`vlmrl.evaluate`).
     The file is out_dir/eval.json, or model_dir/eval_<task>_<split>.json without `out_dir`.
     Task, split and settings are checked before the model loads.
     """
@@ -473,7 +474,7 @@ def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "te
     settings = settings or EvalSettings()
     settings.validate()
     resolve_device(device, "--device")
-    task = get_task(task_name, **task_params)
+    task = task_name if isinstance(task_name, Task) else get_task(task_name, **task_params)
     examples = held_out_examples(task, split, n)
     if out_dir is not None or Path(model_dir).is_dir():  # a bad output path in one line, before the model loads
         output_folder(out_dir if out_dir is not None else model_dir, "the evaluation")
@@ -487,5 +488,6 @@ def run_eval(model_dir: str, task_name: str, task_params: dict, split: str = "te
     if out_dir is not None:
         path = save_evaluation(evaluation, out_dir)
     else:
-        path = save_evaluation(evaluation, model_dir, safe_filename(f"eval_{task_name}_{split}.json"))
+        named = task_name if isinstance(task_name, str) else task.name
+        path = save_evaluation(evaluation, model_dir, safe_filename(f"eval_{named}_{split}.json"))
     return evaluation, path

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from vlmrl.config import Config
+from vlmrl.config import Config, check_config
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
@@ -88,13 +88,17 @@ def check_device(device: str) -> None:
         resolve_device(device, "model.device")
 
 
-def check_before_loading(config: Config, mode: str) -> Task:
+def check_before_loading(config: Config, mode: str, task: Task | None = None) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
-    the run's task."""
+    the run's task: `task` when given (a Task built in Python, vlmrl.training.api), else the config's.
+    The config is checked first as the command line checks it (config.check_config), so a config
+    built in Python is refused in the line `vlmrl train` prints."""
+    check_config(config)
     check_model_source(config.model.name_or_path, config.model.trust_remote_code)  # the first thing a new user builds: said first
     world = launched_world()
     (config.rollout if mode == "train" else config.sft).check_layout(world)
-    task = run_task(config.task.name, config.seed, config.task.params)
+    if task is None:
+        task = run_task(config.task.name, config.seed, config.task.params)
     if config.eval.every > 0:
         for split in config.eval.splits:
             if split not in task.splits:

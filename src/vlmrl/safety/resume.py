@@ -9,7 +9,9 @@ compared with the latest of the two, key by key:
   unless `resume_changes=allow`: then the run goes on with a warning listing them;
 - a change that does not (train.steps, eval.*, logging, checkpoints, speedups that compute the same
   thing, the device: RESUME_MAY_CHANGE) is allowed and listed in one line.
-The command is checked too: each checkpoint records the command that saved it (`vlmrl train` or
+A run with resume=false does not start over in a folder that holds a run's work (its final model, a
+checkpoint or metrics rows: `check_fresh_start`): starting again there would mix two runs' metrics
+and checkpoints. The command is checked too: each checkpoint records the command that saved it (`vlmrl train` or
 `vlmrl sft`), and the other command does not continue it.
 """
 
@@ -155,3 +157,24 @@ def check_resume_command(state: dict, command: str, folder: Path, config: Config
     raise VlmrlError(f"resume=true would continue another run: {folder} was saved by `vlmrl {saved}`, which "
                      f"`vlmrl {command}` does not continue. Start a new output_dir (model.name_or_path=RUN/final "
                      f"starts from a finished run's model), or set resume_changes=allow to continue anyway")
+
+
+def check_fresh_start(run_dir: Path) -> None:
+    """VlmrlError in one line when a run with resume=false would start in `run_dir` while it holds a
+    run's work: a final model, a step checkpoint or metrics rows (a run stopped before step 1 leaves
+    none of them, and may start again)."""
+    folder = Path(run_dir)
+    checkpoints = folder / "checkpoints"
+    metrics = folder / "metrics.jsonl"
+    held = [what for what, there in (
+        ("a final model", (folder / "final").exists()),
+        ("checkpoints", checkpoints.is_dir() and any(p.name.startswith("step_") and p.is_dir()
+                                                      for p in checkpoints.iterdir())),
+        ("metrics", metrics.is_file() and metrics.stat().st_size > 0)) if there]
+    if not held:
+        return
+    way = ("resume=true continues it (raise train.steps to train longer), or choose another output_dir"
+           if "checkpoints" in held else "it has no checkpoint to continue from: choose another output_dir, or "
+           "remove this one")
+    raise VlmrlError(f"output_dir {folder} already holds a run ({', '.join(held)}) and resume is false: {way}; "
+                     "a run never starts over in the folder of another")

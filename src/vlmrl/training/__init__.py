@@ -1,5 +1,6 @@
 """The training stage: the GRPO and SFT loops and everything one update needs.
 
+    api.py                  `vlmrl.train`, `vlmrl.sft`, `vlmrl.evaluate`: the runs from Python
     trainer.py              `vlmrl train`: the GRPO loop, read top to bottom
     sft.py                  `vlmrl sft`: supervised warm start on reference completions
     session.py              what both loops share: processes, policy, optimizer, resume, metrics

@@ -49,7 +49,13 @@ from vlmrl.safety.checkpoint import (
 from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals, any_process
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.safety.preflight import copies_reference
-from vlmrl.safety.resume import RESUMED_CONFIG, STARTED_CONFIG, check_resume_command, check_resume_config
+from vlmrl.safety.resume import (
+    RESUMED_CONFIG,
+    STARTED_CONFIG,
+    check_fresh_start,
+    check_resume_command,
+    check_resume_config,
+)
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
 from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_layout
@@ -140,6 +146,8 @@ class TrainingSession:
             found = find_resumable(self.run_dir, fits=self.fits)
             if found is None:
                 raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
+        else:
+            self.on_main(check_fresh_start, self.run_dir)  # never start over in a run's folder
         self.on_main(check_checkpoint_room, self.run_dir, found[1]["step"] if found else 0, config.train.steps)
         if found is None:  # a fresh run: loaded once the checkpoints are known to be writable
             self.load_policy(None)

@@ -42,7 +42,7 @@ from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
-from vlmrl.tasks import Example
+from vlmrl.tasks import Example, Task
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training.session import TrainingSession, epoch_metric
 
@@ -75,9 +75,10 @@ def completion_tokens(processor, examples: list[Example], stop_ids: list[int]) -
     return ids, mask
 
 
-def sft(config: Config) -> Path:
-    """Fine-tune on reference completions as configured; returns the run directory (model in final/)."""
-    task = check_before_loading(config, "sft")  # layout, task, tools, trackers, model path: before loading
+def sft(config: Config, task: Task | None = None) -> Path:
+    """Fine-tune on reference completions as configured (on `task` when given: a Task built in Python,
+    else the config's); returns the run directory (model in final/)."""
+    task = check_before_loading(config, "sft", task)  # layout, task, tools, trackers, model path: before loading
     with TrainingSession(config, config.train.steps) as session:  # an error gives the handlers and the folder back
         batch = config.sft.batch_size
         config.sft.check_layout(session.world)  # the processes accelerate really started

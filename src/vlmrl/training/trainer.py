@@ -31,15 +31,17 @@ from vlmrl.safety.alarms import Alarms
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
+from vlmrl.tasks import Task
 from vlmrl.training.experience import Experience, GroupSampler, collect_experience
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training.policy_update import update_policy
 from vlmrl.training.session import TrainingSession, epoch_metric
 
 
-def train(config: Config) -> Path:
-    """Run GRPO as configured; returns the run directory (final model in `final/`)."""
-    task = check_before_loading(config, "train")  # layout, task, tools, trackers, model path: before loading
+def train(config: Config, task: Task | None = None) -> Path:
+    """Run GRPO as configured (on `task` when given: a Task built in Python, else the config's);
+    returns the run directory (final model in `final/`)."""
+    task = check_before_loading(config, "train", task)  # layout, task, tools, trackers, model path: before loading
     with TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
                          with_reference=True) as session:  # an error gives the handlers and the folder back
         config.rollout.check_layout(session.world)
