@@ -114,9 +114,10 @@ RENAMED_KEYS: dict[str, str] = {
 }
 """Old dotted key -> its new name: a config that still uses an old key gets an error saying so."""
 
-DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICES = re.compile(r"auto|cpu(:\d+)?|mps|cuda(:\d+)?")
 """What a device setting may name (model.device, `--device`): auto (a GPU when present), cpu, mps,
-cuda or cuda:N; whether this machine has it is checked where torch is at hand (loading.resolve_device)."""
+cuda or cuda:N (and cpu:N, the name torch gives a CPU process of a launch); whether this machine has
+it is checked where torch is at hand (loading.resolve_device)."""
 
 
 def device_rule(name: str, device: str) -> tuple[bool, str]:
