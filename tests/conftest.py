@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,14 @@ from PIL import Image, ImageDraw
 
 TESTS = Path(__file__).parent
 """This folder: tests/letter_task.py lives here (the trainer tests' tasks, loaded by import path)."""
+
+# torch.compile's CPU kernels are cached on disk by a key without the vector width they were built
+# for: a suite run under ATEN_CPU_CAPABILITY=avx2 after one without (how a second CPU kind is tried on
+# one machine) loaded the AVX-512 kernels behind an AVX2 caller, and every other 8 lanes of a compiled
+# result came back 0 (tests/test_stochastic_rounding.py's compiled noise). One cache per capability,
+# for this process and the ones the tests start. A fresh machine (CI) has no cache to mix up.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / (
+    f"torchinductor_{getpass.getuser()}_{os.environ.get('ATEN_CPU_CAPABILITY', 'default')}")))
 
 
 @pytest.fixture(scope="session")
