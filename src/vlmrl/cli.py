@@ -306,7 +306,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
 def _add_train(commands: argparse._SubParsersAction) -> None:
     """`vlmrl train CONFIG [KEY=VALUE ...]`."""
     train = commands.add_parser(
-        "train", help="train a policy with GRPO / DAPO / Dr. GRPO / GSPO / CISPO / GMPO",
+        "train", help="train a policy with GRPO / DAPO / Dr. GRPO / GSPO / CISPO / GMPO / SAPO",
         description="Train with reinforcement learning from the task's verifiable rewards. Several "
                     "processes: `accelerate launch -m vlmrl train CONFIG ...`.",
         epilog="examples:\n  vlmrl train configs/shapes_grpo_tiny.yaml train.steps=50\n"
