@@ -216,3 +216,21 @@ def test_a_one_process_checkpoint_resumes_under_fsdp2(tmp_path, tiny_model_dir):
     assert [row["step"] for row in resumed] == [1, 2]
     for key in ("loss", "kl", "grad_norm"):
         assert resumed[1][key] == pytest.approx(straight[1][key], rel=1e-5, abs=3e-8), key
+
+
+def test_distillation_under_two_fsdp2_processes_makes_the_same_steps_as_one(tmp_path, tiny_model_dir):
+    """issue 44: the teacher is sharded as the reference is (training/teacher.py); its log-probs and
+    the per-token distillation advantages are those of one process: the teacher KL and the update's
+    statistics per step, and the weights after 2 steps (launching's tolerances, with their causes)."""
+    from vlmrl.models import build_tiny_model
+
+    teacher = str(build_tiny_model(tmp_path / "teacher", size="tiny", seed=1))  # same tokenizer, other weights
+    more = ("train.steps=2", f"algorithm.teacher={teacher}", "algorithm.distill_weight=1.0")
+    run_ok(CLI, two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
+    run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "two", *more))
+    one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two):
+        assert a["reward"] == b["reward"] and a["distill/teacher_kl"] != 0
+        assert_same_statistics(a, b, ("loss", "kl", "grad_norm", "distill/teacher_kl"))
+    assert_same_weights(final_weights(tmp_path / "one" / "final"), final_weights(tmp_path / "two" / "final"), LR)
