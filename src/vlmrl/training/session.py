@@ -311,17 +311,15 @@ class TrainingSession:
             signum = int(self.accelerator.gather(torch.tensor([signum], device=self.accelerator.device)).max())
         if not signum and not self.guard.exhausted:
             return
-        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
-        if self.saved_step != steps_done:
-            folder = self.save(steps_done, cursor)
-        self.close()
+        folder = self.save_and_close(steps_done, cursor)
         if signum:
             raise Interrupted(signum, steps_done, folder)
         raise VlmrlError(
             f"the loss or gradient was NaN/inf in {self.guard.in_a_row} updates in a row (train.max_bad_steps="
             f"{self.config.train.max_bad_steps}); stopped after step {steps_done} with a checkpoint in {folder} "
             "holding the last good weights. Look for a reward or advantage that is not finite, too high a "
-            "train.lr, or fp16 overflow (try model.dtype=bfloat16); resume=true continues from it")
+            "train.lr, or fp16 overflow; resume=true continues from it as it was, and a new train.lr or "
+            "model.dtype is a new run started from its weights (model.name_or_path=that checkpoint)")
 
     def make_held_out(self, task: Task) -> None:
         """The fixed held-out set of every eval split (when eval.every > 0), made on the main process
@@ -353,10 +351,7 @@ class TrainingSession:
             where = f"the last checkpoint, {kept[-1]}, is older" if kept else "no checkpoint was written"
             self.close()
             raise VlmrlError(f"stopped at step {steps_done + 1}: {cause}. Nothing saved from these weights ({where})")
-        folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
-        if self.saved_step != steps_done:
-            folder = self.save(steps_done, cursor)
-        self.close()
+        folder = self.save_and_close(steps_done, cursor)
         raise VlmrlError(f"stopped at step {steps_done + 1}: {cause}. Checkpoint of step {steps_done}: {folder}")
 
     def save_and_close(self, steps_done: int, cursor: int) -> Path:
