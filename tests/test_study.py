@@ -1,4 +1,4 @@
-"""`vlmrl compare` (study.py, report/compare.py): the study file checked, the grid run in processes
+"""`vlmrl compare` (study/compare.py, report/compare.py): the study file checked, the grid run in processes
 (resumable, failures named), and the comparison's numbers computed by hand."""
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import pytest
 import torch
 import yaml
 
-from vlmrl import study as study_module
-from vlmrl import study_processes
+from vlmrl.study import compare as study_module
+from vlmrl.study import processes as study_processes
 from vlmrl.cli import main
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.compare import ArmResult, SeedRun, header, markdown, table_rows
 from vlmrl.report.tracking import read_metrics
 from vlmrl.safety.checkpoint import read_checkpoint
-from vlmrl.study import check_runs, load_study, plan, record_specs, spec_changes
+from vlmrl.study.compare import check_runs, load_study, plan, record_specs, spec_changes
 from vlmrl.training.trainer import train
 
 TESTS = Path(__file__).parent

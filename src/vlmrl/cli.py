@@ -70,7 +70,7 @@ def _merge(args: argparse.Namespace) -> None:
 
 def _compare(args: argparse.Namespace) -> None:
     """`vlmrl compare STUDY.yaml`: run a study's grid (resumable), then write its comparison."""
-    from vlmrl.study import run_study
+    from vlmrl.study.compare import run_study
 
     page = run_study(args.study, report_only=args.report_only)
     print(f"done: {page} (table: {page.with_suffix('.md')})")
@@ -294,7 +294,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
                     "spread) and compare.md. Every run's config is checked before the first starts; a run made "
                     "with a spec since edited is refused, as is a folder another study uses. Ctrl-C or SIGTERM "
                     "stops each run after its step with a checkpoint: the same command continues. The study "
-                    "file format is in src/vlmrl/study.py and docs/evaluation.md.",
+                    "file format is in src/vlmrl/study/compare.py and docs/evaluation.md.",
         epilog="example:\n  vlmrl compare studies/shapes_rl_vs_sft.yaml\n"
                "  vlmrl compare studies/shapes_rl_vs_sft.yaml --report-only   # the report from what has run",
         formatter_class=argparse.RawDescriptionHelpFormatter)

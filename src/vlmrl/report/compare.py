@@ -1,4 +1,4 @@
-"""The comparison of a study's arms (study.py): one self-contained HTML page and a Markdown table.
+"""The comparison of a study's arms (study/compare.py): one self-contained HTML page and a Markdown table.
 
 Per arm, over its seeds' runs (each run's metrics.jsonl):
 - held-out accuracy: eval/<split>/accuracy at the run's last evaluation; mean +- the sample std over

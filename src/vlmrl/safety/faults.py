@@ -18,7 +18,7 @@ last checkpoint stays whole, since checkpoints are renamed into place. Signals w
 of the first are not a second one: one stop often comes from several senders at once (a terminal's
 Ctrl-C to a process group, a scheduler that signals every process of a job, and the `vlmrl compare`
 that passes it on), and must not cost the checkpoint. `vlmrl compare` also starts its runs in their
-own process group, so a terminal's Ctrl-C reaches a run only through the study (study_processes.py).
+own process group, so a terminal's Ctrl-C reaches a run only through the study (study/processes.py).
 A run started with STOP_WITH_PARENT set to its parent's process id (a study's runs) asks Linux for a
 SIGTERM when that parent dies (`stop_with_parent`): a study killed outright (SIGKILL) cannot pass a
 stop on, and its runs stop after their step with a checkpoint all the same. The processes of

@@ -1,4 +1,4 @@
-"""The runs of a study (study.py) as processes: started, stopped on request, and what became of each.
+"""The runs of a study (compare.py) as processes: started, stopped on request, and what became of each.
 
 Each run is `python -m vlmrl train|sft ...` in its own session (process group), with its output in
 RUN/run.log. In its own session, a run is not reached by what the terminal sends the study's

@@ -33,7 +33,7 @@ with what changed: it is never reused silently. The grid is resumable: a run wit
 is skipped, one with a checkpoint continues from it (resume=true), the others start; a failed run
 is named with its log and the others go on. However the study is stopped (Ctrl-C, SIGTERM to it or
 to one of its runs), each run saves a checkpoint after its step and running the same command again
-continues it exactly (study_processes.py). Then OUTPUT_DIR/compare.html (held-out accuracy mean +-
+continues it exactly (processes.py). Then OUTPUT_DIR/compare.html (held-out accuracy mean +-
 std per arm, curves against step and wall clock with the seeds' spread as a band) and compare.md
 (the table) are written (report/compare.py).
 """
@@ -56,7 +56,7 @@ from vlmrl.fields import Naming, build
 from vlmrl.report.compare import write_comparison
 from vlmrl.safety.folder_lock import hold, holder
 from vlmrl.safety.resume import flatten
-from vlmrl.study_processes import Job, Outcome, StopForwarder, checkpoint_step, execute, finished
+from vlmrl.study.processes import Job, Outcome, StopForwarder, checkpoint_step, execute, finished
 
 WARM_START = "{warm_start}"
 """Written in an override, stands for the warm-start run's final model folder."""
