@@ -46,9 +46,10 @@ class SampledLogprobs:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """input_ids (N, L) so far (the last one drawn from the previous step); scores (N, V)."""
-        broken = (scores.isnan() | scores.isposinf()).any(-1, keepdim=True) | scores.isneginf().all(-1, keepdim=True)
-        self.broken = broken if self.broken is None else self.broken | broken  # (N, 1), on the device
-        scores = torch.where(broken, torch.zeros_like(scores), scores)  # such a row samples uniformly: no crash
+        # one reduction over the vocabulary: the max is NaN with any NaN, +inf with any +inf, -inf when all are
+        broken = ~torch.isfinite(scores.amax(-1, keepdim=True))  # (N, 1), on the device
+        self.broken = broken if self.broken is None else self.broken | broken
+        scores = scores.masked_fill(broken, 0.0)  # such a row samples uniformly: no crash
         if self.temperature > 0:
             if self.previous is not None:
                 self._pick(input_ids[:, -1])
