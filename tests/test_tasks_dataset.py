@@ -211,3 +211,35 @@ def test_a_datasets_object_from_python_is_read_like_a_file(tmp_path):
     task = DatasetTask(DatasetParams(test_fraction=0.25), data=ds)
     reference = get_task("dataset", path=str(path), test_fraction=0.25)
     assert [summary(task.example(i)) for i in range(6)] == [summary(reference.example(i)) for i in range(6)]
+
+
+def test_a_resume_on_changed_data_is_one_line_unless_allowed(tmp_path, tiny_model_dir, capfd):
+    path = write_layout(tmp_path, "trl")
+    run = tmp_path / "run"
+
+    def train(steps: int, *extra: str) -> int:
+        return main(["train", "task.name=dataset", f"task.params.path={path}", f"model.name_or_path={tiny_model_dir}",
+                     "model.device=cpu", f"output_dir={run}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                     "rollout.max_new_tokens=4", f"train.steps={steps}", "train.micro_batch_size=4",
+                     "train.save_every=1", "train.trackers=[]", "train.log_rollouts_every=0", *extra])
+
+    assert train(1) == 0
+    size = path.stat().st_size
+    assert json.loads((run / "data.json").read_text()) == {"train.jsonl": f"{size} bytes blake2b:"
+                                                          + (run / "data.json").read_text().split("blake2b:")[1][:16]}
+    path.write_text(path.read_text().replace("tallest in chart 3", "tallest in chart 9"))  # one row edited
+    capfd.readouterr()
+    assert train(2, "resume=true") == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: resume=true would continue the run on other data: train.jsonl: {size} bytes blake2b:")
+    assert err[0].endswith("(since data.json). Resume on the data the run started with, start a new output_dir, "
+                           "or set resume_changes=allow to continue on this data anyway")
+    assert not (run / "checkpoints" / "step_000002").exists()
+    assert train(2, "resume=true", "resume_changes=allow") == 0
+    assert "resuming on changed data (resume_changes=allow): train.jsonl: " in capfd.readouterr().err
+    assert train(3, "resume=true") == 0  # data.json now holds the data it resumed on: unchanged
+    assert (run / "checkpoints" / "step_000003").is_dir()
+    easyr1 = write_layout(tmp_path / "geometry", "easyr1")  # geometry's file presets read through the same loader
+    assert get_task("geometry", source=str(easyr1)).data_fingerprint() == \
+        get_task("dataset", path=str(easyr1)).data_fingerprint() != {}

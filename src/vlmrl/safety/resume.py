@@ -9,6 +9,11 @@ compared with the latest of the two, key by key:
   unless `resume_changes=allow`: then the run goes on with a warning listing them;
 - a change that does not (train.steps, eval.*, logging, checkpoints, speedups that compute the same
   thing, the device: RESUME_MAY_CHANGE) is allowed and listed in one line.
+The data is checked too: a run on files (`task.name=dataset`, geometry's file presets) records their
+fingerprint in `data.json` when it starts (vlmrl.data.fingerprint: each file's name, size and
+hash; a hub dataset's or a Python object's `datasets` fingerprint), and a resume on data that differs
+stops in one line naming each file that changed, unless `resume_changes=allow` (then a warning, and
+data.json holds the new fingerprint).
 A run with resume=false does not start over in a folder that holds a run's work (its final model, a
 checkpoint or metrics rows: `check_fresh_start`): starting again there would mix two runs' metrics
 and checkpoints. The command is checked too: each checkpoint records the command that saved it (`vlmrl train` or
@@ -17,18 +22,22 @@ and checkpoints. The command is checked too: each checkpoint records the command
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import yaml
 
 from vlmrl.config import Config, to_dict
+from vlmrl.data.fingerprint import differences
 from vlmrl.errors import VlmrlError, warn
 
 STARTED_CONFIG = "config.yaml"
 """The config the run started with, in its folder."""
 RESUMED_CONFIG = "config.resumed.yaml"
 """The config of the run's latest resume, beside it."""
+DATA_FINGERPRINT = "data.json"
+"""The fingerprint of the data the run reads (of its latest resume), beside them."""
 
 NOT_COMPARED = ("output_dir", "resume", "resume_changes")
 """Keys a resume sets by its nature."""
@@ -142,6 +151,41 @@ def check_resume_config(run_dir: Path, config: Config, report: bool = True) -> N
         warn(f"resuming with changes of what the run is (resume_changes=allow): {'; '.join(refused)}")
     if report and allowed:
         print(f"resume: changed since {path.name}: {'; '.join(allowed)}", flush=True)
+
+
+def write_data_fingerprint(run_dir: Path, prints: dict[str, str]) -> None:
+    """Record the fingerprint of the run's data in run_dir/data.json (nothing for generated data)."""
+    path = Path(run_dir) / DATA_FINGERPRINT
+    if prints:
+        path.write_text(json.dumps(prints, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    else:
+        path.unlink(missing_ok=True)
+
+
+def check_resume_data(run_dir: Path, prints: dict[str, str], config: Config) -> None:
+    """Compare the fingerprint of the data this resume reads with the one the run folder recorded:
+    VlmrlError in one line naming what changed, unless config.resume_changes is "allow" (then a
+    warning). A folder without data.json (a run on generated data, or from an older vlmrl) passes."""
+    path = Path(run_dir) / DATA_FINGERPRINT
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError) as error:
+        warn(f"{path} cannot be read ({type(error).__name__}): the resumed run's data is not checked")
+        return
+    if saved is None:
+        if prints:
+            warn(f"{run_dir} holds no {DATA_FINGERPRINT}: the resumed run's data is not checked against the run's")
+        return
+    changed = differences(saved if isinstance(saved, dict) else {}, prints)
+    if not changed:
+        return
+    what = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+    if config.resume_changes == "allow":
+        warn(f"resuming on changed data (resume_changes=allow): {what}")
+        return
+    raise VlmrlError(f"resume=true would continue the run on other data: {what} (since {DATA_FINGERPRINT}). "
+                     "Resume on the data the run started with, start a new output_dir, or set "
+                     "resume_changes=allow to continue on this data anyway")
 
 
 def check_resume_command(state: dict, command: str, folder: Path, config: Config) -> None:

@@ -175,6 +175,11 @@ class Task:
         """Reward components of `completion`, always with "total" and "accuracy" (0.0 or 1.0)."""
         raise NotImplementedError
 
+    def data_fingerprint(self) -> dict[str, str]:
+        """What a resumed run compares to know it reads the same data (`vlmrl.data.fingerprint`):
+        {file or split: its size and hash}; {} for a task that generates its examples."""
+        return {}
+
     def answer_regions(self, example: Example) -> list[tuple[int, int, tuple[int, int, int, int]]] | None:
         """Where in the image each part of the reference completion is read from: (start, end)
         characters of `example.reference_completion` and the (x0, y0, x1, y1) pixel box of the first

@@ -34,6 +34,7 @@ from typing import Any
 
 from vlmrl.data.columns import MARKER, Columns, RowText, detect, read_text
 from vlmrl.data.images import BadImage, NoImage, image_values, load_image
+from vlmrl.data.fingerprint import fingerprint
 from vlmrl.data.order import draw_row, held_out
 from vlmrl.data.sources import Source, open_source
 from vlmrl.errors import VlmrlError, warn
@@ -313,6 +314,11 @@ class DatasetTask(Task):
                 if data.source_of.get("test") == data.source_of["train"] else "")
         order = f"shuffled by seed {p.seed}, a new order each epoch" if p.shuffle else "in file order"
         return f"{data.columns.line()}; rows: {sizes}{held}; train {order}"
+
+    def data_fingerprint(self) -> dict[str, str]:
+        """Each data file's size and hash (each split's `datasets` fingerprint for a hub id or a
+        Python object): compared on resume (safety/resume.py)."""
+        return fingerprint(self._data.source)
 
     def row_of(self, idx: int, split: str) -> tuple[str, int]:
         """(dataset split, row) served as example `idx` of `split` (see the module docstring)."""

@@ -217,6 +217,10 @@ class GeometryTask(Task):
         """The preflight's line on the files (the mapping, the rows); "" for generated problems."""
         return "" if self.params.source == PROCEDURAL else self.files.data_line()
 
+    def data_fingerprint(self) -> dict[str, str]:
+        """The files' fingerprint (the dataset task's); {} for generated problems."""
+        return {} if self.params.source == PROCEDURAL else self.files.data_fingerprint()
+
     @property
     def splits(self) -> tuple[str, ...]:
         return ("train", "test") if self.params.source == PROCEDURAL else self.files.splits

@@ -55,6 +55,8 @@ from vlmrl.safety.resume import (
     check_fresh_start,
     check_resume_command,
     check_resume_config,
+    check_resume_data,
+    write_data_fingerprint,
 )
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
@@ -77,8 +79,10 @@ class TrainingSession:
     `guard.step(session.update, ...)`), update (how an update is made: accelerate's, or DeepSpeed's).
     """
 
-    def __init__(self, config: Config, total_updates: int, with_reference: bool = False):
+    def __init__(self, config: Config, total_updates: int, with_reference: bool = False,
+                 task: Task | None = None):
         self.config = config
+        self.task = task  # its data's fingerprint is checked on resume and recorded in the run folder
         refuse_unrunnable(os.environ)  # before accelerate reads the same variables
         self.accelerator = make_accelerator(config.model.device, os.environ)
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -142,6 +146,7 @@ class TrainingSession:
         found = None
         if config.resume:
             check_resume_config(self.run_dir, config, report=self.main)  # before anything is loaded
+            self.on_main(check_resume_data, self.run_dir, self.data_fingerprint(), config)
             self.needs_reference = with_reference and copies_reference(config, "train")
             found = find_resumable(self.run_dir, fits=self.fits)
             if found is None:
@@ -183,10 +188,18 @@ class TrainingSession:
         if self.any_process(problem is not None):
             raise problem or VlmrlError("the main process stopped the run (see its error)")
 
+    def data_fingerprint(self) -> dict[str, str]:
+        """The fingerprint of the task's data (main process; computed once): {} without a task."""
+        if not hasattr(self, "_data_prints"):
+            self._data_prints = self.task.data_fingerprint() if self.task is not None and self.main else {}
+        return self._data_prints
+
     def write_config(self, resumed: bool) -> None:
         """The run's config into run_dir (main process): config.yaml for a fresh run (a stale
-        config.resumed.yaml removed), config.resumed.yaml beside the kept config.yaml on resume."""
+        config.resumed.yaml removed), config.resumed.yaml beside the kept config.yaml on resume; the
+        data's fingerprint into data.json."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_data_fingerprint(self.run_dir, self.data_fingerprint())
         if resumed and (self.run_dir / STARTED_CONFIG).is_file():
             save_config(self.config, self.run_dir / RESUMED_CONFIG)
             return

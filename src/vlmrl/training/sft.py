@@ -79,7 +79,7 @@ def sft(config: Config, task: Task | None = None) -> Path:
     """Fine-tune on reference completions as configured (on `task` when given: a Task built in Python,
     else the config's); returns the run directory (model in final/)."""
     task = check_before_loading(config, "sft", task)  # layout, task, tools, trackers, model path: before loading
-    with TrainingSession(config, config.train.steps) as session:  # an error gives the handlers and the folder back
+    with TrainingSession(config, config.train.steps, task=task) as session:  # an error gives the handlers and the folder back
         batch = config.sft.batch_size
         config.sft.check_layout(session.world)  # the processes accelerate really started
         per_process = batch // session.world

@@ -43,7 +43,7 @@ def train(config: Config, task: Task | None = None) -> Path:
     returns the run directory (final model in `final/`)."""
     task = check_before_loading(config, "train", task)  # layout, task, tools, trackers, model path: before loading
     with TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
-                         with_reference=True) as session:  # an error gives the handlers and the folder back
+                         with_reference=True, task=task) as session:  # an error gives the handlers and the folder back
         config.rollout.check_layout(session.world)
         run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
         session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now

@@ -1,0 +1,72 @@
+"""A dataset's fingerprint: what a resumed run compares to know it reads the data its run started on.
+
+Cheap but honest: for a source read from disk (data files, a folder of them, an imagefolder, a
+`save_to_disk` folder) every file's name, size and BLAKE2b hash of its contents (reading the bytes
+once costs less than decoding the images the loader checks anyway); for a hub dataset from the cache
+or a `datasets` object from Python, each split's row count and the `datasets` library's own
+`_fingerprint` (a hash of its table and of the transforms that made it: the same rows give the same
+one in every process). Images a data file names by path are covered by their paths (in the rows), not
+by their contents. No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from vlmrl.data.sources import Source
+
+CHUNK = 1 << 20
+
+
+def file_digest(path: Path) -> str:
+    """`SIZE bytes blake2b:HEX` of a file's contents (16 hex digits are plenty to see an edit)."""
+    digest = hashlib.blake2b(digest_size=8)
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return f"{path.stat().st_size} bytes blake2b:{digest.hexdigest()}"
+
+
+def source_files(source: Source) -> tuple[Path, list[Path]] | None:
+    """(root, files) of a source read from disk, sorted; None for a hub id or a Python object."""
+    named = sorted({Path(f) for files in source.files.values() for f in files})
+    path = Path(source.name).expanduser() if source.name else None
+    if path is None or not path.exists():
+        return None
+    root = path if path.is_dir() else path.parent
+    if not named:  # a save_to_disk folder: all of it (arrow files, state.json, dataset_info.json)
+        named = sorted(p for p in root.rglob("*") if p.is_file())
+    return root, named
+
+
+def fingerprint(source: Source) -> dict[str, str]:
+    """{what: digest}: a file (relative to the source's folder) -> its size and hash, or
+    `split NAME` -> its rows and `datasets` fingerprint."""
+    found = source_files(source)
+    if found is not None:
+        root, files = found
+        return {_relative(path, root): file_digest(path) for path in files}
+    return {f"split {name}": f"{len(ds)} rows, datasets fingerprint {ds._fingerprint}"
+            for name, ds in sorted(source.splits.items())}
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def differences(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """What changed from fingerprint `old` to `new`, one entry each: `NAME: OLD -> NEW`, `NAME added`,
+    `NAME removed`."""
+    found = []
+    for name in dict.fromkeys([*old, *new]):
+        if name not in old:
+            found.append(f"{name} added")
+        elif name not in new:
+            found.append(f"{name} removed")
+        elif old[name] != new[name]:
+            found.append(f"{name}: {old[name]} -> {new[name]}")
+    return found
