@@ -37,8 +37,15 @@ def write_images(folder) -> None:
 
 def write_layout(folder, layout: str):
     """The rows of `rows()` in `layout`; returns the path to give as task.params.path."""
+    if layout == "imagefolder":  # Hugging Face's: the images and a metadata.jsonl naming them, in a folder of its own
+        folder = folder / "pictures"
     write_images(folder)
     base = rows()
+    if layout == "imagefolder":
+        (folder / "metadata.jsonl").write_text("".join(json.dumps(
+            {"file_names": r["charts"], "question": r["question"], "answer": r["answer"], "level": r["level"]}) + "\n"
+            for r in base))
+        return folder
     if layout == "trl":
         data = [{"prompt": r["question"], "images": r["charts"], "answer": r["answer"], "level": r["level"]}
                 for r in base]
@@ -76,7 +83,7 @@ def write_layout(folder, layout: str):
 
 MAPPED = {"prompt": "q", "answer": "a", "images": "charts"}
 LAYOUTS = {"trl": {}, "easyr1": {}, "messages": {}, "verl": {}, "mapped": MAPPED, "csv": MAPPED,
-           "parquet": MAPPED, "saved": MAPPED}
+           "parquet": MAPPED, "saved": MAPPED, "imagefolder": {}}
 
 
 def summary(example) -> tuple:
@@ -243,3 +250,32 @@ def test_a_resume_on_changed_data_is_one_line_unless_allowed(tmp_path, tiny_mode
     easyr1 = write_layout(tmp_path / "geometry", "easyr1")  # geometry's file presets read through the same loader
     assert get_task("geometry", source=str(easyr1)).data_fingerprint() == \
         get_task("dataset", path=str(easyr1)).data_fingerprint() != {}
+
+
+def test_an_imagefolder_with_train_and_test_folders_and_a_csv(tmp_path):
+    for split, first in (("train", 0), ("test", 6)):
+        folder = tmp_path / "pictures" / split
+        folder.mkdir(parents=True)
+        for i in range(first, first + (6 if split == "train" else 2)):
+            Image.new("RGB", (16, 12), COLORS[i % 4]).save(folder / f"{i}.png")
+        datasets.Dataset.from_list([{"file_name": f"{i}.png", "question": f"Which colour is picture {i}?",
+                                     "answer": COLORS[i % 4], "source": "mine"}
+                                    for i in range(first, first + (6 if split == "train" else 2))]
+                                   ).to_csv(str(folder / "metadata.csv"), index=False)
+    task = get_task("dataset", path=str(tmp_path / "pictures"))
+    assert task.data_line().startswith("prompt<-question, answer<-answer, images<-image (question/answer layout); "
+                                       "rows: 6 train, 2 test; train shuffled")
+    tests = sorted((task.example(i, "test") for i in range(2)), key=lambda e: e.answer)
+    assert [(e.prompt.split("\n")[0], e.answer, e.images[0].getpixel((0, 0)), e.meta["columns"]) for e in tests] == [
+        ("Which colour is picture 6?", "blue", (0, 0, 255), {"source": "mine"}),
+        ("Which colour is picture 7?", "yellow", (255, 255, 0), {"source": "mine"})]
+    prints = task.data_fingerprint()
+    assert sorted(prints) == ["test/6.png", "test/7.png", "test/metadata.csv"] + \
+        [f"train/{i}.png" for i in range(6)] + ["train/metadata.csv"]
+    Image.new("RGB", (16, 12), "white").save(tmp_path / "pictures" / "test" / "7.png")  # an image edited
+    from vlmrl.data.fingerprint import differences
+    from vlmrl.data.sources import open_source
+
+    changed = differences(prints, get_task("dataset", path=str(tmp_path / "pictures")).data_fingerprint())
+    assert [c.split(":")[0] for c in changed] == ["test/7.png"]
+    assert open_source(str(tmp_path / "pictures")).splits["train"].features["image"] == datasets.Image()

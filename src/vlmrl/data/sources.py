@@ -6,6 +6,10 @@ A source is one of:
 - a folder of them named {split}.{ext} or {split}-*.{ext} (searched recursively: Hugging Face's
   `data/train-00000-of-00001.parquet` too); when no file is named train/test/validation, every file
   is the train split;
+- an imagefolder (Hugging Face's layout): a folder of images with a metadata.jsonl/.csv/.parquet whose
+  `file_name` (or `file_names`, `*_file_name`) column names each row's images, optionally in
+  train/test/validation subfolders (read with the `imagefolder` builder: images become an `image` or
+  `images` column);
 - a folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk` (read with `load_from_disk`);
 - a Hugging Face hub id, read from the local cache (no download when HF_HUB_OFFLINE=1: then one line
   says it is not cached);
@@ -26,6 +30,8 @@ from vlmrl.errors import VlmrlError, one_line
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 SPLIT_NAMES = ("train", "test", "validation")
+METADATA_FILES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+"""The files that make a folder of images an imagefolder (the `datasets` library's names)."""
 
 
 @dataclass
@@ -63,6 +69,9 @@ def _open_path_or_id(source: str) -> Source:
             loaded = datasets.load_from_disk(str(path))
             splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
             return Source(splits, {name: (path,) for name in splits}, name=source)
+        if path.is_dir() and _imagefolder(path):
+            loaded = datasets.load_dataset("imagefolder", data_dir=str(path))
+            return Source(dict(loaded), {name: (path,) for name in loaded}, name=source)
         if path.exists():
             builder, data_files = local_files(path)
             loaded = datasets.load_dataset(builder, data_files=data_files)
@@ -95,6 +104,11 @@ def hub_problem(error: Exception) -> str:
 def _saved_to_disk(path: Path) -> bool:
     """A `save_to_disk` folder: a DatasetDict's dataset_dict.json, or a Dataset's state.json."""
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _imagefolder(path: Path) -> bool:
+    """A folder of images described by metadata files (Hugging Face's imagefolder)."""
+    return any(p.name in METADATA_FILES for p in path.rglob("metadata.*"))
 
 
 def local_files(path: Path) -> tuple[str, dict[str, list[str]]]:

@@ -1,6 +1,6 @@
-"""`dataset`: any dataset a researcher brings, as a task: rows of files, a `save_to_disk` folder, a
-hub id in the local cache or a `datasets` object (data/sources.py), their columns mapped to prompt,
-answer, images, reference completion and system prompt (data/columns.py: layouts detected, an
+"""`dataset`: any dataset a researcher brings, as a task: rows of files, a `save_to_disk` folder, an
+imagefolder, a hub id in the local cache or a `datasets` object (data/sources.py), their columns
+mapped to prompt, answer, images, reference completion and system prompt (data/columns.py: layouts detected, an
 explicit `columns` mapping wins), served in a seeded order (data/order.py).
 
     task.name: dataset
@@ -63,7 +63,8 @@ class DatasetParams(TaskParams):
 
     path: str = ""
     """The data: a .jsonl/.json/.csv/.parquet/.arrow file, a folder of them named {split}.{ext} or
-    {split}-*.{ext}, a `save_to_disk` folder, or a hub id in the local Hugging Face cache."""
+    {split}-*.{ext}, an imagefolder (images + metadata.jsonl/.csv naming them in `file_name`), a
+    `save_to_disk` folder, or a hub id in the local Hugging Face cache."""
     columns: dict[str, str] = field(default_factory=dict)
     """Which column holds each part: {prompt, answer, images, reference, system}; a key given wins
     over the detected layout, the others are detected. A dotted name reads inside a dict column."""
@@ -180,7 +181,8 @@ class DatasetTask(Task):
     """Any dataset: rows mapped to prompts, answers and images (see the module docstring)."""
 
     name = "dataset"
-    description = ("your own data: jsonl/json/csv/parquet/arrow files, save_to_disk folders or a cached hub id; "
+    description = ("your own data: jsonl/json/csv/parquet/arrow files, imagefolders, save_to_disk folders or a "
+                   "cached hub id; "
                    "TRL, EasyR1, verl, messages layouts detected or columns mapped; math/number/choice/exact")
     Params = DatasetParams
     params: DatasetParams
@@ -309,7 +311,7 @@ class DatasetTask(Task):
     def data_line(self) -> str:
         """One line for the preflight: the mapping used, the rows of each split and the order."""
         data, p = self._data, self.params
-        sizes = ", ".join(f"{len(rows)} {name}" for name, rows in data.served.items())
+        sizes = ", ".join(f"{len(data.served[name])} {name}" for name in self.splits)  # train first
         held = (f" ({p.test_fraction:g} of train held out by row, split_seed {p.split_seed})"
                 if data.source_of.get("test") == data.source_of["train"] else "")
         order = f"shuffled by seed {p.seed}, a new order each epoch" if p.shuffle else "in file order"
