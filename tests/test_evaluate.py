@@ -387,3 +387,66 @@ def test_eval_command_missing_model_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: model folder {str(tmp_path / 'nope')!r} does not exist")
     assert len(err.strip().splitlines()) == 1
+
+
+REWARD_FILE = ("def chars(completions, **kwargs):\n    return [float(len(c[0]['content'])) for c in completions]\n"
+               "def odd(completions, **kwargs):\n    return [float(len(c[0]['content']) % 2) for c in completions]\n"
+               "def never(completions, **kwargs):\n    return [None for c in completions]\n")
+
+
+def test_evaluation_scores_with_the_run_s_rewards_and_takes_accuracy_from_the_correctness_reward(
+        tiny_policy, task, tmp_path):
+    from vlmrl.rewards import builtin
+
+    model, processor = tiny_policy
+    (tmp_path / "mine.py").write_text(REWARD_FILE)
+    mine = f"{tmp_path}/mine.py"
+    examples = held_out_examples(task, "test", 4)
+
+    def run(rewards, **more):
+        settings = EvalSettings(batch_size=4, max_new_tokens=6, rewards=rewards, **more)
+        return evaluate(model, processor, task, examples, settings, show_progress=False)
+
+    # a function labelled accuracy is the accuracy; a None (never) is left out of an answer's scores
+    labelled = run([{"name": f"{mine}:odd", "label": "accuracy"}, {"name": f"{mine}:chars", "weight": 0.5}, "format",
+                    {"name": f"{mine}:never", "weight": 0}], k=2, blind_check=True, seed=1)
+    texts = [record["completion"] for record in labelled.records]
+    odd = [float(len(t) % 2) for t in texts]
+    form = builtin.format([[{"role": "assistant", "content": t}] for t in texts])
+    assert [record["scores"] for record in labelled.records] == [
+        {"accuracy": o, "chars": float(len(t)), "format": f, "total": pytest.approx(o + 0.5 * len(t) + f)}
+        for o, t, f in zip(odd, texts, form)]
+    results = labelled.results
+    assert results["accuracy"] == sum(odd) / 4 and results["rewards"]["chars"] == sum(map(len, texts)) / 4
+    assert "never" not in results["rewards"]
+    blank = [float(len(r["blank"]["completion"]) % 2) for r in labelled.records]
+    assert results["blind"]["blank"]["accuracy"] == sum(blank) / 4
+    assert [r["samples_correct"] for r in labelled.records] == [
+        sum(len(s) % 2 for s in r["samples"]) for r in labelled.records]
+    assert scalar_metrics(results)["eval/reward/chars"] == results["rewards"]["chars"]
+
+    # your own functions alone: the task's own score gives the accuracy (beside them, weight 0)
+    own = run([f"{mine}:chars"])
+    for record, example in zip(own.records, examples):
+        score = task.score(example, record["completion"])
+        assert record["scores"]["chars"] == record["scores"]["total"] == float(len(record["completion"]))
+        assert record["scores"]["task"] == score["total"] and record["scores"]["accuracy"] == score["accuracy"]
+    # a built-in verifier is the accuracy
+    number = run(["number"])
+    assert all(r["scores"]["accuracy"] == r["scores"]["number"] for r in number.records)
+    assert [r["scores"]["number"] for r in number.records] == builtin.number(
+        [[{"role": "assistant", "content": r["completion"]}] for r in number.records], [e.answer for e in examples])
+
+
+def test_eval_command_scores_with_rewards_and_refuses_a_bad_one_before_loading(tmp_path, tiny_model_dir, capsys):
+    (tmp_path / "mine.py").write_text(REWARD_FILE)
+    args = ["eval", tiny_model_dir, "--task", "shapes", "image_size=112", "--n", "2", "--k", "0", "--no-blind",
+            "--max-new-tokens", "3", "--device", "cpu", "--out", str(tmp_path / "eval")]
+    assert main(args + ["--reward", f"{tmp_path}/mine.py:odd", "--reward", "{name: format, weight: 0.5}"]) == 0
+    saved = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert set(saved["results"]["rewards"]) >= {"odd", "format", "task", "accuracy", "total"}
+    assert [r["scores"]["odd"] for r in saved["examples"]] == [len(r["completion"]) % 2 for r in saved["examples"]]
+    assert [r["name"] for r in saved["settings"]["rewards"]] == [f"{tmp_path}/mine.py:odd", "format"]
+    capsys.readouterr()
+    assert main(args + ["--reward", "acuracy"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: unknown reward 'acuracy'; did you mean accuracy?")

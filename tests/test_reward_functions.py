@@ -400,3 +400,24 @@ def test_a_rewards_list_from_the_command_line_is_read_or_refused_in_one_line(ove
     assert [r.name for r in load_config(None, ["rewards=accuracy,format"]).rewards] == ["accuracy", "format"]
     with pytest.raises(VlmrlError, match=message):
         load_config(None, [override])
+
+
+def test_in_run_evaluation_scores_with_the_rewards_list_and_a_verifier_is_the_accuracy(tmp_path, tiny_model_dir,
+                                                                                     letter_task):
+    from vlmrl.training.trainer import train
+    from vlmrl.report.tracking import read_metrics
+
+    (tmp_path / "mine.py").write_text("def chars(completions, **kwargs):\n"
+                                      "    return [float(len(c[0]['content'])) for c in completions]\n")
+    rewards = json.dumps(["exact", {"name": f"{tmp_path}/mine.py:chars", "weight": 0.1}])
+    run = train(run_config(tmp_path / "run", tiny_model_dir, "train.steps=1", f"rewards={rewards}", "eval.every=1",
+                           "eval.n=2", "eval.max_new_tokens=5"))
+    row = read_metrics(run / "metrics.jsonl")[0]
+    assert row["accuracy"] == row["reward/exact"]  # training: the first built-in verifier is the accuracy
+    saved = json.loads((run / "evals" / "step_000001_test.json").read_text())
+    lengths = [float(len(r["completion"])) for r in saved["examples"]]
+    assert [r["scores"]["chars"] for r in saved["examples"]] == lengths
+    assert [r["scores"]["accuracy"] for r in saved["examples"]] == [r["scores"]["exact"] for r in saved["examples"]]
+    assert row["eval/test/reward/chars"] == pytest.approx(sum(lengths) / 2)
+    assert row["eval/test/accuracy"] == row["eval/test/reward/exact"]
+    assert "eval/test/reward/task" not in row  # the verifier measures correctness: the task's score is not added

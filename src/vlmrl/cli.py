@@ -123,7 +123,8 @@ def _eval(args: argparse.Namespace) -> None:
     settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
                             temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
                             tools=list(args.tools), max_turns=args.max_turns,
-                            tool_image_side=args.tool_image_side, decode=args.decode)
+                            tool_image_side=args.tool_image_side, decode=args.decode,
+                            rewards=[parse_override(f"reward={item}")[1] for item in args.reward or []])
     evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
                                 split=args.split, n=args.n, settings=settings, out_dir=args.out,
                                 dtype=args.dtype, device=args.device)
@@ -384,7 +385,8 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                     "writes the results, settings and every example's answers as JSON.",
         epilog="examples:\n  vlmrl eval runs/a/final --task shapes\n"
                "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
-               "  vlmrl eval runs/b/final --task cryptogram --k 0 --no-blind max_words=2",
+               "  vlmrl eval runs/b/final --task cryptogram --k 0 --no-blind max_words=2\n"
+               "  vlmrl eval runs/c/final --task dataset --reward accuracy --reward format path=data/bars.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     evaluate.add_argument("model", help="model folder, LoRA adapter folder (e.g. RUN_DIR/final) or hub id")
     evaluate.add_argument("--task", required=True, help="task name (see `vlmrl tasks list`)")
@@ -416,6 +418,10 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                           help="how generation decodes, as rollout.decode: a growing or a static KV cache, "
                                "the decode step compiled (auto: compiled on CUDA, dynamic elsewhere; "
                                f"default {default['decode']})")
+    evaluate.add_argument("--reward", action="append", metavar="REWARD",
+                          help="score with this reward (repeat for a list, as the config's rewards): a built-in, "
+                               "task, module:function, file.py:function, a URL, or '{name: format, weight: 0.5}'; "
+                               "accuracy is the one that measures correctness (default: the task's own score)")
     evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import Any
+
 from vlmrl.config import (MAX_GROUP_SIZE, MAX_ROWS, MAX_TOKENS, MAX_TURNS, TOOL_IMAGE_SIDES, at_most,
-                          temperature_rule, tool_image_side_rule)
+                          reward_entry, temperature_rule, tool_image_side_rule)
 from vlmrl.errors import require
 
 MAX_LENGTH_BUCKETS = 100
@@ -51,6 +53,14 @@ class EvalSettings:
     """With tools: longest side of an image a built-in tool returns (as rollout.tool_image_side)."""
     decode: str = "auto"
     """How generation decodes, as rollout.decode: auto, dynamic, static or compiled (decoding.py)."""
+    rewards: list[Any] = field(default_factory=list)
+    """The rewards answers are scored with, as the config's `rewards` list (names, {name, weight,
+    kwargs, label} mappings or functions); [] = the task's own score. Accuracy is the reward that
+    measures correctness: one logged as `accuracy`, else the first of math/number/choice/exact, else
+    the task's own score's (rewards/reward.py `accuracy_source`)."""
+
+    def __post_init__(self) -> None:
+        self.rewards = [reward_entry(entry, f"rewards[{i}]") for i, entry in enumerate(self.rewards)]
 
     def validate(self) -> None:
         """Raise VlmrlError with a one-line message when a value is out of range."""

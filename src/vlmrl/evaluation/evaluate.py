@@ -2,8 +2,11 @@
 
 `evaluate` answers a fixed list of examples and returns plain, JSON-ready numbers:
 
-- greedy accuracy, the mean of every reward component the task gives, completion length in tokens
-  and the share of completions cut off at `max_new_tokens`;
+- greedy accuracy, the mean of every reward component (the run's `rewards` list, `settings.rewards`,
+  else the task's own score; each over the answers it applies to), completion length in tokens and
+  the share of completions cut off at `max_new_tokens`. Accuracy is the reward that measures
+  correctness (rewards/reward.py `accuracy_source`: one logged as `accuracy`, else the first built-in
+  verifier, else the task's own score's accuracy); an answer it gives None counts as not right;
 - accuracy by completion-length bucket (quantiles of the greedy lengths), to see whether longer
   reasoning helps, hurts, or peaks in the middle (an inverted U);
 - pass@k (optional): k sampled completions per example, scored with the unbiased estimator of
@@ -40,7 +43,8 @@ from vlmrl.evaluation.eval_settings import (
 )
 from vlmrl.rollout.generation import generate_groups
 from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
-from vlmrl.rewards.reward import build_rewards
+from vlmrl.rewards.checks import check_rewards
+from vlmrl.rewards.reward import Reward, evaluation_rewards
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
 from vlmrl.seeds import derive_seed
@@ -155,18 +159,19 @@ class _Answers:
     tool_stats: list[dict[str, float]] = field(default_factory=list)  # with tools: calls, invalid calls, ...
 
 
-def _answer(sample, task: Task, examples: list[Example], prompts_per_call: int, progress: tqdm) -> _Answers:
-    """Generate (`sample(batch, first index)` -> Rollout) and score completions of every example,
-    a batch at a time."""
+def _answer(sample, rewards: list[Reward], examples: list[Example], prompts_per_call: int,
+            progress: tqdm) -> _Answers:
+    """Generate (`sample(batch, first index)` -> Rollout) and score completions of every example with
+    `rewards` (`evaluation_rewards`), a batch at a time; a component that does not apply to an answer
+    (None) is left out of its scores."""
     answers = _Answers([], [], [], [])
-    rewards = build_rewards([], task)  # evaluation scores with the task's own score (its accuracy)
     for start in range(0, len(examples), prompts_per_call):
         rollout = sample(examples[start:start + prompts_per_call], start)
-        columns = score_completions(rewards, rollout)  # name -> (N,)
+        columns = score_completions(rewards, rollout)  # name -> (N,), NaN: does not apply
         answers.texts += rollout.texts
         answers.lengths += rollout.lengths.tolist()
         answers.truncated += rollout.truncated.tolist()
-        answers.scores += [{name: float(values[i]) for name, values in columns.items()}
+        answers.scores += [{name: float(values[i]) for name, values in columns.items() if not values[i].isnan()}
                            for i in range(len(rollout.texts))]
         if getattr(rollout, "trajectories", None) is not None:
             stats = trajectory_statistics(rollout)  # name -> (N,)
@@ -263,7 +268,7 @@ def evaluate(model, processor, task: Task, examples: list[Example], settings: Ev
     k = settings.k
     samples_correct = None
     if passes.samples is not None:
-        sample_correct = [row["accuracy"] for row in passes.samples.scores]  # (n*k,)
+        sample_correct = [row.get("accuracy", 0.0) for row in passes.samples.scores]  # (n*k,)
         samples_correct = [round(sum(sample_correct[i * k:(i + 1) * k])) for i in range(len(examples))]
     results = summarize(
         task.name, passes.real.scores, passes.real.lengths, passes.real.truncated,
@@ -302,12 +307,13 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
     calls = _calls(n, batch) * (1 + blind_passes) + (_calls(n, sampling_batch) if k else 0)
     device = next(model.parameters()).device
     sample = _sampler(model, processor, settings)
+    rewards = evaluation_rewards(settings.rewards, task)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             tqdm(total=calls, desc=f"eval {task.name}", unit="batch", disable=not show_progress,
                  dynamic_ncols=True) as progress:
 
         def answer(rows: list[Example], generation: GenerationSettings, per_call: int) -> _Answers:
-            return _answer(sample(generation), task, rows, per_call, progress)
+            return _answer(sample(generation), rewards, rows, per_call, progress)
 
         passes = _Passes(real=answer(examples, greedy, batch), samples=None, blank=None, shuffled=None,
                          shuffle_source=None)
@@ -324,7 +330,7 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
 
 
 def _correct(answers: _Answers | None) -> list[float] | None:
-    return None if answers is None else [row["accuracy"] for row in answers.scores]
+    return None if answers is None else [row.get("accuracy", 0.0) for row in answers.scores]
 
 
 def summarize(task_name: str, scores: list[dict[str, float]], lengths: list[int], truncated: list[bool],
@@ -345,7 +351,7 @@ def summarize(task_name: str, scores: list[dict[str, float]], lengths: list[int]
     drop}; drop = greedy accuracy - blind accuracy, positive when the image helps).
     """
     n = len(scores)
-    correct = [row["accuracy"] for row in scores]
+    correct = [row.get("accuracy", 0.0) for row in scores]  # None (left out): not right
     accuracy = sum(correct) / n
     results = {
         "task": task_name,
@@ -388,11 +394,11 @@ def _records(examples: list[Example], passes: _Passes, samples_correct: list[int
             record["samples_correct"] = samples_correct[i]
         if passes.blank is not None:
             record["blank"] = {"completion": passes.blank.texts[i],
-                               "accuracy": passes.blank.scores[i]["accuracy"]}
+                               "accuracy": passes.blank.scores[i].get("accuracy", 0.0)}
         if passes.shuffled is not None:
             record["shuffled"] = {"image_from": passes.shuffle_source[i],
                                   "completion": passes.shuffled.texts[i],
-                                  "accuracy": passes.shuffled.scores[i]["accuracy"]}
+                                  "accuracy": passes.shuffled.scores[i].get("accuracy", 0.0)}
         records.append(record)
     return records
 
@@ -476,6 +482,7 @@ def run_eval(model_dir: str, task_name: str | Task, task_params: dict, split: st
     resolve_device(device, "--device")
     task = task_name if isinstance(task_name, Task) else get_task(task_name, **task_params)
     examples = held_out_examples(task, split, n)
+    check_rewards(evaluation_rewards(settings.rewards, task), task, examples[:8])  # before the model loads
     if out_dir is not None or Path(model_dir).is_dir():  # a bad output path in one line, before the model loads
         output_folder(out_dir if out_dir is not None else model_dir, "the evaluation")
     model, processor = load_policy(model_dir, dtype=dtype, device=device)

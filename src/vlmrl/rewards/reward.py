@@ -134,6 +134,31 @@ def build_rewards(entries: Iterable, task=None) -> list[Reward]:
     return rewards
 
 
+CORRECTNESS = ("accuracy", "math", "number", "choice", "exact")
+"""The built-ins that measure correctness (1 right, 0 wrong): the first of them in a list is its accuracy
+when no reward is logged as `accuracy`."""
+
+
+def accuracy_source(rewards: list[Reward]) -> str | None:
+    """The component that is accuracy: `accuracy` when a reward is logged under that name (the
+    built-in, one labelled so, or the task's own score, whose dict holds it), else the first
+    built-in of CORRECTNESS in the list; None when only other rewards (your own functions) are there."""
+    if any(r.name == "accuracy" or r.of_task for r in rewards):
+        return "accuracy"
+    return next((r.name for r in rewards if r.spec in CORRECTNESS), None)
+
+
+def evaluation_rewards(entries: Iterable, task) -> list[Reward]:
+    """The rewards an evaluation scores with: the run's list (none: the task's own score), and, when no
+    reward in it measures correctness (`accuracy_source`), the task's own score beside them with
+    weight 0, whose accuracy is the evaluation's accuracy."""
+    rewards = build_rewards(entries, task)
+    if accuracy_source(rewards) is None:
+        label = TASK if TASK not in [r.name for r in rewards] else "task_score"
+        rewards.append(resolve(TASK, weight=0.0, label=label, task=task))
+    return rewards
+
+
 def check_arguments(rewards: list[Reward], columns: Iterable[str]) -> None:
     """VlmrlError when a reward needs an argument that is neither a keyword vlmrl passes nor a column."""
     available = set(PASSED) | set(columns)

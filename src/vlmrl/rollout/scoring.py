@@ -7,6 +7,8 @@ the wrong number of values, or a completion no reward applies to, stops the run 
 the prompt and the completion in the message; it is never silently turned into 0. The components
 become (N,) tensors (NaN where a reward gave None) and "total" is their weighted combination,
 `algorithm.reward_aggregation` (grpo.combine_rewards): the sum, or GDPO's normalize_then_sum.
+"accuracy" is the reward measuring correctness (rewards/reward.py `accuracy_source`): one logged as
+`accuracy`, else the first built-in verifier of the list (math, number, choice, exact), copied.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from vlmrl import grpo
-from vlmrl.rewards.reward import Reward
+from vlmrl.rewards.reward import Reward, accuracy_source
 from vlmrl.rewards.score import score_batch
 from vlmrl.rollout.generation import Rollout
 
@@ -35,4 +37,7 @@ def score_completions(rewards: list[Reward], rollout: Rollout, aggregation: str 
                                            aggregation=aggregation)  # (N,)
     if len(rewards) == 1 and rewards[0].of_task:
         del scores[rewards[0].name]  # the task alone: its own components, its total as "total" (as before the rewards list)
+    correctness = accuracy_source(rewards)
+    if correctness is not None and "accuracy" not in scores:  # a built-in verifier's values are the accuracy
+        scores["accuracy"] = scores[correctness]
     return scores

@@ -93,13 +93,18 @@ def sft(config: ConfigSource = None, overrides: Mapping[str, Any] | Sequence[str
 
 def evaluate(model: str | Path | RunResult, task: str | Task | Any, *, params: Mapping[str, Any] | None = None,
              split: str = "test", n: int = 64, settings: EvalSettings | None = None,
-             out_dir: str | Path | None = None) -> EvalResult:
+             out_dir: str | Path | None = None, rewards: Sequence[Any] | None = None) -> EvalResult:
     """`vlmrl eval` from Python: `model` a model folder or a RunResult (its final model); `task` a task
     name (built with `params`), a Task, or a `datasets.Dataset` / `DatasetDict` (the `dataset` task,
     `params` its parameters). `settings` default to EvalSettings(): greedy accuracy and the reward
     means; `EvalSettings(k=8, blind_check=True)` adds what `vlmrl eval` adds by default. Writes the
-    JSON where `vlmrl eval` does (out_dir/eval.json, else beside the model)."""
+    JSON where `vlmrl eval` does (out_dir/eval.json, else beside the model). `rewards` (as a config's
+    list; default: a RunResult's run's rewards, else the task's own score) score the answers."""
     folder = model.final_model if isinstance(model, RunResult) else model
+    if rewards is None and isinstance(model, RunResult):
+        rewards = model.config.rewards
+    if rewards is not None:
+        settings = dataclasses.replace(settings or EvalSettings(), rewards=list(rewards))
     params = dict(params or {})
     if not isinstance(task, (str, Task)):
         task = dataset_task(task, params, seed=params.pop("seed", 0))

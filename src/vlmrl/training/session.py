@@ -447,7 +447,7 @@ class TrainingSession:
                                      seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
                                      max_trajectory_tokens=rollout.max_trajectory_tokens,
                                      tool_image_side=rollout.tool_image_side, decode=rollout.decode,
-                                     blind_check=settings.blind_check)
+                                     blind_check=settings.blind_check, rewards=list(self.config.rewards))
         for split in settings.splits:
             if split not in self.held_out:  # the same fixed set at every evaluation: make it once
                 self.held_out[split] = held_out_examples(task, split, settings.n)
