@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from vlmrl.config import load_config
+from vlmrl.config import load_config, to_dict
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import MetricsLog, TensorBoardSink, TrackioSink, WandbSink, build_trackers, read_metrics
 
@@ -82,7 +82,7 @@ class _FakeRun:
     """Records what a tracker was told."""
 
     def __init__(self):
-        self.init, self.logged, self.finished = None, [], False
+        self.init, self.logged, self.finished, self.id = None, [], False, "run-id-1"
 
     def start(self, **arguments):
         self.init = arguments
@@ -112,3 +112,91 @@ def test_wandb_and_trackio_get_the_numbers_by_step(tmp_path, monkeypatch):
     assert wandb_run.logged == trackio_run.logged == [(5, {"reward": 0.75})]
     assert wandb_run.finished and trackio_run.finished
     assert json.loads((run_dir / "metrics.jsonl").read_text())["phase"] == "train"
+
+
+class _FakeWandb(types.ModuleType):
+    """A `wandb` module that records every call made to it, in order."""
+
+    def __init__(self, run_id: str):
+        super().__init__("wandb")
+        self.calls: list[tuple] = []
+        self.run_id = run_id
+
+    def init(self, **arguments):
+        self.calls.append(("init", arguments))
+        return types.SimpleNamespace(id=self.run_id, finish=lambda: self.calls.append(("finish",)),
+                                     log=lambda values, step: self.calls.append(("log", values, step)))
+
+    def Image(self, image):  # noqa: N802 - wandb's name
+        self.calls.append(("Image", image.size, image.getpixel((0, 0))))
+        return ("wandb.Image", image.size)
+
+    def Table(self, columns, data):  # noqa: N802 - wandb's name
+        self.calls.append(("Table", columns, data))
+        return ("wandb.Table", len(data))
+
+
+def test_wandb_gets_a_completions_table_and_a_resumed_run_continues_its_own_run(tmp_path, monkeypatch):
+    from PIL import Image
+
+    fake = _FakeWandb("abc123")
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    config = _config("train.trackers=[wandb]", "train.tracker_project=p")
+    run_dir = tmp_path / "run-3"
+    red, blue = Image.new("RGB", (4, 2), "red"), Image.new("RGB", (3, 3), "blue")
+    rows = [{"step": 2, "group": 0, "image": red, "images": [red], "prompt": "How many?", "answer": "3",
+             "completion": "<answer>3</answer>", "rewards": {"accuracy": 1.0, "format": 0.0, "total": 1.0},
+             "advantage": 0.5, "truncated": False, "length": 5},
+            {"step": 2, "group": 1, "image": blue, "images": [blue], "prompt": "Which?", "answer": "B",
+             "completion": "A", "rewards": {"accuracy": 0.0, "format": None, "total": 0.0},
+             "advantage": -0.5, "truncated": True, "length": 1}]
+    with build_trackers(config, run_dir) as trackers:
+        trackers.log({"step": 2, "reward": 0.5})
+        trackers.log_rollouts(2, rows)
+    init = {"project": "p", "name": "run-3", "dir": str(run_dir), "config": to_dict(config)}
+    assert fake.calls == [
+        ("init", init),
+        ("log", {"reward": 0.5}, 2),
+        ("Image", (4, 2), (255, 0, 0)), ("Image", (3, 3), (0, 0, 255)),
+        ("Table", ["step", "group", "prompt", "image", "completion", "answer", "reward", "advantage", "accuracy",
+                   "format"],
+         [[2, 0, "How many?", ("wandb.Image", (4, 2)), "<answer>3</answer>", "3", 1.0, 0.5, 1.0, 0.0],
+          [2, 1, "Which?", ("wandb.Image", (3, 3)), "A", "B", 0.0, -0.5, 0.0, None]]),
+        ("log", {"completions": ("wandb.Table", 2)}, 2),
+        ("finish",)]
+    assert (run_dir / "wandb_run_id").read_text() == "abc123\n"
+
+    fake.calls.clear()
+    with build_trackers(config, run_dir, resume_step=2) as trackers:  # resumed: the same W&B run
+        trackers.log({"step": 3, "reward": 0.25})
+    assert fake.calls == [("init", {**init, "id": "abc123", "resume": "allow"}), ("log", {"reward": 0.25}, 3),
+                          ("finish",)]
+
+    fake.calls.clear()
+    fake.run_id = "new456"
+    build_trackers(config, run_dir).close()  # a fresh run in the folder: a new W&B run, its id kept
+    assert fake.calls == [("init", init), ("finish",)]
+    assert (run_dir / "wandb_run_id").read_text() == "new456\n"
+
+
+def test_a_training_run_sends_its_completions_table_every_log_rollouts_every_steps(tmp_path, tiny_model_dir,
+                                                                                   letter_task, monkeypatch):
+    import importlib.machinery
+
+    from vlmrl.training.trainer import train
+
+    fake = _FakeWandb("run-9")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # found by check_trackers
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    run = train(load_config(None, [f"model.name_or_path={tiny_model_dir}", "model.device=cpu",
+                                   "task.name=letter_task:LetterTask", f"output_dir={tmp_path / 'run'}",
+                                   "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=3",
+                                   "train.micro_batch_size=4", "train.steps=2", "train.trackers=[wandb]",
+                                   "train.log_rollouts_every=2", "train.save_every=0"]))
+    kinds = [(call[0], call[2] if call[0] == "log" else None) for call in fake.calls if call[0] != "Image"]
+    assert kinds == [("init", None), ("log", 1), ("Table", None), ("log", 2), ("log", 2), ("finish", None)]
+    table = next(call for call in fake.calls if call[0] == "Table")
+    saved = [json.loads(line) for line in (run / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    assert [row[4] for row in table[2]] == [row["completion"] for row in saved]  # the completions written
+    assert [row[6] for row in table[2]] == [row["rewards"]["total"] for row in saved]
+    assert sum(call[0] == "Image" for call in fake.calls) == 4

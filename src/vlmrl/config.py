@@ -548,7 +548,8 @@ class TrainConfig:
     """How many step checkpoints to keep, newest first (0 = all; the final model is always kept).
     Keep 2 or more: resume falls back to the one before when the newest is damaged."""
     log_rollouts_every: int = 10
-    """Write the step's completions and rewards to rollouts/ every N steps (0 = never)."""
+    """Write the step's completions and rewards to rollouts/ (and W&B's completions table) every N
+    steps (0 = never)."""
     attention_every: int = 0
     """Log attention_on_image (mean share of completion tokens' attention on image tokens, over a
     few rollouts, one extra eager forward) every N steps (0 = never)."""

@@ -9,7 +9,14 @@ behind one `Trackers` object:
   tail) is dropped with a warning (`read_log`).
 - tensorboard: event files in RUN_DIR/tensorboard (`tensorboard --logdir RUN_DIR`); on resume the
   steps after the checkpoint are purged, as in metrics.jsonl.
+- wandb: a W&B run named after the run directory, its id kept in RUN_DIR/wandb_run_id so that a
+  resumed run continues its own W&B run (`wandb.init(id=..., resume="allow")`) instead of opening a
+  new one; every `train.log_rollouts_every` steps a `completions` table (step, group, prompt, image as
+  a `wandb.Image`, completion, answer, reward, advantage and every reward component), as TRL logs it.
 - wandb, trackio: imported only when asked for; asked for and not installed is a VlmrlError.
+
+A sink may also have `log_rollouts(step, rows)` (rows of report/rollout_log.py `rollout_rows`,
+images still PIL images); `Trackers.log_rollouts` calls it on the sinks that have it.
 """
 
 from __future__ import annotations
@@ -102,6 +109,12 @@ class Trackers:
         for sink in self.sinks:
             sink.log(metrics)
 
+    def log_rollouts(self, step: int, rows: list[dict]) -> None:
+        """One step's completions (rollout_log.rollout_rows) to the sinks that show them (W&B's table)."""
+        for sink in self.sinks:
+            if hasattr(sink, "log_rollouts"):
+                sink.log_rollouts(step, rows)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
@@ -125,7 +138,7 @@ def build_trackers(config: Config, run_dir: Path, resume_step: int | None = None
         if name == "tensorboard":
             sinks.append(TensorBoardSink(run_dir / "tensorboard", resume_step=resume_step))
         elif name == "wandb":
-            sinks.append(WandbSink(config.train.tracker_project, run_dir, to_dict(config)))
+            sinks.append(WandbSink(config.train.tracker_project, run_dir, to_dict(config), resume_step))
         elif name == "trackio":
             sinks.append(TrackioSink(config.train.tracker_project, run_dir.name, to_dict(config)))
         else:
@@ -186,15 +199,38 @@ class TensorBoardSink:
         self.writer.close()
 
 
-class WandbSink:
-    """A Weights & Biases run named after the run directory, its files under RUN_DIR/wandb."""
+WANDB_RUN_ID = "wandb_run_id"
+"""The file in the run directory holding the id of its W&B run."""
+ROLLOUT_COLUMNS = ("step", "group", "prompt", "image", "completion", "answer", "reward", "advantage")
+"""The first columns of W&B's completions table; every reward component follows."""
 
-    def __init__(self, project: str, run_dir: Path, config: dict):
-        wandb = import_tracker("wandb", "wandb")
-        self.run = wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), config=config)
+
+class WandbSink:
+    """A Weights & Biases run named after the run directory, its files under RUN_DIR/wandb; a resumed
+    run (`resume_step` given) continues the W&B run whose id RUN_DIR/wandb_run_id holds."""
+
+    def __init__(self, project: str, run_dir: Path, config: dict, resume_step: int | None = None):
+        self.wandb = import_tracker("wandb", "wandb")
+        id_file = Path(run_dir) / WANDB_RUN_ID
+        saved = id_file.read_text().strip() if resume_step is not None and id_file.is_file() else ""
+        continued = {"id": saved, "resume": "allow"} if saved else {}
+        self.run = self.wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), config=config,
+                                   **continued)
+        with writing("the W&B run id", id_file):
+            id_file.write_text(f"{self.run.id}\n")
 
     def log(self, metrics: dict) -> None:
         self.run.log(scalars(metrics), step=int(metrics["step"]))
+
+    def log_rollouts(self, step: int, rows: list[dict]) -> None:
+        """The step's completions as a `completions` table, each prompt's first image a wandb.Image."""
+        components = list(dict.fromkeys(name for row in rows for name in row["rewards"] if name != "total"))
+        data = [[row["step"], row["group"], row["prompt"],
+                 self.wandb.Image(row["image"]) if row["image"] is not None else None, row["completion"],
+                 row["answer"], row["rewards"].get("total"), row["advantage"],
+                 *(row["rewards"].get(name) for name in components)] for row in rows]
+        table = self.wandb.Table(columns=[*ROLLOUT_COLUMNS, *components], data=data)
+        self.run.log({"completions": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -120,6 +120,7 @@ def log_rollouts(session: TrainingSession, step: int, experience: Experience) ->
     rows = gather_object(rows)
     if session.main:
         write_rollouts(session.run_dir, step, rows)
+        session.log.log_rollouts(step, rows)  # W&B's completions table (report/tracking.py)
 
 
 def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, float]:
