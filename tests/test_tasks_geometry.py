@@ -244,3 +244,29 @@ def test_a_source_that_is_neither_here_nor_on_the_hub_is_said_in_vlmrls_words(so
     with pytest.raises(VlmrlError, match=rf"^data source '{source}' is not a local file or folder, nor a dataset "
                                          r"on the hub: give"):
         get_task("geometry", source=source).example(0)
+
+
+def test_geometry_s_file_parameters_are_the_dataset_task_s_and_all_reach_its_loader(data):
+    """One definition (tasks/dataset.py FileParams): geometry keeps file order by default, and every
+    file parameter it is given is the one its loader (the dataset task) reads."""
+    import dataclasses
+
+    from vlmrl.tasks.dataset import DatasetParams, FileParams
+    from vlmrl.tasks.geometry import GeometryParams
+
+    shared = [f.name for f in dataclasses.fields(FileParams) if f.name != "seed"]
+    assert shared == ["train_split", "test_split", "test_fraction", "split_seed", "shuffle", "max_image_side",
+                      "max_pixels", "on_bad_row", "check_images", "format_weight"]
+    assert issubclass(GeometryParams, FileParams) and issubclass(DatasetParams, FileParams)
+    assert GeometryParams.__dict__["__dataclass_fields__"]["shuffle"].default is False
+    assert DatasetParams().shuffle is True and GeometryParams(source="procedural").shuffle is False
+    given = {"train_split": "train", "test_split": "test", "test_fraction": 0.3, "split_seed": 4, "shuffle": True,
+             "max_image_side": 40, "max_pixels": 5000, "on_bad_row": "skip", "check_images": False,
+             "format_weight": 0.25}
+    task = get_task("geometry", source=str(data / "geometry3k"), **given)
+    loader = task.files.params
+    assert {name: getattr(loader, name) for name in shared} == given
+    assert (loader.path, loader.markers, loader.verifier) == (str(data / "geometry3k"), "drop", "math")
+    get_task("geometry", source="procedural", test_fraction=2.0)  # file parameters are not read for generated problems
+    with pytest.raises(VlmrlError, match=r"^test_fraction must be in \[0, 1\), got 2.0$"):
+        get_task("geometry", source=str(data / "geometry3k"), test_fraction=2.0)

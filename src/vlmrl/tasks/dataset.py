@@ -26,6 +26,7 @@ format_weight x format (strict <think>/<answer> layout); total in [0, 1 + format
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
@@ -58,7 +59,51 @@ _TAGS = re.compile(r"</?(?:think|answer)>")
 
 
 @dataclass
-class DatasetParams(TaskParams):
+class FileParams(TaskParams):
+    """How rows are read from a dataset, split and served: the parameters the `dataset` task and
+    geometry's file sources share (one definition; geometry keeps its own `shuffle` default)."""
+
+    train_split: str = "train"
+    """Dataset split served as "train"."""
+    test_split: str = ""
+    """Dataset split served as "test"; empty: "test", else "validation", else held out from train."""
+    test_fraction: float = 0.1
+    """Share of train rows held out as "test" when the dataset has no test split (0: none)."""
+    split_seed: int = 0
+    """Seed of the held-out choice; fixed apart from `seed`, so runs of several seeds share one test set."""
+    shuffle: bool = True
+    """Serve train rows in a new seeded order each epoch (false: file order, every epoch)."""
+    max_image_side: int = 0
+    """Downscale images whose longer side exceeds this many pixels (0 keeps them as they are)."""
+    max_pixels: int = 4_194_304
+    """Downscale images with more pixels than this (2048 x 2048), aspect ratio kept, before the
+    model's processor sees them (0 = no limit). Keeps a huge scan from filling memory."""
+    on_bad_row: str = "error"
+    """A bad row (no prompt or answer, a missing, unreadable, truncated or non-image file, an image too
+    large to decode, markers that do not match the images): "error" stops before training with a
+    message naming the row, the file and the problem; "skip" leaves such rows out and counts them (a
+    warning at load, task.bad_rows, the preflight report)."""
+    check_images: bool = True
+    """Decode every image once when the dataset loads, so a bad one is found before training (about
+    a millisecond per small image). false: only the presence of an image value is checked then, and a
+    bad image stops the run at the step that reaches it."""
+    format_weight: float = 0.5
+    """Weight of the format component in the total."""
+
+    def validate_files(self) -> None:
+        """VlmrlError in one line for a file parameter out of range."""
+        check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
+        check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
+        check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
+        check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
+
+    def file_params(self) -> dict[str, Any]:
+        """The values of every file parameter (seed aside): what a task reading files passes on."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(FileParams) if f.name != "seed"}
+
+
+@dataclass
+class DatasetParams(FileParams):
     """Parameters of the dataset task."""
 
     path: str = ""
@@ -76,36 +121,12 @@ class DatasetParams(TaskParams):
     """How the answer is checked: math (math-verify, choices, normalized strings; what auto means),
     number (the last number, to 1e-6 relative), choice (the option letter) or exact (the text,
     whitespace and case aside)."""
-    train_split: str = "train"
-    """Dataset split served as "train"."""
-    test_split: str = ""
-    """Dataset split served as "test"; empty: "test", else "validation", else held out from train."""
-    test_fraction: float = 0.1
-    """Share of train rows held out as "test" when the dataset has no test split (0: none)."""
-    split_seed: int = 0
-    """Seed of the held-out choice; fixed apart from `seed`, so runs of several seeds share one test set."""
-    shuffle: bool = True
-    """Serve train rows in a new seeded order each epoch (false: file order, every epoch)."""
     markers: str = "place"
     """`<image>` markers in the prompt: place (each image at its marker) or drop (removed; images first)."""
-    max_image_side: int = 0
-    """Downscale images whose longer side exceeds this many pixels (0 keeps them as they are)."""
-    max_pixels: int = 4_194_304
-    """Downscale images with more pixels than this (2048 x 2048), aspect kept (0 = no limit)."""
-    on_bad_row: str = "error"
-    """A bad row (no prompt or answer, a missing or unreadable image, markers that do not match the
-    images): "error" stops before training naming the row and file; "skip" leaves it out and counts it."""
-    check_images: bool = True
-    """Decode every image once when the data loads, so a bad one is found before training."""
-    format_weight: float = 0.5
-    """Weight of the format component in the total."""
 
     def validate(self) -> None:
         super().validate()
-        check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
-        check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
-        check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
-        check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
+        self.validate_files()
         check(self.verifier in VERIFIERS, f"verifier must be one of {', '.join(VERIFIERS)}, got {self.verifier!r}")
         check(self.markers in MARKERS, f"markers must be place or drop, got {self.markers!r}")
         check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")

@@ -43,9 +43,9 @@ from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
 from vlmrl.tasks.dataset import (
     INSTRUCTION,
-    ON_BAD_ROW,
     DatasetParams,
     DatasetTask,
+    FileParams,
     Loaded,
     reasoning_from_solution,
     reference_of,
@@ -73,43 +73,20 @@ def _reference(reasoning: str, answer: str) -> str:
 
 
 @dataclass
-class GeometryParams(TaskParams):
-    """Parameters of the geometry / visual math QA task."""
+class GeometryParams(FileParams):
+    """Parameters of the geometry / visual math QA task: its own below, the file parameters
+    (train_split ... format_weight) the dataset task's (`FileParams`), but `shuffle` off."""
 
+    shuffle: bool = False
+    """Serve train rows in a new seeded order each epoch (false: file order, every epoch)."""
     source: str = ""
     """"procedural" (problems generated here: no data needed), a local .json/.jsonl/.parquet file,
     a folder of them named {split}.{ext} or {split}-*.{ext} (a single file is the train split), or a
     Hugging Face hub dataset id."""
     schema: str = "auto"
     """Column layout: auto, open_r1, geometry3k or geoqa (see `vlmrl tasks list`)."""
-    train_split: str = "train"
-    """Dataset split served as "train"."""
-    test_split: str = ""
-    """Dataset split served as "test"; empty: "test", else "validation", else held out from train."""
-    test_fraction: float = 0.1
-    """Share of train rows held out as "test" when the dataset has no test split (0: none)."""
-    split_seed: int = 0
-    """Seed of the held-out choice (by row, apart from `seed`)."""
-    shuffle: bool = False
-    """Serve train rows in a new seeded order each epoch (false: file order, every epoch)."""
     image_column: str = ""
     """Column holding the image(s); empty: "image" or "images"."""
-    max_image_side: int = 0
-    """Downscale images whose longer side exceeds this many pixels (0 keeps them as they are)."""
-    max_pixels: int = 4_194_304
-    """Downscale images with more pixels than this (2048 x 2048), aspect ratio kept, before the
-    model's processor sees them (0 = no limit). Keeps a huge scan from filling memory."""
-    on_bad_row: str = "error"
-    """A bad row (no problem or answer, no image, a missing, unreadable, truncated or non-image
-    file, an image too large to decode): "error" stops before training with a message naming the
-    row, the file and the problem; "skip" leaves such rows out and counts them (a warning at load,
-    task.bad_rows, the preflight report)."""
-    check_images: bool = True
-    """Decode every image once when the dataset loads, so a bad one is found before training
-    (about a millisecond per small image). false: only the presence of an image value is checked
-    then, and a bad image stops the run at the step that reaches it."""
-    format_weight: float = 0.5
-    """Weight of the format component in the total."""
     image_size: int = 224
     """source=procedural: side of the square diagram in pixels (64 to 4096)."""
     kinds: tuple[str, ...] = KINDS
@@ -119,7 +96,7 @@ class GeometryParams(TaskParams):
     """source=procedural: share of problems given as four choices A-D (answered with the letter)."""
 
     def validate(self) -> None:
-        super().validate()
+        TaskParams.validate(self)
         check(bool(self.source.strip()), "geometry needs source=procedural or a PATH_OR_HUB_ID (a "
               ".json/.jsonl/.parquet file, a folder of them, or a hub dataset id)")
         check(64 <= self.image_size <= MAX_IMAGE_SIZE,
@@ -131,10 +108,7 @@ class GeometryParams(TaskParams):
         if self.source == PROCEDURAL:
             return
         check(self.schema in SCHEMAS, f"schema must be one of {', '.join(SCHEMAS)}, got {self.schema!r}")
-        check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
-        check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
-        check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
-        check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
+        self.validate_files()
         looks_local = self.source.startswith(("/", ".", "~")) or Path(self.source).suffix in DATA_SUFFIXES
         check(not looks_local or Path(self.source).expanduser().exists(),
               f"geometry source {self.source!r} does not exist")
@@ -147,11 +121,8 @@ class GeometryFiles(DatasetTask):
 
     def __init__(self, params: GeometryParams) -> None:
         self.geometry = params
-        super().__init__(DatasetParams(
-            seed=params.seed, path=params.source, markers="drop", verifier="math", train_split=params.train_split,
-            test_split=params.test_split, test_fraction=params.test_fraction, split_seed=params.split_seed,
-            shuffle=params.shuffle, max_image_side=params.max_image_side, max_pixels=params.max_pixels,
-            on_bad_row=params.on_bad_row, check_images=params.check_images, format_weight=params.format_weight))
+        super().__init__(DatasetParams(seed=params.seed, path=params.source, markers="drop", verifier="math",
+                                       **params.file_params()))
 
     def choose_columns(self, names: list[str]) -> Columns:
         """The columns of the schema (auto: geometry3k with an `answer` column, else open_r1)."""
