@@ -279,3 +279,23 @@ def test_an_imagefolder_with_train_and_test_folders_and_a_csv(tmp_path):
     changed = differences(prints, get_task("dataset", path=str(tmp_path / "pictures")).data_fingerprint())
     assert [c.split(":")[0] for c in changed] == ["test/7.png"]
     assert open_source(str(tmp_path / "pictures")).splits["train"].features["image"] == datasets.Image()
+
+
+def test_the_fingerprint_of_a_saved_folder_and_of_a_python_dataset(tmp_path):
+    from vlmrl.data.fingerprint import differences
+    from vlmrl.tasks.dataset import DatasetParams, DatasetTask
+
+    saved = get_task("dataset", path=str(write_layout(tmp_path, "saved")), columns=MAPPED).data_fingerprint()
+    assert {"data-00000-of-00001.arrow", "state.json", "dataset_info.json"} <= set(saved)
+    rows = [json.loads(line) for line in write_layout(tmp_path / "trl", "trl").read_text().splitlines()]
+
+    def prints(data: list[dict]) -> dict:
+        return DatasetTask(DatasetParams(check_images=False), data=datasets.Dataset.from_list(data)).data_fingerprint()
+
+    first = prints(rows)
+    assert list(first) == ["split train"] and first["split train"].startswith("8 rows, datasets fingerprint ")
+    assert prints(rows) == first  # the same rows: the same fingerprint (it is made from the table)
+    edited = [dict(row, answer="purple") if i == 5 else row for i, row in enumerate(rows)]
+    assert differences(first, prints(edited)) == [f"split train: {first['split train']} -> "
+                                                   f"{prints(edited)['split train']}"]
+    assert differences({"a": "1"}, {"b": "1"}) == ["a removed", "b added"]
