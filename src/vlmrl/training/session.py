@@ -9,7 +9,8 @@ Faults (faults.py): optimizer updates go through `session.guard`, which skips a 
 after each step `check_stop` ends the run with a checkpoint when a stop signal came (SIGINT,
 SIGTERM) or too many updates in a row were skipped, and `stop_at_bad_row` when a bad train example
 was met mid-run with on_bad_row=error (bad_rows.py). Resume first checks the config against the
-run's (a change of what the run is: one line, safety/resume.py), then starts from the newest
+run's (a change of what the run is: one line, safety/resume.py) and the task's data against the
+fingerprint in data.json (files that changed: one line), then starts from the newest
 checkpoint that is whole and fits the model (its optimizer state checked against the policy loaded
 from it), passing over the others with a warning; each checkpoint records its command (train or
 sft), which the other command does not continue. config.yaml is the run's first config; a resume
