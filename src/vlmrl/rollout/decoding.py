@@ -40,10 +40,13 @@ them per graph: 128 evaluations before torch 2.11 gives up the rollout's graph),
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 
 import torch
 
 from vlmrl.config import DECODES  # noqa: F401  (the values of `decode`, also a public name here)
+from vlmrl.models.block_attention import NAME as BLOCKS_KERNEL
+from vlmrl.models.grouped_attention import NAME as GROUPED_KERNEL
 from vlmrl.models.support import CACHE_KEY, hf_model, static_cache_unsupported, warn_once
 
 CACHE_BUCKET = 256
@@ -86,6 +89,22 @@ def empty_static_cache(model: torch.nn.Module, rows: int, length: int, keep: boo
         static = StaticCache(config=hf_model(model).config, max_cache_len=length)
     _kept_caches[model] = ((rows, length), static)
     return static
+
+
+@contextmanager
+def grouped_decode_attention(model: torch.nn.Module):
+    """The text model on grouped_attention's kernel while it generates, where it is on SDPA (or on
+    the block kernel, which is SDPA for generation's masks): a decode step's single query token reads
+    the cache's keys as they are, compiled or not, where transformers' SDPA kernel would copy each
+    layer's keys and values to every query head inside a compiled step. Any other kernel is kept."""
+    text = hf_model(model).config.get_text_config()
+    before = text._attn_implementation
+    if before in ("sdpa", BLOCKS_KERNEL):
+        text._attn_implementation = GROUPED_KERNEL
+    try:
+        yield
+    finally:
+        text._attn_implementation = before
 
 
 def kv_cache_bytes(model: torch.nn.Module, rows: int, length: int) -> int:

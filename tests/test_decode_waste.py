@@ -1,0 +1,150 @@
+"""The decode step without waste (issue 46), proven on the CPU under torch.profiler: no copy of a
+layer's KV cache in any decode step of the static or the compiled (inductor) path, and one host
+sync per STOP_CHECK_EVERY decode steps, not one per token; each check also sees the waste when it
+is put back (transformers' SDPA kernel as it runs inside a compiled step, transformers' own
+sampling loop). The loop gives transformers' tokens and the sampler's log-probs exactly."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import pytest
+import torch
+from PIL import Image
+from torch.profiler import ProfilerActivity, profile
+
+from vlmrl.config import GenerationSettings
+from vlmrl.models import load_policy
+from vlmrl.models.support import CACHE_KEY
+from vlmrl.rollout import decoding, generation
+from vlmrl.rollout.decode_loop import STOP_CHECK_EVERY, sample_loop
+from vlmrl.rollout.generation import generate_groups
+from vlmrl.tasks import Example
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WRITTEN = {"aten::copy_": 1, "aten::index_copy_": 3, "aten::index_put_": 2, "aten::fill_": 0, "aten::zero_": 0}
+"""In-place ops that write into an existing tensor: which input's shape is what they write."""
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[Example]:
+    return [Example(Image.new("RGB", (56, 84), (200, 10, 10)), "Count.", "1"),
+            Example(Image.new("RGB", (112, 112), (20, 100, 10)), "How many circles are in the image?", "2")]
+
+
+def profiled_generate(model, processor, examples, decode: str, tokens: int):
+    """The profile of `generate` alone (the static cache is filled before it: one copy per call, not
+    per step), all `tokens` steps forced (no stop token before); rows and cache length besides."""
+    plain, captured = model.generate, {}
+
+    def generate(**kwargs):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+            out = plain(**kwargs, min_new_tokens=kwargs["max_new_tokens"])
+        captured["prof"], captured["cache"] = prof, kwargs[CACHE_KEY]
+        return out
+
+    model.generate = generate
+    try:
+        settings = GenerationSettings(group_size=3, max_new_tokens=tokens, temperature=1.0, decode=decode)
+        rollout = generate_groups(model, processor, examples, settings, seed=3)
+    finally:
+        model.generate = plain
+    assert rollout.completion_ids.shape[1] == tokens
+    return captured["prof"], captured["cache"]
+
+
+
+def layer_cache_copies(prof, cache) -> list[str]:
+    """Each allocation the size of a layer's keys or more, and each in-place write of that many
+    elements (a cache copied into a new tensor or over an old one); the profile's own records."""
+    keys = cache.layers[0].keys  # (N, h_kv, L, d): one layer's keys, as large as its values
+    found = [f"allocation of {e.nbytes()} bytes" for e in prof.profiler.kineto_results.events()
+             if e.name() == "[memory]" and e.nbytes() >= keys.nbytes]
+    for event in prof.events():
+        at = WRITTEN.get(event.name)
+        if at is not None and len(event.input_shapes) > at and math.prod(event.input_shapes[at] or [0]) >= keys.numel():
+            found.append(f"{event.name} writing {event.input_shapes[at]}")
+    return found
+
+
+def host_syncs(prof) -> int:
+    """Reads of a tensor's value by the host: `item` / `bool` of a tensor (`_local_scalar_dense`),
+    but not those of `_assert_async` (multinomial's check of its input: a device-side assert on CUDA,
+    no sync there)."""
+    def under_assert(event) -> bool:
+        while event is not None:
+            if event.name == "aten::_assert_async":
+                return True
+            event = event.cpu_parent
+        return False
+
+    return sum(e.name == "aten::_local_scalar_dense" and not under_assert(e) for e in prof.events())
+
+
+def check_decode(model, processor, examples, decode: str) -> tuple[list[str], int]:
+    """Cache copies in the decode of 8 forced tokens, and the host syncs 16 more steps add (after a
+    first call: a compiled step is compiled there)."""
+    profiled_generate(model, processor, examples, decode, 8)
+    short, cache = profiled_generate(model, processor, examples, decode, 8)
+    long, _ = profiled_generate(model, processor, examples, decode, 24)
+    return layer_cache_copies(short, cache), host_syncs(long) - host_syncs(short)
+
+
+def waste_back(monkeypatch) -> None:
+    """What the decode did before issue 46: transformers' SDPA kernel (with the repeated keys it takes
+    inside a compiled step) and transformers' sampling loop (a sync per token)."""
+    monkeypatch.setattr(generation, "grouped_decode_attention", lambda model: contextlib.nullcontext())
+    monkeypatch.setattr(generation, "sample_loop", None)  # custom_generate=None: transformers' loop
+
+
+def test_the_static_decode_step_copies_no_layer_cache_and_syncs_once_per_k_steps(tiny_model_dir, examples,
+                                                                                monkeypatch):
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    copies, syncs = check_decode(model, processor, examples, "static")
+    assert copies == [] and syncs <= math.ceil(16 / STOP_CHECK_EVERY) == 2
+    # the waste put back; eager, transformers folds the query heads itself, so its kernel is made to
+    # take the path it takes inside a compiled step (repeat_kv: each layer's keys and values copied)
+    waste_back(monkeypatch)
+    monkeypatch.setattr("transformers.integrations.sdpa_attention.is_torchdynamo_compiling", lambda: True)
+    copies, syncs = check_decode(model, processor, examples, "static")
+    assert len(copies) >= 8 * 2 * 2 and syncs == 16  # a copy of keys and values per layer and step
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_step_copies_no_layer_cache_and_syncs_once_per_k_steps(tiny_model_dir, examples,
+                                                                                  monkeypatch):
+    """inductor's CPU code: its buffers are allocated by the compiled graph, seen as allocations."""
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    copies, syncs = check_decode(model, processor, examples, "compiled")
+    assert copies == [] and syncs <= 2
+    torch._dynamo.reset()  # compiled again, with transformers' kernel and loop
+    decoding._kept_caches.pop(model, None)
+    waste_back(monkeypatch)
+    copies, syncs = check_decode(model, processor, examples, "compiled")
+    assert len(copies) >= 8 * 2 and syncs == 16  # the repeated keys and values: fused, 2 buffers per layer
+
+
+@pytest.mark.parametrize("every", [1, 3, STOP_CHECK_EVERY])
+def test_the_loop_gives_transformers_tokens_and_log_probs(tiny_model_dir, examples, monkeypatch, every):
+    """Rows that stop at different steps (a fifth of the vocabulary ends a completion), the loop
+    stopping up to `every` - 1 steps after the last: the ids and the sampler's log-probs of
+    transformers' own loop, greedy and sampled."""
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    model.generation_config.eos_token_id = list(range(200, 300))
+    ended_early = 0
+    for temperature in (0, 1.0):
+        for seed in range(2):
+            settings = GenerationSettings(group_size=3, max_new_tokens=24, temperature=temperature, decode="static")
+            monkeypatch.setattr(generation, "sample_loop", functools.partial(sample_loop, stop_check_every=every))
+            ours = generate_groups(model, processor, examples, settings, seed=seed)
+            monkeypatch.setattr(generation, "sample_loop", None)
+            theirs = generate_groups(model, processor, examples, settings, seed=seed)
+            assert torch.equal(ours.completion_ids, theirs.completion_ids)
+            assert (ours.sampler_logp is None) == (temperature == 0)
+            if temperature:
+                assert torch.equal(ours.sampler_logp, theirs.sampler_logp)
+            ended_early += ours.completion_ids.shape[1] < 24
+    assert ended_early >= 1  # the loop ran past the last stop and cut those steps off
