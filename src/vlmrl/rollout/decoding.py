@@ -20,6 +20,11 @@ drives) is not among them: in transformers 5.24 a request is a list of token ids
 (`ContinuousBatchingManager.add_request(input_ids)`), with no pixel values or image grid to go with
 it, so an image prompt cannot be decoded by it (TRL passes it text alone).
 
+On every path the text model attends through grouped_attention.py's kernel while it generates
+(`grouped_decode_attention`: a single query token reads the cache's grouped keys as they are, where
+transformers' SDPA kernel would copy each layer's keys and values inside a compiled step), and
+`generate` runs decode_loop.py's loop (no host sync per token).
+
 The three give the same tokens: greedy completions token for token, and sampled ones with the
 same seed (tests/test_decoding.py: Qwen2.5-VL, Qwen2-VL, Idefics3 in fp32 on the CPU). A model
 family not checked for the static cache falls back to "dynamic" with a one-time warning. With the
