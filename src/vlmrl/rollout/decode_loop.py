@@ -39,8 +39,12 @@ def next_tokens(scores: torch.Tensor, sampled: bool) -> torch.Tensor:
 @torch.no_grad()
 def sample_loop(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
                 stop_check_every: int = STOP_CHECK_EVERY, **model_kwargs) -> torch.Tensor:
-    """`generate`'s decoding loop (its `custom_generate` argument): input_ids (N, P) -> (N, P + T).
-    (`generate` passes a custom loop no `synced_gpus` and no streamer.)"""
+    """`generate`'s decoding loop (its `custom_generate` argument): input_ids (N, P) -> (N, P + T), or
+    with `return_dict_in_generate` transformers' output of them and of each step's raw logits and
+    processed scores where asked (`output_logits`, `output_scores`). (`generate` passes a custom loop
+    no `synced_gpus` and no streamer.)"""
+    kept = {name: [] for name in ("logits", "scores") if getattr(generation_config, f"output_{name}")}
+    prompt = input_ids.shape[1]
     pad = generation_config._pad_token_tensor
     stops_early = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
     limit = stopping_criteria.max_length
@@ -58,7 +62,10 @@ def sample_loop(model, input_ids: torch.Tensor, logits_processor, stopping_crite
             model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
             logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=input_ids.device)  # (N, V)
             del outputs
-            tokens = next_tokens(logits_processor(input_ids, logits), generation_config.do_sample)  # (N,)
+            scores = logits_processor(input_ids, logits)  # (N, V)
+            for name, steps_kept in kept.items():
+                steps_kept.append(logits if name == "logits" else scores)
+            tokens = next_tokens(scores, generation_config.do_sample)  # (N,)
             if stops_early:
                 tokens = tokens * unfinished + pad * (1 - unfinished)
             input_ids = torch.cat([input_ids, tokens[:, None]], dim=-1)  # (N, L + 1)
@@ -68,4 +75,10 @@ def sample_loop(model, input_ids: torch.Tensor, logits_processor, stopping_crite
             if (limit is not None and input_ids.shape[1] >= limit) or (
                     steps % stop_check_every == 0 and bool(done_at)):  # the one host sync per stop_check_every
                 break
-    return input_ids[:, :int(done_at) or input_ids.shape[1]]
+    ids = input_ids[:, :int(done_at) or input_ids.shape[1]]  # (N, P + T)
+    if not generation_config.return_dict_in_generate:
+        return ids
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    return GenerateDecoderOnlyOutput(sequences=ids, **{name: tuple(steps_kept[:ids.shape[1] - prompt])
+                                                       for name, steps_kept in kept.items()})
