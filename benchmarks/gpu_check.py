@@ -35,7 +35,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 GPU_TESTS = ["tests/test_block_attention.py", "tests/test_fused_kernels.py", "tests/test_stochastic_rounding.py",
-             "tests/test_decoding.py", "tests/test_vision_attention.py"]
+             "tests/test_decoding.py", "tests/test_vision_attention.py", "tests/test_decode_waste.py"]
 
 SETTINGS = {  # per device: each part's arguments and time limit (s); the GPU's add up to 7 min 20 s
     "cuda": {

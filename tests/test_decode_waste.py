@@ -127,17 +127,15 @@ def test_the_compiled_decode_step_copies_no_layer_cache_and_syncs_once_per_k_ste
     assert len(copies) >= 8 * 2 and syncs == 16  # the repeated keys and values: fused, 2 buffers per layer
 
 
-@pytest.mark.parametrize("every", [1, 3, STOP_CHECK_EVERY])
-def test_the_loop_gives_transformers_tokens_and_log_probs(tiny_model_dir, examples, monkeypatch, every):
+def loop_against_transformers(model, processor, examples, monkeypatch, every: int, decode: str) -> int:
     """Rows that stop at different steps (a fifth of the vocabulary ends a completion), the loop
     stopping up to `every` - 1 steps after the last: the ids and the sampler's log-probs of
-    transformers' own loop, greedy and sampled."""
-    model, processor = load_policy(tiny_model_dir, device="cpu")
+    transformers' own loop, greedy and sampled. Returns how many calls ended before the limit."""
     model.generation_config.eos_token_id = list(range(200, 300))
     ended_early = 0
     for temperature in (0, 1.0):
         for seed in range(2):
-            settings = GenerationSettings(group_size=3, max_new_tokens=24, temperature=temperature, decode="static")
+            settings = GenerationSettings(group_size=3, max_new_tokens=24, temperature=temperature, decode=decode)
             monkeypatch.setattr(generation, "sample_loop", functools.partial(sample_loop, stop_check_every=every))
             ours = generate_groups(model, processor, examples, settings, seed=seed)
             monkeypatch.setattr(generation, "sample_loop", None)
@@ -147,4 +145,75 @@ def test_the_loop_gives_transformers_tokens_and_log_probs(tiny_model_dir, exampl
             if temperature:
                 assert torch.equal(ours.sampler_logp, theirs.sampler_logp)
             ended_early += ours.completion_ids.shape[1] < 24
+    return ended_early
+
+
+@pytest.mark.parametrize("every", [1, 3, STOP_CHECK_EVERY])
+def test_the_loop_gives_transformers_tokens_and_log_probs(tiny_model_dir, examples, monkeypatch, every):
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    ended_early = loop_against_transformers(model, processor, examples, monkeypatch, every, "static")
     assert ended_early >= 1  # the loop ran past the last stop and cut those steps off
+
+
+def attention_inputs(device: str, dtype: torch.dtype, queries: int = 1):
+    """A layer's attention call: 4 query heads over 2 key/value heads, 3 rows of 16 keys, a boolean
+    mask (B, 1, Q, L) hiding each row's first keys (left padding) and the empty slots."""
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    query = torch.randn(3, 4, queries, 8, device=device, dtype=dtype)  # (B, h, Q, d)
+    key, value = (torch.randn(3, 2, 16, 8, device=device, dtype=dtype) for _ in range(2))  # (B, h_kv, L, d)
+    seen = torch.arange(16, device=device)
+    mask = (seen >= torch.tensor([0, 3, 5], device=device)[:, None]) & (seen < 12)  # (B, L)
+    return module, query, key, value, mask[:, None, None, :].expand(3, 1, queries, 16)
+
+
+def transformers_sdpa(*args, repeated: bool):
+    """transformers' SDPA kernel: folding the query heads (eager, one query) or repeating the keys."""
+    from transformers.integrations import sdpa_attention
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sdpa_attention, "is_torchdynamo_compiling", lambda: repeated)
+        return sdpa_attention.sdpa_attention_forward(*args, scaling=0.5)[0]
+
+
+def test_the_grouped_kernel_gives_transformers_sdpa():
+    """One query token: the very numbers of transformers' eager fold, and those of its repeated keys
+    to rounding; more queries: transformers' kernel itself."""
+    from vlmrl.models.grouped_attention import grouped_sdpa_forward, NAME
+    from transformers import AttentionInterface
+
+    assert AttentionInterface()[NAME] is grouped_sdpa_forward
+    args = attention_inputs("cpu", torch.float32)
+    ours = grouped_sdpa_forward(*args, scaling=0.5)[0]  # (B, 1, h, d)
+    assert ours.shape == (3, 1, 4, 8)
+    assert torch.equal(ours, transformers_sdpa(*args, repeated=False))
+    torch.testing.assert_close(ours, transformers_sdpa(*args, repeated=True),
+                               atol=1e-6, rtol=0)
+    prompt = attention_inputs("cpu", torch.float32, queries=5)
+    assert torch.equal(grouped_sdpa_forward(*prompt, scaling=0.5)[0],
+                       transformers_sdpa(*prompt, repeated=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_compiled_grouped_kernel_gives_transformers_repeated_keys(dtype):
+    """On CUDA, compiled (inductor, as in the decode step) against transformers' repeated keys, eager:
+    to fp32 rounding, or bf16's (one ulp at these magnitudes)."""
+    from vlmrl.models.grouped_attention import grouped_sdpa_forward
+
+    args = attention_inputs("cuda", dtype)
+    compiled = torch.compile(lambda *a: grouped_sdpa_forward(*a, scaling=0.5)[0], fullgraph=True, dynamic=False)
+    expected = transformers_sdpa(*args, repeated=True)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(compiled(*args), expected, atol=tolerance, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_loop_gives_transformers_tokens_on_the_compiled_step(tiny_model_dir, examples, monkeypatch):
+    """The loop around the compiled step replayed as a CUDA graph (what "auto" decodes with on CUDA),
+    in fp32: transformers' loop's ids and log-probs, the reads of the stop flag one per 8 steps."""
+    model, processor = load_policy(tiny_model_dir, device="cuda")
+    assert loop_against_transformers(model, processor, examples, monkeypatch, STOP_CHECK_EVERY, "compiled") >= 1

@@ -55,7 +55,7 @@ def rehearse(tmp_path: Path, *extra: str) -> str:
     assert re.search(r"^\| decode ms/step, static \| \d+\.\d\d \(generation \d+\.\d{3} s\) \|", section, re.M)
     assert re.search(r"^\| step, vlmrl vs TRL \(shortened setting\) \| \d+\.\d{3} s vs TRL \d+\.\d{3} s: \d+\.\d{3}x",
                      section, re.M)
-    assert re.search(r"^\| tests marked gpu \| 12 skipped, \d+ deselected", section, re.M)  # no CUDA here
+    assert re.search(r"^\| tests marked gpu \| \d+ skipped, \d+ deselected", section, re.M)  # no CUDA here
     return section
 
 
