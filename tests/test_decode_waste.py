@@ -2,7 +2,9 @@
 layer's KV cache in any decode step of the static or the compiled (inductor) path, and one host
 sync per STOP_CHECK_EVERY decode steps, not one per token; each check also sees the waste when it
 is put back (transformers' SDPA kernel as it runs inside a compiled step, transformers' own
-sampling loop). The loop gives transformers' tokens and the sampler's log-probs exactly."""
+sampling loop). The loop gives transformers' tokens and the sampler's log-probs exactly, and the
+grouped kernel transformers' SDPA numbers. Marked gpu (benchmarks/gpu_check.sh): the compiled kernel
+on CUDA, and the loop around the compiled step replayed as a CUDA graph."""
 
 from __future__ import annotations
 
