@@ -36,6 +36,9 @@ def test_the_table_judges_the_targets_on_cuda_only():
         "| peak memory, vlmrl vs TRL | 13000 MiB vs TRL 20000 MiB: 0.650x | <= 0.6x | missed |",
         "| tests marked gpu | 1 failed, 11 passed in 80.0s | all pass | missed |",
         "", "Parts: decode ok in 150 s; step ok in 120 s; tests failed (exit 1) in 80 s"]
+    skipped = Part("tests", 0, 9.0, summary="15 skipped, 74 deselected in 9.0s")  # no CUDA seen: not a pass
+    assert "| tests marked gpu | 15 skipped, 74 deselected in 9.0s | all pass | missed |" in check_table(
+        "cuda", decode, step, skipped)
     stopped = Part("step", None, 150.0)  # a part stopped at its limit: its rows say so, the others stand
     lines = check_table("cuda", decode, stopped, tests)
     assert "| step, vlmrl vs TRL (shortened setting) | n/a | <= 0.15x | not measured |" in lines
