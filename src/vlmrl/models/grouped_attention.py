@@ -17,8 +17,8 @@ Here the fold is done compiled or not:
 
 the same scores and sums per (row, head) as the eager kernel's. Every other call (a prompt, a
 mask per head, a position bias, soft-capping) goes to transformers' SDPA kernel as it is.
-The decode paths switch the text model to this kernel (NAME) for the length of `generate`
-(rollout/decoding.py); block_attention's kernel falls back to it for masks without a plan.
+Every decode path switches the text model to this kernel (NAME) for the length of `generate`, from
+SDPA or from block_attention's kernel (which is SDPA for generation's masks): rollout/decoding.py.
 """
 
 from __future__ import annotations
