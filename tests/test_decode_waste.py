@@ -4,13 +4,15 @@ sync per STOP_CHECK_EVERY decode steps, not one per token; each check also sees 
 is put back (transformers' SDPA kernel as it runs inside a compiled step, transformers' own
 sampling loop). The loop gives transformers' tokens and the sampler's log-probs exactly, and the
 grouped kernel transformers' SDPA numbers. Marked gpu (benchmarks/gpu_check.sh): the compiled kernel
-on CUDA, and the loop around the compiled step replayed as a CUDA graph."""
+on CUDA, the loop around the compiled step replayed as a CUDA graph, and the device waits per
+decode step seen by torch's CUDA sync debug mode."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import math
+import warnings
 
 import pytest
 import torch
@@ -37,15 +39,16 @@ def examples() -> list[Example]:
             Example(Image.new("RGB", (112, 112), (20, 100, 10)), "How many circles are in the image?", "2")]
 
 
-def profiled_generate(model, processor, examples, decode: str, tokens: int):
-    """The profile of `generate` alone (the static cache is filled before it: one copy per call, not
-    per step), all `tokens` steps forced (no stop token before); rows and cache length besides."""
+def forced_generate(model, processor, examples, decode: str, tokens: int, around) -> dict:
+    """`generate` alone (the static cache is filled before it: one copy per call, not per step) run
+    inside the context `around()` (what it yields, as "inside"), all `tokens` steps forced (no stop
+    token before); the cache it decoded into besides (as "cache")."""
     plain, captured = model.generate, {}
 
     def generate(**kwargs):
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+        with around() as inside:
             out = plain(**kwargs, min_new_tokens=kwargs["max_new_tokens"])
-        captured["prof"], captured["cache"] = prof, kwargs[CACHE_KEY]
+        captured["inside"], captured["cache"] = inside, kwargs[CACHE_KEY]
         return out
 
     model.generate = generate
@@ -55,8 +58,27 @@ def profiled_generate(model, processor, examples, decode: str, tokens: int):
     finally:
         model.generate = plain
     assert rollout.completion_ids.shape[1] == tokens
-    return captured["prof"], captured["cache"]
+    return captured
 
+
+def profiled_generate(model, processor, examples, decode: str, tokens: int):
+    """The profile of a forced `generate` (`forced_generate`), and the cache it decoded into."""
+    captured = forced_generate(model, processor, examples, decode, tokens, lambda: profile(
+        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True))
+    return captured["inside"], captured["cache"]
+
+
+@contextlib.contextmanager
+def cuda_sync_warnings():
+    """The warnings of torch's CUDA sync debug mode: one per operation that waits for the device
+    (`item`, `bool`, `nonzero`, a copy from pageable host memory, ...)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 def layer_cache_copies(prof, cache) -> list[str]:
@@ -210,6 +232,22 @@ def test_on_cuda_the_compiled_grouped_kernel_gives_transformers_repeated_keys(dt
     expected = transformers_sdpa(*args, repeated=True)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(compiled(*args), expected, atol=tolerance, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("decode", ["static", "compiled"])
+def test_on_cuda_the_decode_waits_for_the_device_once_per_k_steps(tiny_model_dir, examples, decode):
+    """What the CPU's profile cannot see: every operation that waits for a CUDA device (torch's sync
+    debug mode), counted over 16 more decode steps (the first call compiles and records the graph)."""
+    model, processor = load_policy(tiny_model_dir, device="cuda")
+
+    def syncs(tokens: int) -> int:
+        caught = forced_generate(model, processor, examples, decode, tokens, cuda_sync_warnings)["inside"]
+        return sum("synchronizing CUDA operation" in str(w.message) for w in caught)
+
+    syncs(8)
+    assert syncs(24) - syncs(8) <= math.ceil(16 / STOP_CHECK_EVERY)
 
 
 @pytest.mark.gpu
