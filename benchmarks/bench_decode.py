@@ -20,13 +20,16 @@ token. Printed per path:
 - mismatch KL: sampled only, KL(sampler || training) (k3, mean over tokens) between the log-probs the
   sampler recorded and the training pass's (LogprobScorer) on one call left free to stop; the
   rollout/training mismatch that `algorithm.tis_cap` corrects (docs/algorithms.md).
-`--results FILE` appends the table in Markdown with date, machine and command.
+`--results FILE` appends the table in Markdown with date, machine and command; `--json FILE` writes
+the figures per path (gpu_check.py's table reads them); `--no-kl` leaves the mismatch KL out (one
+call and a training pass less per path).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shlex
 import statistics
 import sys
@@ -98,6 +101,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bandwidth", type=float, default=None, help="device memory bandwidth, GB/s")
     parser.add_argument("--results", default=None, help="append the table (Markdown) to this file")
+    parser.add_argument("--json", default=None, help="write the figures per path (JSON) to this file")
+    parser.add_argument("--no-kl", dest="kl", action="store_false", help="no mismatch KL (faster)")
     args = parser.parse_args()
 
     from vlmrl.models import load_policy
@@ -114,7 +119,7 @@ def main() -> None:
     forced = lambda **kw: plain_generate(**kw, min_new_tokens=kw["max_new_tokens"])  # noqa: E731 (no early stop)
     model.generate = forced
     rows = args.prompts * args.group
-    reference = None
+    reference, figures = None, {}
     lines = ["| path | generation (s) | decode ms/step | tokens/s | floor share | same tokens | mismatch KL |",
              "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for path in args.paths.split(","):
@@ -135,8 +140,10 @@ def main() -> None:
             equal = (rollout.completion_ids == reference).all(-1).float().mean().item()
             same = "yes" if equal == 1.0 else f"{equal:.0%} of rows"
         model.generate = plain_generate  # free to stop: min_new_tokens would ban the stop token
-        kl = "n/a" if args.greedy else mismatch_kl(model, processor, examples, settings[args.tokens])
+        kl = "n/a" if args.greedy or not args.kl else mismatch_kl(model, processor, examples, settings[args.tokens])
         model.generate = forced
+        figures[path] = {"generation_s": seconds, "ms_per_step": step_ms, "tokens_per_s": rows * args.tokens / seconds,
+                         "floor_share": share, "same_tokens": same, "mismatch_kl": kl}
         lines.append(f"| {path} | {seconds:.3f} | {step_ms:.2f} | {rows * args.tokens / seconds:.0f} | {share} "
                      f"| {same} | {kl} |")
         print(lines[-1], flush=True)
@@ -144,6 +151,8 @@ def main() -> None:
     header = (f"{name}, {args.device}, {args.prompts} prompts x G={args.group}, {args.image} px, {args.tokens} "
               f"tokens, {'greedy' if args.greedy else 'sampled'}")
     print("\n" + header + "\n" + "\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"setting": header, "paths": figures}, indent=1))
     if args.results:
         with open(args.results, "a") as out:
             out.write(f"\n### {datetime.date.today()}: decode paths, {header}\n\nMachine: {machine()}\n"

@@ -34,7 +34,8 @@ medians over the next `--steps`. Per step:
 - tokens/s per GPU as EasyR1 counts it: prompt + image + response tokens of every sequence (the
   same count for both sides) per second of the training phase.
 Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results FILE` appends
-the table in Markdown with date, machine and command.
+the table in Markdown with date, machine and command; `--json FILE` writes the same figures by row
+and side (gpu_check.py's table reads them).
 
 `--vlmrl-only` runs vlmrl's steps alone and prints its column: a variant of vlmrl's own step
 (`--dense-attention`, `--vision-loop`, `--fused-kernels`, `--no-checkpointing`) measured against
@@ -52,6 +53,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -508,6 +510,8 @@ def table(args, sides: list[Side], work: StepWork, measured: int) -> list[str]:
         if peak:
             rows.append((f"training MFU (of {kind} {peak:.0f} TFLOP/s)", "{:.1%}", {n: rate[n] / peak for n in names}))
     rows.append(("tokens/s per GPU (EasyR1 count, training)", "{:.0f}", tokens))
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps({label: values for label, _, values in rows}, indent=1))
     both = len(sides) == 2
     lines = [f"| per step (median of {measured} after {skip} warm-up) | " + " | ".join(names)
              + (" | vlmrl / TRL |" if both else " |"), "|---|" + "---:|" * (len(names) + both)]
@@ -579,6 +583,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense peak for MFU (default: bf16 on a known GPU; else no MFU row)")
     parser.add_argument("--results", default=None, help="append the Markdown table to this file")
+    parser.add_argument("--json", default=None, help="write the table's figures (JSON, by row and side) to this file")
     parser.add_argument("--time-budget", type=float, default=0, metavar="SECONDS",
                         help="from the script's start: after it, no new step starts once every side has a "
                              "measured step (the figures are then over fewer steps, and say so); 0 = none")

@@ -5,7 +5,7 @@ prompts, unpadded prefixes of different lengths, ragged segments, trailing paddi
 equals one SDPA call under the dense mask at every position that is read, values and gradients;
 in the tiny models the packed log-probs and gradients equal the dense-mask forward's (1e-5, cosine
 0.9999), under gradient checkpointing too, and generation is unchanged by the switch. Marked gpu
-(benchmarks/gpu_pending.sh decode): on CUDA, the bf16 FlashAttention and masked calls against the
+(benchmarks/gpu_check.sh): on CUDA, the bf16 FlashAttention and masked calls against the
 dense mask in fp32, and the tiny model's packed pass.
 """
 

@@ -2,7 +2,7 @@
 transformers' dynamic cache, greedy and sampled with one seed, with and without the shared prompt
 cache, for every family whose row of `support.FAMILIES` lists static decoding as exact, in fp32 on
 the CPU; tool-using rollouts too. Marked gpu
-(benchmarks/gpu_pending.sh decode): the compiled step as a CUDA graph against the dynamic cache on CUDA."""
+(benchmarks/gpu_check.sh): the compiled step as a CUDA graph against the dynamic cache on CUDA."""
 
 from __future__ import annotations
 

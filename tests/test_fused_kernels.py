@@ -6,7 +6,7 @@ Qwen2.5-VL, Qwen2-VL and Idefics3, which proves that every patched module comput
 Also: which modules are patched, off restores the classes' forward, a deep copy (the reference)
 keeps the patch on its own modules, saved weights are unchanged, on the CPU liger falls back, and
 kernels that fail the self-check (raise, compute another formula, drop a gradient) are refused.
-Marked gpu (benchmarks/gpu_pending.sh decode): liger's kernels against the original on CUDA.
+Marked gpu (benchmarks/gpu_check.sh): liger's kernels against the original on CUDA.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fused kernels for the decoder's RMSNorm and SiLU-gated MLP, from liger-kernel (`train.fused_kernels`).
 
-Off by default until its effect is measured on a GPU (benchmarks/gpu_pending.sh, part `variants`).
+Off by default until its effect is measured on a GPU (`bench_pass.py --compare fused --arch-3b`).
 When on, each RMSNorm and SwiGLU MLP of a checked model family computes with one fused Triton
 kernel from liger-kernel, the library TRL, verl and EasyR1 use for the same purpose:
 

@@ -20,6 +20,11 @@ drives) is not among them: in transformers 5.24 a request is a list of token ids
 (`ContinuousBatchingManager.add_request(input_ids)`), with no pixel values or image grid to go with
 it, so an image prompt cannot be decoded by it (TRL passes it text alone).
 
+On every path the text model attends through grouped_attention.py's kernel while it generates
+(`grouped_decode_attention`: a single query token reads the cache's grouped keys as they are, where
+transformers' SDPA kernel would copy each layer's keys and values inside a compiled step), and
+`generate` runs decode_loop.py's loop (no host sync per token).
+
 The three give the same tokens: greedy completions token for token, and sampled ones with the
 same seed (tests/test_decoding.py: Qwen2.5-VL, Qwen2-VL, Idefics3 in fp32 on the CPU). A model
 family not checked for the static cache falls back to "dynamic" with a one-time warning. With the
@@ -40,10 +45,13 @@ them per graph: 128 evaluations before torch 2.11 gives up the rollout's graph),
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 
 import torch
 
 from vlmrl.config import DECODES  # noqa: F401  (the values of `decode`, also a public name here)
+from vlmrl.models.block_attention import NAME as BLOCKS_KERNEL
+from vlmrl.models.grouped_attention import NAME as GROUPED_KERNEL
 from vlmrl.models.support import CACHE_KEY, hf_model, static_cache_unsupported, warn_once
 
 CACHE_BUCKET = 256
@@ -86,6 +94,22 @@ def empty_static_cache(model: torch.nn.Module, rows: int, length: int, keep: boo
         static = StaticCache(config=hf_model(model).config, max_cache_len=length)
     _kept_caches[model] = ((rows, length), static)
     return static
+
+
+@contextmanager
+def grouped_decode_attention(model: torch.nn.Module):
+    """The text model on grouped_attention's kernel while it generates, where it is on SDPA (or on
+    the block kernel, which is SDPA for generation's masks): a decode step's single query token reads
+    the cache's keys as they are, compiled or not, where transformers' SDPA kernel would copy each
+    layer's keys and values to every query head inside a compiled step. Any other kernel is kept."""
+    text = hf_model(model).config.get_text_config()
+    before = text._attn_implementation
+    if before in ("sdpa", BLOCKS_KERNEL):
+        text._attn_implementation = GROUPED_KERNEL
+    try:
+        yield
+    finally:
+        text._attn_implementation = before
 
 
 def kv_cache_bytes(model: torch.nn.Module, rows: int, length: int) -> int:

@@ -26,7 +26,8 @@ from vlmrl.config import GenerationSettings
 from vlmrl.models.fast_paths import first_use
 from vlmrl.models.support import shared_prefill_unsupported, warn_once
 from vlmrl.rollout.completions import Completions, pad_right
-from vlmrl.rollout.decoding import decode_kwargs, decode_mode
+from vlmrl.rollout.decode_loop import sample_loop
+from vlmrl.rollout.decoding import decode_kwargs, decode_mode, grouped_decode_attention
 from vlmrl.rollout.prefill import last_prompt_token_is_text, prefill_once
 from vlmrl.rollout.prompts import encode_prompts
 from vlmrl.rollout.sampling import SampledLogprobs, note_broken_rows, sampling_kwargs
@@ -143,10 +144,13 @@ def sample_on(model, processor, inputs: dict, settings: GenerationSettings,
     # synced_gpus: transformers makes every process step until all finish when the model is sharded
     # (FSDP2), as per-layer gathers need; a sharded model gathered whole around the call
     # (training/sharding.py) needs none, so each process generates alone, as long as its rows need.
+    # One process decoding alone runs decode_loop's loop (no host sync per token); a sharded one, transformers'.
     synced = None if any(hasattr(p, "to_local") for p in model.parameters()) else False  # None: transformers decides
-    out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, synced_gpus=synced,
-                         eos_token_id=stop_token_ids(processor, model), pad_token_id=processor.tokenizer.pad_token_id,
-                         use_cache=True, return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
+    loop = {"custom_generate": sample_loop} if synced is False else {"synced_gpus": synced}
+    with grouped_decode_attention(model):  # one query token never repeats the cache's keys (grouped_attention.py)
+        out = model.generate(**inputs, max_new_tokens=settings.max_new_tokens, **loop,
+                             eos_token_id=stop_token_ids(processor, model), pad_token_id=processor.tokenizer.pad_token_id,
+                             use_cache=True, return_dict_in_generate=False, **sampling_kwargs(settings, recorder))
     ids = out[:, inputs["input_ids"].shape[1]:]  # (N, T)
     note_broken_rows(model, recorder.broken_rows())  # one host sync per call; the caller stops on it
     return ids, recorder.logprobs(ids)

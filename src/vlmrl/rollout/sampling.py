@@ -70,14 +70,16 @@ class SampledLogprobs:
     def logprobs(self, new_ids: torch.Tensor) -> torch.Tensor | None:
         """(N, T) the recorded log-probs of `new_ids` (N, T), the tokens `generate` returned after the
         prompt; None when nothing was recorded (greedy decoding, or a `generate` that calls no
-        logits processor)."""
-        if self.previous is not None:
+        logits processor). Steps past the returned ids (decode_loop.py's padding steps after every
+        row had stopped, cut off the ids) are dropped."""
+        steps = new_ids.shape[1]
+        if self.previous is not None and len(self.picked) < steps:
             self._pick(new_ids[:, len(self.picked)])  # the last step's token: no call after it
         if not self.picked:
             return None
-        if len(self.picked) != new_ids.shape[1]:
-            raise RuntimeError(f"recorded {len(self.picked)} decode steps for {new_ids.shape[1]} new tokens")
-        return torch.stack(self.picked, dim=1)  # (N, T)
+        if len(self.picked) < steps:
+            raise RuntimeError(f"recorded {len(self.picked)} decode steps for {steps} new tokens")
+        return torch.stack(self.picked[:steps], dim=1)  # (N, T)
 
 
 def sampling_kwargs(settings: GenerationSettings, recorder: SampledLogprobs) -> dict:

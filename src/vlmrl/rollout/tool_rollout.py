@@ -128,7 +128,10 @@ def sample_turn(model, processor, rows: list[Example], segments: list[list[Segme
               encode_trajectories(processor, rows, segments, next(model.parameters()).device))
     stop_ids = stop_token_ids(processor, model)
     banned = sorted(set(suppressed_token_ids(processor, stop_ids)) - tool_tag_ids(processor.tokenizer))
-    stops = {"stop_strings": [TOOL_CALL_CLOSE], "tokenizer": processor.tokenizer}  # a call ends the turn
+    from transformers import StopStringCriteria, StoppingCriteriaList
+
+    # a call ends the turn (a criterion, not `stop_strings`: generate drops its tokenizer for a custom loop)
+    stops = {"stopping_criteria": StoppingCriteriaList([StopStringCriteria(processor.tokenizer, [TOOL_CALL_CLOSE])])}
     new, logprobs = sample(model, processor, inputs | stops, settings, banned)  # (n, t) each; logprobs None: greedy
     picked = None if logprobs is None else logprobs.tolist()  # one copy to the host, not one per row
     turns = []
