@@ -1,0 +1,84 @@
+"""Your own data (docs/own-data.md): the bar charts of `vlmrl data bars` (data/bars.py), drawn from
+(seed, split, idx) alone and read back by the dataset task in TRL's layout; the example's reward
+file in TRL's call convention; and the page's commands run at tiny scale, so they never rot."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from vlmrl.cli import main
+from vlmrl.data.bars import PALETTE, BarsParams, chart
+from vlmrl.imports import load_object
+from vlmrl.tasks import get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def colour_pixels(image) -> Counter:
+    """Pixels of each palette colour in a chart."""
+    names = {rgb: name for name, rgb in PALETTE.items()}
+    return Counter(names[p] for p in image.get_flattened_data() if p in names)
+
+
+def test_a_chart_is_a_pure_function_of_seed_split_and_index():
+    first = chart(0, "train", 0)
+    assert first.colors == ["green", "blue", "purple", "orange"]
+    assert first.heights == [0.551, 0.231, 0.686, 0.823]
+    assert first.answer == "orange"
+    assert first.solution() == "<think> The tallest bar is orange. </think> <answer> orange </answer>"
+    # bars 17 px wide on a 98 px plot: the tallest bar covers the most pixels, each bar its height
+    assert colour_pixels(first.image) == {"orange": 81 * 17, "purple": 67 * 17, "green": 54 * 17, "blue": 23 * 17}
+    again = chart(0, "train", 0)
+    assert again.image.tobytes() == first.image.tobytes() and again.heights == first.heights
+    assert chart(0, "test", 0).heights != first.heights and chart(1, "train", 0).heights != first.heights
+
+
+def test_every_chart_has_one_tallest_bar_with_its_margin():
+    params = BarsParams(bars=5, margin=0.2, image_size=96)
+    for idx in range(200):
+        drawn = chart(3, "train", idx, params)
+        top, second = sorted(drawn.heights, reverse=True)[:2]
+        assert len(set(drawn.colors)) == 5 and drawn.image.size == (96, 96)
+        assert top - second >= 0.2 - 1e-3
+        assert colour_pixels(drawn.image).most_common(1)[0][0] == drawn.answer
+
+
+def test_data_bars_writes_trl_rows_the_dataset_task_reads(tmp_path, capsys):
+    out = tmp_path / "bars"
+    assert main(["data", "bars", str(out), "--n", "6", "--test", "3", "--seed", "2"]) == 0
+    assert f"task.params.path={out}" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and len((out / "test.jsonl").read_text().splitlines()) == 3
+    assert set(rows[0]) == {"prompt", "images", "solution", "colors", "heights"}
+    assert rows[0]["prompt"] == "<image>Which colour is the tallest bar?" and rows[0]["images"] == ["images/train_000000.png"]
+    task = get_task("dataset", path=str(out), verifier="exact")
+    assert task.splits[:2] == ("train", "test")
+    example = task.example(0, "test")  # served shuffled; find its chart by its colours
+    drawn = next(chart(2, "test", i) for i in range(3) if chart(2, "test", i).colors == example.meta["columns"]["colors"])
+    assert example.answer == drawn.answer
+    assert example.reference_completion == drawn.solution()  # the SFT target
+    # every other column reaches the rewards, and the solution too: TRL's reward functions read it
+    assert example.meta["columns"] == {"solution": drawn.solution(), "colors": drawn.colors, "heights": drawn.heights}
+    assert example.image.tobytes() == drawn.image.tobytes()
+    assert task.score(example, drawn.solution())["accuracy"] == 1.0
+
+
+@pytest.mark.parametrize("bad, message", [(["bars=9"], "bars must be in [2, 6]"), (["colour=red"], "unknown bars"),
+                                          (["image_size=big"], "image_size must be an integer"),
+                                          (["--n", "0"], "--n must be in")])
+def test_bad_chart_parameters_are_one_line(tmp_path, capsys, bad, message):
+    assert main(["data", "bars", str(tmp_path / "bars"), *bad]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bars" / "train.jsonl").exists()
+
+
+def test_the_reward_file_scores_like_trl_calls_it():
+    accuracy = load_object(f"{ROOT}/examples/own_data/reward.py:accuracy", "a reward")
+    gold = "<think> The tallest bar is red. </think> <answer> red </answer>"
+    completions = [[{"role": "assistant", "content": text}] for text in
+                   ("<think> x </think> <answer> Red </answer>", "<answer> blue </answer>", "red", "<answer>red</answer>")]
+    assert accuracy(completions, solution=[gold, gold, gold, "no answer here"], prompts=[None] * 4) == [1.0, 0.0, 0.0, None]
