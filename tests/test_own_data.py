@@ -5,6 +5,7 @@ file in TRL's call convention; and the page's commands run at tiny scale, so the
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -27,11 +28,12 @@ def colour_pixels(image) -> Counter:
 def test_a_chart_is_a_pure_function_of_seed_split_and_index():
     first = chart(0, "train", 0)
     assert first.colors == ["green", "blue", "purple", "orange"]
-    assert first.heights == [0.551, 0.231, 0.686, 0.823]
+    assert first.heights == [0.48, 0.216, 0.591, 0.871]
     assert first.answer == "orange"
     assert first.solution() == "<think> The tallest bar is orange. </think> <answer> orange </answer>"
+    assert first.solution(("red", "orange")) == "<think> The tallest bar is red. </think> <answer> red </answer>"
     # bars 17 px wide on a 98 px plot: the tallest bar covers the most pixels, each bar its height
-    assert colour_pixels(first.image) == {"orange": 81 * 17, "purple": 67 * 17, "green": 54 * 17, "blue": 23 * 17}
+    assert colour_pixels(first.image) == {"orange": 85 * 17, "purple": 58 * 17, "green": 47 * 17, "blue": 21 * 17}
     again = chart(0, "train", 0)
     assert again.image.tobytes() == first.image.tobytes() and again.heights == first.heights
     assert chart(0, "test", 0).heights != first.heights and chart(1, "train", 0).heights != first.heights
@@ -53,22 +55,37 @@ def test_data_bars_writes_trl_rows_the_dataset_task_reads(tmp_path, capsys):
     assert f"task.params.path={out}" in capsys.readouterr().out
     rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len((out / "test.jsonl").read_text().splitlines()) == 3
-    assert set(rows[0]) == {"prompt", "images", "solution", "colors", "heights"}
+    assert set(rows[0]) == {"prompt", "images", "answer", "solution", "colors", "heights"}
     assert rows[0]["prompt"] == "<image>Which colour is the tallest bar?" and rows[0]["images"] == ["images/train_000000.png"]
-    task = get_task("dataset", path=str(out), verifier="exact")
+    task = get_task("dataset", path=str(out), verifier="exact", columns={"reference": "solution"})
     assert task.splits[:2] == ("train", "test")
     example = task.example(0, "test")  # served shuffled; find its chart by its colours
     drawn = next(chart(2, "test", i) for i in range(3) if chart(2, "test", i).colors == example.meta["columns"]["colors"])
     assert example.answer == drawn.answer
-    assert example.reference_completion == drawn.solution()  # the SFT target
-    # every other column reaches the rewards, and the solution too: TRL's reward functions read it
-    assert example.meta["columns"] == {"solution": drawn.solution(), "colors": drawn.colors, "heights": drawn.heights}
+    assert example.reference_completion == drawn.solution()  # the SFT target: the worked solution
+    # the columns the mapping does not read reach the rewards
+    assert example.meta["columns"] == {"colors": drawn.colors, "heights": drawn.heights}
     assert example.image.tobytes() == drawn.image.tobytes()
     assert task.score(example, drawn.solution())["accuracy"] == 1.0
 
 
+def test_a_weak_teacher_writes_the_train_solutions_and_leaves_answers_and_test_true(tmp_path):
+    out = tmp_path / "bars"
+    assert main(["data", "bars", str(out), "--n", "60", "--test", "30", "teacher_confuses=red/orange"]) == 0
+    for split, n in (("train", 60), ("test", 30)):
+        rows = [json.loads(line) for line in (out / f"{split}.jsonl").read_text().splitlines()]
+        drawn = [chart(0, split, i) for i in range(n)]
+        assert [r["answer"] for r in rows] == [d.answer for d in drawn]  # the gold stays true
+        said = [re.search(r"<answer> (\w+) </answer>", r["solution"]).group(1) for r in rows]
+        swap = {"red": "orange", "orange": "red"} if split == "train" else {}
+        assert said == [swap.get(d.answer, d.answer) for d in drawn]
+        if split == "train":
+            assert sum(s != d.answer for s, d in zip(said, drawn)) == sum(d.answer in swap for d in drawn) > 0
+
+
 @pytest.mark.parametrize("bad, message", [(["bars=9"], "bars must be in [2, 6]"), (["colour=red"], "unknown bars"),
                                           (["image_size=big"], "image_size must be an integer"),
+                                          (["teacher_confuses=red/pink"], "teacher_confuses must be two colours"),
                                           (["--n", "0"], "--n must be in")])
 def test_bad_chart_parameters_are_one_line(tmp_path, capsys, bad, message):
     assert main(["data", "bars", str(tmp_path / "bars"), *bad]) == 2
@@ -78,7 +95,6 @@ def test_bad_chart_parameters_are_one_line(tmp_path, capsys, bad, message):
 
 def test_the_reward_file_scores_like_trl_calls_it():
     accuracy = load_object(f"{ROOT}/examples/own_data/reward.py:accuracy", "a reward")
-    gold = "<think> The tallest bar is red. </think> <answer> red </answer>"
     completions = [[{"role": "assistant", "content": text}] for text in
                    ("<think> x </think> <answer> Red </answer>", "<answer> blue </answer>", "red", "<answer>red</answer>")]
-    assert accuracy(completions, solution=[gold, gold, gold, "no answer here"], prompts=[None] * 4) == [1.0, 0.0, 0.0, None]
+    assert accuracy(completions, answer=["red", "red", "red", ""], prompts=[None] * 4) == [1.0, 0.0, 0.0, None]

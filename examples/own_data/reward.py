@@ -1,6 +1,6 @@
 """A reward function for the bar charts of `vlmrl data bars`, written the way TRL's GRPOTrainer calls
 reward functions: once per batch, each keyword a list with one item per completion, a dataset
-column (here `solution`) by its name, one float per completion back (None: does not apply).
+column (here `answer`) by its name, one float per completion back (None: does not apply).
 
     vlmrl train examples/own_data/grpo.yaml          # rewards: [reward.py:accuracy, ...]
 
@@ -18,12 +18,11 @@ def final_answer(text):
     return blocks[-1].strip().lower() if blocks else None
 
 
-def accuracy(completions, solution, **kwargs):
-    """1.0 when the completion's <answer> names the colour in the solution's <answer>, else 0.0;
-    None for a row whose solution has no <answer> (the reward does not apply to it)."""
+def accuracy(completions, answer, **kwargs):
+    """1.0 when the completion's <answer> is the gold colour, else 0.0; None for a row without a
+    gold answer (the reward does not apply to it)."""
     rewards = []
-    for completion, gold in zip(completions, solution):
-        want = final_answer(gold)
+    for completion, gold in zip(completions, answer):
         got = final_answer(completion[0]["content"])
-        rewards.append(None if want is None else float(got == want))
+        rewards.append(float(got == gold.strip().lower()) if gold.strip() else None)
     return rewards

@@ -281,14 +281,17 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     bars = kinds.add_parser(
         "bars", help="bar charts: which colour is the tallest bar? (TRL layout; the own-data example)",
         description="Write bar charts asking \"Which colour is the tallest bar?\" in TRL's layout: OUT/train.jsonl, "
-                    "OUT/test.jsonl (prompt with <image>, images, solution as <think>/<answer>, colors, heights) "
+                    "OUT/test.jsonl (prompt with <image>, images, answer, solution as <think>/<answer>, colors, "
+                    "heights) "
                     "and OUT/images/. Read them with task.name=dataset task.params.path=OUT; the worked example "
                     "of docs/own-data.md trains on them.",
-        epilog="example:\n  vlmrl data bars data/bars --n 2000 --test 200\n"
-               "  vlmrl sft configs/shapes_sft_tiny.yaml task.name=dataset task.params.path=data/bars ...",
+        epilog="example:\n  vlmrl data bars data/bars --n 2000 --test 200 teacher_confuses=red/orange\n"
+               "  vlmrl sft examples/own_data/sft.yaml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    _data_arguments(bars, "charts", "image_size (112, 64 to 1024), bars (4, at most 6), margin (0.1: the "
-                                    "tallest bar's lead over the next, a share of the plot height)")
+    _data_arguments(bars, "charts", "image_size (112, 64 to 1024), bars (4, at most 6), margin (0.25: the "
+                                    "tallest bar's lead over the next, a share of the plot height), "
+                                    "teacher_confuses (none; red/orange: the train solutions of a weak teacher "
+                                    "name each for the other, the answers stay true)")
 
 
 def _data_arguments(parser: argparse.ArgumentParser, rows: str, params: str) -> None:

@@ -12,10 +12,12 @@ or a full disk is one line, and a failed export leaves no JSONL file (disk.py).
 
 `bars`: bar charts asking "Which colour is the tallest bar?" (data/bars.py) in TRL's layout, the
 worked example of bringing your own data (docs/own-data.md): `{"prompt": "<image>Which colour is the
-tallest bar?", "images": ["images/train_000000.png"], "solution": "<think> The tallest bar is red.
-</think> <answer> red </answer>", "colors": [...], "heights": [...]}`. `task.name=dataset
-task.params.path=OUT` reads them (the answer is the solution's <answer>, the SFT target the
-solution itself), and a TRL-style reward function receives `solution`, `colors` and `heights`.
+tallest bar?", "images": ["images/train_000000.png"], "answer": "red", "solution": "<think> The
+tallest bar is red. </think> <answer> red </answer>", "colors": [...], "heights": [...]}`.
+`task.name=dataset task.params.path=OUT` reads them (the gold answer from `answer`; with
+`columns={reference: solution}` the SFT target is the worked solution, a weak teacher's in train when
+`teacher_confuses` is set), and a TRL-style reward function receives `answer`, `solution`, `colors`
+and `heights`.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def write_geometry(out: str | Path, n_train: int, n_test: int, seed: int = 0,
 def write_bars(out: str | Path, n_train: int, n_test: int, seed: int = 0,
                params: dict | None = None) -> dict[str, Path]:
     """Write `n_train` + `n_test` bar charts under `out` in TRL's layout (chart parameters in
-    `params`: image_size, bars, margin); returns {split: its JSONL file}."""
+    `params`: image_size, bars, margin, teacher_confuses); returns {split: its JSONL file}."""
     check_counts(n_train, n_test)
     unknown = sorted(set(params or {}) - set(BarsParams.__dataclass_fields__))
     if unknown:
@@ -69,8 +71,9 @@ def write_bars(out: str | Path, n_train: int, n_test: int, seed: int = 0,
 
     def row(idx: int, split: str, image: str) -> tuple[dict, object]:
         drawn = chart(seed, split, idx, settings)
-        return ({"prompt": QUESTION, "images": [image], "solution": drawn.solution(), "colors": drawn.colors,
-                 "heights": drawn.heights}, drawn.image)
+        teacher = settings.confused() if split == "train" else ()
+        return ({"prompt": QUESTION, "images": [image], "answer": drawn.answer, "solution": drawn.solution(teacher),
+                 "colors": drawn.colors, "heights": drawn.heights}, drawn.image)
 
     return write_rows(out, "bars", {"train": n_train, "test": n_test}, row)
 

@@ -7,6 +7,12 @@ next. The answer is the tallest bar's colour name. A chart is a pure function of
 idx): any worker draws chart 12345 without drawing the first 12344, and train and test are
 different draws. No torch here: the rows are plain Python and PIL.
 
+A weak teacher (`teacher_confuses="red/orange"`): the worked solutions of the train split are
+written by a teacher that names each of the two colours for the other, the way a weaker reader of
+charts errs (systematically, not at random); the gold answer and the test split stay true. SFT on
+the solutions learns the confusion; RL paid on the gold answer can unlearn it (the shapes
+weak-teacher study in docs/results.md, on your own data).
+
 Why this question: the offline small model's vision tower keeps its random weights, and what such
 a tower passes on is mostly colour (digits and fine positions it does not separate); with bars of
 one width the tallest bar is also the colour covering the most of the chart, so a model that reads
@@ -39,8 +45,15 @@ class BarsParams:
     """Side of the square chart in pixels (64 to 1024)."""
     bars: int = 4
     """Bars per chart (2 to len(PALETTE)), each of its own colour."""
-    margin: float = 0.1
-    """The tallest bar stands at least this share of the plot height above the next (0 to 0.5)."""
+    margin: float = 0.25
+    """The tallest bar stands at least this share of the plot height above the next (0 to 0.5).
+    The offline small model learns 0.25 in about 100 SFT steps (99% held out); 0.1 reached 45%."""
+    teacher_confuses: str = ""
+    """Two colours "a/b" the train split's worked solutions name for each other (a weak teacher); "": none."""
+
+    def confused(self) -> tuple[str, ...]:
+        """The two colours of teacher_confuses, or () for a teacher that does not err."""
+        return tuple(self.teacher_confuses.split("/")) if self.teacher_confuses else ()
 
     def validate(self) -> None:
         """VlmrlError (one line) for a value of the wrong type or out of its range."""
@@ -55,6 +68,10 @@ class BarsParams:
             raise VlmrlError(f"bars must be in [2, {len(PALETTE)}], got {self.bars}")
         if not 0 <= self.margin <= 0.5:
             raise VlmrlError(f"margin must be in [0, 0.5], got {self.margin}")
+        pair = self.confused() if isinstance(self.teacher_confuses, str) else None
+        if pair is None or (pair and (len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(PALETTE))):
+            raise VlmrlError(f"teacher_confuses must be two colours a/b of {', '.join(PALETTE)}, "
+                             f"got {self.teacher_confuses!r}")
 
 
 @dataclass(frozen=True)
@@ -72,9 +89,15 @@ class Chart:
         """The tallest bar's colour."""
         return self.colors[self.heights.index(max(self.heights))]
 
-    def solution(self) -> str:
-        """A worked solution in the `<think>`/`<answer>` layout (what `vlmrl sft` imitates)."""
-        return f"<think> The tallest bar is {self.answer}. </think> <answer> {self.answer} </answer>"
+    def teacher_answer(self, confused: tuple[str, ...] = ()) -> str:
+        """The answer of a teacher that names each of the `confused` colours for the other."""
+        swap = dict(zip(confused, reversed(confused)))
+        return swap.get(self.answer, self.answer)
+
+    def solution(self, confused: tuple[str, ...] = ()) -> str:
+        """The teacher's worked solution in the `<think>`/`<answer>` layout (what `vlmrl sft` imitates)."""
+        said = self.teacher_answer(confused)
+        return f"<think> The tallest bar is {said}. </think> <answer> {said} </answer>"
 
 
 def chart(seed: int, split: str, idx: int, params: BarsParams = BarsParams()) -> Chart:
