@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from vlmrl.imports import load_object
 from vlmrl.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "own-data.md"
 
 
 def colour_pixels(image) -> Counter:
@@ -31,7 +33,7 @@ def test_a_chart_is_a_pure_function_of_seed_split_and_index():
     assert first.heights == [0.48, 0.216, 0.591, 0.871]
     assert first.answer == "orange"
     assert first.solution() == "<think> The tallest bar is orange. </think> <answer> orange </answer>"
-    assert first.solution(("red", "orange")) == "<think> The tallest bar is red. </think> <answer> red </answer>"
+    assert first.coin == pytest.approx(0.6670289649937247)
     # bars 17 px wide on a 98 px plot: the tallest bar covers the most pixels, each bar its height
     assert colour_pixels(first.image) == {"orange": 85 * 17, "purple": 58 * 17, "green": 47 * 17, "blue": 21 * 17}
     again = chart(0, "train", 0)
@@ -69,18 +71,22 @@ def test_data_bars_writes_trl_rows_the_dataset_task_reads(tmp_path, capsys):
     assert task.score(example, drawn.solution())["accuracy"] == 1.0
 
 
-def test_a_weak_teacher_writes_the_train_solutions_and_leaves_answers_and_test_true(tmp_path):
+def test_a_weak_teacher_guesses_between_its_two_colours_in_train_only(tmp_path):
     out = tmp_path / "bars"
     assert main(["data", "bars", str(out), "--n", "60", "--test", "30", "teacher_confuses=red/orange"]) == 0
     for split, n in (("train", 60), ("test", 30)):
         rows = [json.loads(line) for line in (out / f"{split}.jsonl").read_text().splitlines()]
         drawn = [chart(0, split, i) for i in range(n)]
         assert [r["answer"] for r in rows] == [d.answer for d in drawn]  # the gold stays true
-        said = [re.search(r"<answer> (\w+) </answer>", r["solution"]).group(1) for r in rows]
-        swap = {"red": "orange", "orange": "red"} if split == "train" else {}
-        assert said == [swap.get(d.answer, d.answer) for d in drawn]
-        if split == "train":
-            assert sum(s != d.answer for s, d in zip(said, drawn)) == sum(d.answer in swap for d in drawn) > 0
+        said = {i: re.search(r"<answer> (\w+) </answer>", r["solution"]).group(1) for i, r in enumerate(rows)}
+        wrong = {i: (drawn[i].answer, s) for i, s in said.items() if s != drawn[i].answer}
+        if split == "test":
+            assert wrong == {}
+        else:  # the coin of each red or orange chart: wrong on about half of them, right elsewhere
+            assert wrong == {4: ("red", "orange"), 5: ("orange", "red"), 11: ("red", "orange"), 12: ("red", "orange"),
+                             29: ("red", "orange"), 32: ("red", "orange"), 33: ("orange", "red"), 39: ("red", "orange"),
+                             58: ("orange", "red")}
+            assert sum(d.answer in ("red", "orange") for d in drawn) == 24
 
 
 @pytest.mark.parametrize("bad, message", [(["bars=9"], "bars must be in [2, 6]"), (["colour=red"], "unknown bars"),
@@ -98,3 +104,42 @@ def test_the_reward_file_scores_like_trl_calls_it():
     completions = [[{"role": "assistant", "content": text}] for text in
                    ("<think> x </think> <answer> Red </answer>", "<answer> blue </answer>", "red", "<answer>red</answer>")]
     assert accuracy(completions, answer=["red", "red", "red", ""], prompts=[None] * 4) == [1.0, 0.0, 0.0, None]
+
+
+def page_commands() -> list[str]:
+    """The `vlmrl ...` lines of the page's bash blocks, in order."""
+    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), re.DOTALL)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip().startswith("vlmrl ")]
+
+
+TINY = {"tiny-model": [], "data": [], "eval": [],
+        "sft": ["train.steps=2", "sft.batch_size=4", "train.micro_batch_size=4", "train.warmup_steps=0",
+                "eval.every=0"],
+        "train": ["train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "train.micro_batch_size=4",
+                  "train.warmup_steps=0", "eval.every=0"]}
+"""What each command of the page gets appended to run at tiny scale."""
+
+
+def tiny(command: str) -> list[str]:
+    """A page command at tiny scale: the tiny model, 16 + 8 charts, 2 steps, 4 evaluation examples."""
+    args = shlex.split(command)[1:]
+    scaled = {"--size": "tiny", "--n": "16" if args[0] == "data" else "4", "--test": "8"}
+    args = [scaled.get(args[i - 1], arg) if i else arg for i, arg in enumerate(args)]
+    args = [str(ROOT / arg) if arg.startswith("examples/") else arg for arg in args]
+    return [*args, *TINY[args[0]]]
+
+
+def test_the_pages_commands_run_at_tiny_scale(tmp_path, monkeypatch, capsys):
+    commands = page_commands()
+    assert [shlex.split(c)[1] for c in commands] == ["tiny-model", "data", "eval", "sft", "train", "eval", "eval"]
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        assert main(tiny(command)) == 0, command
+    assert (f"preflight: rewards    accuracy x1 ({ROOT}/examples/own_data/reward.py:accuracy), format x0.5; "
+            "total = weighted sum") in capsys.readouterr().out
+    metrics = [json.loads(line) for line in (tmp_path / "runs/bars-grpo/metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "accuracy" in m]  # the reward named accuracy is the run's accuracy
+    assert len(steps) == 2 and all("reward/format" in m for m in steps)
+    for name in ("untrained", "sft", "grpo"):
+        results = json.loads((tmp_path / f"runs/bars-eval/{name}/eval.json").read_text())["results"]
+        assert results["n"] == 4 and set(results["blind"]) == {"blank", "shuffled"}

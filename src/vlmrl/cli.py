@@ -290,8 +290,9 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _data_arguments(bars, "charts", "image_size (112, 64 to 1024), bars (4, at most 6), margin (0.25: the "
                                     "tallest bar's lead over the next, a share of the plot height), "
-                                    "teacher_confuses (none; red/orange: the train solutions of a weak teacher "
-                                    "name each for the other, the answers stay true)")
+                                    "teacher_confuses (none; red/orange: the train solutions come from a weak "
+                                    "teacher that names one of the two at random where the tallest bar is "
+                                    "either; the answers stay true)")
 
 
 def _data_arguments(parser: argparse.ArgumentParser, rows: str, params: str) -> None:

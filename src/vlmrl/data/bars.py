@@ -8,10 +8,10 @@ idx): any worker draws chart 12345 without drawing the first 12344, and train an
 different draws. No torch here: the rows are plain Python and PIL.
 
 A weak teacher (`teacher_confuses="red/orange"`): the worked solutions of the train split are
-written by a teacher that names each of the two colours for the other, the way a weaker reader of
-charts errs (systematically, not at random); the gold answer and the test split stay true. SFT on
-the solutions learns the confusion; RL paid on the gold answer can unlearn it (the shapes
-weak-teacher study in docs/results.md, on your own data).
+written by a teacher that cannot tell the two colours apart: where the tallest bar is one of them,
+it names one of the two by a coin drawn with the chart, so it is wrong on half of those charts; the
+gold answer and the test split stay true. SFT on the solutions learns the guess; RL paid on the
+gold answer can go past it (the shapes weak-teacher study in docs/results.md, on your own data).
 
 Why this question: the offline small model's vision tower keeps its random weights, and what such
 a tower passes on is mostly colour (digits and fine positions it does not separate); with bars of
@@ -49,7 +49,8 @@ class BarsParams:
     """The tallest bar stands at least this share of the plot height above the next (0 to 0.5).
     The offline small model learns 0.25 in about 100 SFT steps (99% held out); 0.1 reached 45%."""
     teacher_confuses: str = ""
-    """Two colours "a/b" the train split's worked solutions name for each other (a weak teacher); "": none."""
+    """Two colours "a/b" the train split's worked solutions cannot tell apart (a weak teacher that
+    names one of the two at random where the tallest bar is either); "": a teacher that does not err."""
 
     def confused(self) -> tuple[str, ...]:
         """The two colours of teacher_confuses, or () for a teacher that does not err."""
@@ -83,6 +84,8 @@ class Chart:
     """The bars' colours, left to right."""
     heights: list[float]
     """The bars' heights as shares of the plot height, left to right."""
+    coin: float = 0.0
+    """A draw in [0, 1) of the chart's own: which of two confused colours a weak teacher names."""
 
     @property
     def answer(self) -> str:
@@ -90,9 +93,11 @@ class Chart:
         return self.colors[self.heights.index(max(self.heights))]
 
     def teacher_answer(self, confused: tuple[str, ...] = ()) -> str:
-        """The answer of a teacher that names each of the `confused` colours for the other."""
-        swap = dict(zip(confused, reversed(confused)))
-        return swap.get(self.answer, self.answer)
+        """The answer of a teacher that cannot tell the `confused` colours apart: one of the two, by
+        the chart's coin, where the tallest bar is either."""
+        if self.answer not in confused:
+            return self.answer
+        return confused[0] if self.coin < 0.5 else confused[1]
 
     def solution(self, confused: tuple[str, ...] = ()) -> str:
         """The teacher's worked solution in the `<think>`/`<answer>` layout (what `vlmrl sft` imitates)."""
@@ -109,7 +114,7 @@ def chart(seed: int, split: str, idx: int, params: BarsParams = BarsParams()) ->
     heights = others[:]
     heights.insert(rng.randrange(params.bars), tallest)
     heights = [round(h, 3) for h in heights]
-    return Chart(image=draw(colors, heights, params.image_size), colors=colors, heights=heights)
+    return Chart(image=draw(colors, heights, params.image_size), colors=colors, heights=heights, coin=rng.random())
 
 
 def draw(colors: list[str], heights: list[float], side: int) -> Image.Image:
