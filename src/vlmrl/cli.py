@@ -48,16 +48,19 @@ def _tasks_show(args: argparse.Namespace) -> None:
     print(show_task(args.name, params, split=args.split, n=args.n, out_dir=args.out))
 
 
-def _data_geometry(args: argparse.Namespace) -> None:
-    """`vlmrl data geometry OUT`: write generated geometry problems as Geometry3K-schema files."""
+def _data_write(args: argparse.Namespace) -> None:
+    """`vlmrl data geometry|bars OUT`: write a generated dataset as files (data_export.py)."""
     from vlmrl.config import parse_override
-    from vlmrl.data_export import write_geometry
+    from vlmrl import data_export
 
     params = dict(parse_override(item) for item in args.params)
-    written = write_geometry(args.out, args.n, args.test, args.seed, params)
+    write = {"geometry": data_export.write_geometry, "bars": data_export.write_bars}[args.data_command]
+    written = write(args.out, args.n, args.test, args.seed, params)
     for path in written.values():
         print(f"wrote {path}")
-    print(f"use it: task.name=geometry task.params.source={args.out}")
+    use = {"geometry": f"task.name=geometry task.params.source={args.out}",
+           "bars": f"task.name=dataset task.params.path={args.out} (docs/own-data.md)"}
+    print(f"use it: {use[args.data_command]}")
 
 
 def _merge(args: argparse.Namespace) -> None:
@@ -263,7 +266,7 @@ def _add_tasks(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_data(commands: argparse._SubParsersAction) -> None:
-    """`vlmrl data geometry OUT [--n N] [--test N] [--seed S] [KEY=VALUE ...]`."""
+    """`vlmrl data geometry|bars OUT [--n N] [--test N] [--seed S] [KEY=VALUE ...]`."""
     data = commands.add_parser("data", help="write generated datasets to files",
                                description="Write a task's generated problems to files, in a public schema.")
     kinds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
@@ -275,14 +278,32 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
                     "task.params.source=OUT.",
         epilog="example:\n  vlmrl data geometry data/geometry --n 2000 --test 200 image_size=336 choice_share=0.5",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    geometry.add_argument("out", help="folder to write (created)")
-    geometry.add_argument("--n", type=int, default=1000, help="train problems, at most 1,000,000 (default 1000)")
-    geometry.add_argument("--test", type=int, default=100, help="test problems, at most 1,000,000 (default 100)")
-    geometry.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    geometry.add_argument("params", nargs="*", metavar="KEY=VALUE",
-                          help="generator parameters: image_size (224, at most 4096), kinds (all), "
-                               "choice_share (0.25)")
-    geometry.set_defaults(func=_data_geometry)
+    _data_arguments(geometry, "problems", "image_size (224, at most 4096), kinds (all), choice_share (0.25)")
+    bars = kinds.add_parser(
+        "bars", help="bar charts: which colour is the tallest bar? (TRL layout; the own-data example)",
+        description="Write bar charts asking \"Which colour is the tallest bar?\" in TRL's layout: OUT/train.jsonl, "
+                    "OUT/test.jsonl (prompt with <image>, images, answer, solution as <think>/<answer>, colors, "
+                    "heights) "
+                    "and OUT/images/. Read them with task.name=dataset task.params.path=OUT; the worked example "
+                    "of docs/own-data.md trains on them.",
+        epilog="example:\n  vlmrl data bars data/bars --n 2000 --test 200 teacher_confuses=red/orange\n"
+               "  vlmrl sft examples/own_data/sft.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _data_arguments(bars, "charts", "image_size (112, 64 to 1024), bars (4, at most 6), margin (0.25: the "
+                                    "tallest bar's lead over the next, a share of the plot height), "
+                                    "teacher_confuses (none; red/orange: the train solutions come from a weak "
+                                    "teacher that names one of the two at random where the tallest bar is "
+                                    "either; the answers stay true)")
+
+
+def _data_arguments(parser: argparse.ArgumentParser, rows: str, params: str) -> None:
+    """OUT, --n, --test, --seed and KEY=VALUE of one `vlmrl data` dataset."""
+    parser.add_argument("out", help="folder to write (created)")
+    parser.add_argument("--n", type=int, default=1000, help=f"train {rows}, at most 1,000,000 (default 1000)")
+    parser.add_argument("--test", type=int, default=100, help=f"test {rows}, at most 1,000,000 (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    parser.add_argument("params", nargs="*", metavar="KEY=VALUE", help=f"generator parameters: {params}")
+    parser.set_defaults(func=_data_write)
 
 
 def _add_compare(commands: argparse._SubParsersAction) -> None:
