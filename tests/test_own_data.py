@@ -65,8 +65,9 @@ def test_data_bars_writes_trl_rows_the_dataset_task_reads(tmp_path, capsys):
     drawn = next(chart(2, "test", i) for i in range(3) if chart(2, "test", i).colors == example.meta["columns"]["colors"])
     assert example.answer == drawn.answer
     assert example.reference_completion == drawn.solution()  # the SFT target: the worked solution
-    # the columns the mapping does not read reach the rewards
-    assert example.meta["columns"] == {"colors": drawn.colors, "heights": drawn.heights}
+    # every column but the prompt and the images reaches the rewards, by its own name (as TRL passes them)
+    assert example.meta["columns"] == {"answer": drawn.answer, "solution": drawn.solution(),
+                                       "colors": drawn.colors, "heights": drawn.heights}
     assert example.image.tobytes() == drawn.image.tobytes()
     assert task.score(example, drawn.solution())["accuracy"] == 1.0
 

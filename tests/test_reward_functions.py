@@ -373,6 +373,24 @@ def test_trl_reward_functions_run_unchanged(tmp_path, tiny_model_dir, letter_tas
     assert row["reward/accuracy_reward"] == 0.0 and row["reward/think_format_reward"] == 0.0
 
 
+def test_trl_accuracy_reward_reads_the_solution_column_of_a_trl_dataset(tmp_path):
+    """TRL's datasets name their answer column `solution` and TRL's `accuracy_reward` reads it by that
+    name: the column reaches the rewards under its own name too (not only as `answer`)."""
+    pytest.importorskip("trl.rewards")
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "a.png")
+    rows = [{"prompt": "<image>How many?", "images": ["a.png"], "solution": gold} for gold in ("3", "\\frac{1}{2}")]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    task = get_task("dataset", path=str(tmp_path / "train.jsonl"), shuffle=False, test_fraction=0)
+    examples = [task.example(i, "train") for i in range(2)]
+    assert [e.meta["columns"]["solution"] for e in examples] == ["3", "\\frac{1}{2}"]
+    rewards = build_rewards(entries("trl.rewards:accuracy_reward"), task)
+    check_rewards(rewards, task, examples)  # before: "needs 'solution', which is neither a keyword ... nor a column"
+    scores = score_batch(rewards, examples, ["The answer is $\\boxed{3}$.", "$\\boxed{0.7}$"])
+    assert scores["accuracy_reward"] == [1.0, 0.0]
+
+
 def shout(completions):
     """A reward defined at the top level of a module (here, this test module)."""
     return [float(builtin.completion_text(c).isupper()) for c in completions]

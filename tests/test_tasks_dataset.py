@@ -86,6 +86,15 @@ LAYOUTS = {"trl": {}, "easyr1": {}, "messages": {}, "verl": {}, "mapped": MAPPED
            "parquet": MAPPED, "saved": MAPPED, "imagefolder": {}}
 
 
+def answer_column(layout: str, answer: str) -> dict:
+    """The answer's own column, which reaches the rewards by its name beside the other columns."""
+    if layout == "messages":  # the answer is read from the assistant turn, the prompt's column
+        return {}
+    if layout == "verl":
+        return {"reward_model": {"style": "rule", "ground_truth": answer}}
+    return {"answer": answer} if layout in ("trl", "easyr1", "imagefolder") else {"a": answer}
+
+
 def summary(example) -> tuple:
     return (example.prompt, example.answer, [image.getpixel((0, 0)) for image in example.images],
             example.meta["row"], example.meta["columns"])
@@ -101,7 +110,8 @@ def test_the_same_rows_in_every_layout_give_the_same_examples(tmp_path, layout):
         for idx in range(task.size(split)):
             got, want = task.example(idx, split), reference.example(idx, split)
             images = 1 if layout == "csv" else 2
-            assert summary(got)[:2] == summary(want)[:2] and summary(got)[3:] == (want.meta["row"], {"level": want.meta["row"] % 3})
+            assert summary(got)[:2] == summary(want)[:2] and summary(got)[3:] == (
+                want.meta["row"], {**answer_column(layout, want.answer), "level": want.meta["row"] % 3})
             assert summary(got)[2] == summary(want)[2][:images]
             assert got.prompt.startswith(rows()[got.meta["row"]]["question"] + "\n")
             assert task.score(got, f"<think> x </think> <answer> {got.answer} </answer>")["total"] == 1.5
@@ -267,8 +277,8 @@ def test_an_imagefolder_with_train_and_test_folders_and_a_csv(tmp_path):
                                        "rows: 6 train, 2 test; train shuffled")
     tests = sorted((task.example(i, "test") for i in range(2)), key=lambda e: e.answer)
     assert [(e.prompt.split("\n")[0], e.answer, e.images[0].getpixel((0, 0)), e.meta["columns"]) for e in tests] == [
-        ("Which colour is picture 6?", "blue", (0, 0, 255), {"source": "mine"}),
-        ("Which colour is picture 7?", "yellow", (255, 255, 0), {"source": "mine"})]
+        ("Which colour is picture 6?", "blue", (0, 0, 255), {"answer": "blue", "source": "mine"}),
+        ("Which colour is picture 7?", "yellow", (255, 255, 0), {"answer": "yellow", "source": "mine"})]
     prints = task.data_fingerprint()
     assert sorted(prints) == ["test/6.png", "test/7.png", "test/metadata.csv"] + \
         [f"train/{i}.png" for i in range(6)] + ["train/metadata.csv"]

@@ -9,7 +9,8 @@ explicit `columns` mapping wins), served in a seeded order (data/order.py).
 Every image of a row is kept, in order: where the prompt has `<image>` markers they are placed
 there (a marker count that differs from the image count is a bad row), else they come before the
 text. Relative image paths are read from the data file's folder, then the source folder. The
-remaining columns of a row (images excepted) reach the rewards as `example.meta["columns"]`.
+columns of a row other than the prompt and the images (the answer's own column too, by its name, as
+TRL passes `solution`) reach the rewards as `example.meta["columns"]`.
 
 Splits: "train" is train_split; "test" is test_split, else the dataset's "test", else its
 "validation", else (test_fraction > 0) round(test_fraction x rows) of train held out by row, chosen by
@@ -249,7 +250,7 @@ class DatasetTask(Task):
         text_table = ds.select_columns(kept).with_format(None)
         images = ds.select_columns([columns.images]).with_format("arrow") if columns.images else None
         data.images[name] = images
-        others = [c for c in kept if c not in columns.used()]
+        others = [c for c in kept if c != columns.prompt]  # the answer's own column too: TRL's `solution`
         data.extras[name] = ds.select_columns(others) if others else None
         files = data.source.files.get(name, [])
         where = (f" ({files[0]})" if len(files) == 1 else f" ({len(files)} files in {Path(files[0]).parent})"
