@@ -207,16 +207,22 @@ def test_verifiers(verifier, answer, gold, right):
     assert choice_letter("B) 45") == "B" and choice_letter("45") is None
 
 
-def test_a_dataset_trains_two_steps_from_the_command_line(tmp_path, tiny_model_dir, capfd):
-    path = write_layout(tmp_path, "trl")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_layout_trains_two_steps_and_evaluates_from_the_command_line(tmp_path, tiny_model_dir, layout, capfd):
+    path = write_layout(tmp_path, layout)
     run = tmp_path / "run"
-    assert main(["train", "task.name=dataset", f"task.params.path={path}", f"model.name_or_path={tiny_model_dir}",
-                 "model.device=cpu", f"output_dir={run}", "rollout.prompts_per_step=2", "rollout.group_size=2",
-                 "rollout.max_new_tokens=4", "train.steps=2", "train.micro_batch_size=4", "train.save_every=0"]) == 0
+    columns = [f"task.params.columns.{key}={value}" for key, value in LAYOUTS[layout].items()]
+    assert main(["train", "task.name=dataset", f"task.params.path={path}", *columns, "task.params.test_fraction=0.25",
+                 f"model.name_or_path={tiny_model_dir}", "model.device=cpu", f"output_dir={run}",
+                 "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "train.steps=2",
+                 "train.micro_batch_size=4", "train.save_every=0", "eval.every=2", "eval.n=8",
+                 "eval.max_new_tokens=4"]) == 0
     out = capfd.readouterr()
-    assert "data       prompt<-prompt, answer<-answer, images<-images (TRL layout); rows: 7 train, 1 test" in out.out + out.err
+    assert "rows: 6 train, 2 test (0.25 of train held out by row" in out.out + out.err
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [row["epoch"] for row in metrics if "epoch" in row] == [pytest.approx(2 / 7), pytest.approx(4 / 7)]
+    assert [row["epoch"] for row in metrics if "epoch" in row] == [pytest.approx(2 / 6), pytest.approx(4 / 6)]
+    evaluation = json.loads((run / "evals" / "step_000002_test.json").read_text())
+    assert len(evaluation["examples"]) == 2  # eval.n=8 asks more than the split holds: each row once
 
 
 def test_a_datasets_object_from_python_is_read_like_a_file(tmp_path):
