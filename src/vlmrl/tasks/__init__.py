@@ -9,6 +9,6 @@ Built in: cryptogram, shapes, geometry, grounding, zoom, and `dataset` for your 
 """
 
 from vlmrl.tasks import cryptogram, dataset, geometry, grounding, shapes, zoom  # noqa: F401  (registers the tasks)
-from vlmrl.tasks.base import Example, Task, TaskParams, get_task, list_tasks, register_task, run_task
+from vlmrl.tasks.base import Example, Task, TaskParams, Video, get_task, list_tasks, register_task, run_task
 
-__all__ = ["Example", "Task", "TaskParams", "get_task", "list_tasks", "register_task", "run_task"]
+__all__ = ["Example", "Task", "TaskParams", "Video", "get_task", "list_tasks", "register_task", "run_task"]
