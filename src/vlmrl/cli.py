@@ -380,7 +380,8 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
         description="Evaluate a model folder on N held-out examples of a task: greedy accuracy,\n"
                     "pass@k from K samples, the mean of every reward component, completion length,\n"
                     "accuracy by completion-length bucket, and a blind-image check (the same\n"
-                    "questions with a blank and with another example's image). Prints a table and\n"
+                    "questions with a blank and with another example's image; with videos also a\n"
+                    "single frame, the frames shuffled and the frames reversed). Prints a table and\n"
                     "writes the results, settings and every example's answers as JSON.",
         epilog="examples:\n  vlmrl eval runs/a/final --task shapes\n"
                "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
@@ -395,7 +396,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--temperature", type=float, default=default["temperature"],
                           help=f"sampling temperature for pass@k (default {default['temperature']})")
     evaluate.add_argument("--no-blind", action="store_true", default=not default["blind_check"],
-                          help="skip the blank/shuffled-image check")
+                          help="skip the blank/shuffled-image check (and, with videos, the checks in time)")
     evaluate.add_argument("--out", default=None, metavar="DIR",
                           help="write DIR/eval.json (default MODEL/eval_<task>_<split>.json)")
     evaluate.add_argument("--batch-size", type=int, default=default["batch_size"],
