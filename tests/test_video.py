@@ -99,6 +99,31 @@ def test_frame_sizes_follow_each_familys_rule():
     assert qwen2.frame_size(8, 224, 224) == qwen2.frame_size(2, 224, 224) == (224, 224)
 
 
+def test_llava_onevision_frames_are_the_image_paths_base_tile():
+    """Each frame resized to the fixed size, rescaled and normalized: the image processor's first tile
+    (the whole image at base resolution) of the same picture, exactly; (videos, frames, C, H, W)."""
+    from transformers import LlavaOnevisionImageProcessorPil
+
+    from vlmrl.models.video_processing import FixedSizeVideoPil, metadata
+
+    images = LlavaOnevisionImageProcessorPil(size={"height": 56, "width": 56},
+                                             image_grid_pinpoints=[[56, 56], [56, 112], [112, 56], [112, 112]])
+    frames = [noise(5), noise(6)]
+    video = Video(frames, [0, 1])
+    out = FixedSizeVideoPil(images, 56, 56)([list(video.frames)], video_metadata=[metadata(video)])
+    assert out["pixel_values_videos"].shape == (1, 2, 3, 56, 56)
+    for k, frame in enumerate(frames):
+        assert np.array_equal(out["pixel_values_videos"][0, k], images(images=[frame])["pixel_values"][0][0])
+    with pytest.raises(ValueError, match=r"as many frames each for this family; got \[1, 2\]"):
+        FixedSizeVideoPil(images, 56, 56)([[frames[0]], frames], video_metadata=[None, None])
+
+
+def test_llava_onevision_counts_pooled_frames_and_a_newline(tiny_model_factory, four_frame_examples):
+    _, processor = load_policy(tiny_model_factory("llava_onevision"), device="cpu")
+    ids = encode_prompts(processor, four_frame_examples[:1], torch.device("cpu"))["input_ids"][0]
+    assert int((ids == processor.video_token_id).sum()) == 4 * 2 * 2 + 1  # 4x4 patches pooled to 2x2, per frame
+
+
 def test_a_video_is_checked_when_made():
     red = Image.new("RGB", (32, 32), "red")
     assert Video([red, red, red], [0, 0.5, 1.0]).fps == 2.0 and Video([red]).fps == 1.0
@@ -164,6 +189,16 @@ def video_examples() -> list[Example]:
             Example(prompt="Colour?", answer="red", videos=[moving([0.25])])]
 
 
+@pytest.fixture(scope="module")
+def four_frame_examples() -> list[Example]:
+    """Videos of 4 frames each (LLaVA-OneVision stacks a batch's videos: one frame count), of
+    different sizes, one beside an image."""
+    return [Example(prompt="Where does the square go?", answer="right", videos=[moving([0, 0.5, 1.0, 1.5])]),
+            Example(prompt="Is <video> like <image>?", answer="no", images=[Image.new("RGB", (56, 84), (0, 0, 200))],
+                    videos=[moving([0, 1, 2, 3], side=84)]),
+            Example(prompt="Colour?", answer="red", videos=[moving([0, 2, 4, 6], side=70)])]
+
+
 def sampled(model, processor, examples, shared: bool, temperature: float, decode: str = "dynamic"):
     settings = GenerationSettings(group_size=G, max_new_tokens=8, temperature=temperature,
                                   share_prompt_cache=shared, decode=decode)
@@ -173,8 +208,10 @@ def sampled(model, processor, examples, shared: bool, temperature: float, decode
 
 
 @pytest.mark.parametrize("arch", VIDEO_ON)
-def test_the_fast_paths_equal_the_plain_path_on_video_prompts(arch, tiny_model_factory, video_examples):
+def test_the_fast_paths_equal_the_plain_path_on_video_prompts(arch, tiny_model_factory, video_examples,
+                                                               four_frame_examples):
     model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    video_examples = four_frame_examples if arch == "llava_onevision" else video_examples
     shared, shared_rows = sampled(model, processor, video_examples, True, 0)
     plain, plain_rows = sampled(model, processor, video_examples, False, 0)
     assert torch.equal(shared.completion_ids, plain.completion_ids)

@@ -84,6 +84,7 @@ FAMILIES: dict[str, FamilySupport] = {
     "internvl": EXACT,
     "mistral3": EXACT,
     "llava_onevision": FamilySupport(
+        video=None,
         tool_rollouts="a tool image's token count, encoded alone, differs from the one its processor gives it among "
                       "the trajectory's other images"),
     "qwen3_5": LINEAR_ATTENTION,

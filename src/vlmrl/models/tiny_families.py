@@ -481,7 +481,7 @@ def llava_onevision_processor(tok, side):
 LLAVA_ONEVISION = Family(
     specials=CHATML + ("<image>", "<video>"), eos="<|im_end|>", pad="<|endoftext|>",
     chat=ChatShape(opening=CHATML_SHAPE.opening, closing=CHATML_SHAPE.closing, image="<image>\n",
-                   generation=CHATML_SHAPE.generation),
+                   generation=CHATML_SHAPE.generation, video="<video>\n"),
     config=llava_onevision_config, processor=llava_onevision_processor)
 
 

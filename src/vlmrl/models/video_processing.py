@@ -1,4 +1,4 @@
-"""Video processors without torchvision: the Qwen family's video math on PIL and NumPy.
+"""Video processors without torchvision: the Qwen family's and LLaVA-OneVision's video math on PIL and NumPy.
 
 In transformers 5.x every video processor resizes through torchvision (`BaseVideoProcessor`'s
 backend), which has no working CPU build here: Qwen3-VL's video module imports, but its first call
@@ -18,8 +18,14 @@ The twin computes what the family's video processor computes, step by step:
 - frames padded to a multiple of `temporal_patch_size` by repeating the last, and cut into patches
   in the family's layout (`patchify`: grid_t x merged rows x merged cols, each patch
   channel x time x row x col), checked against Qwen3-VL's own torch `patchify`.
+LLaVA-OneVision's video processor resizes every frame to its fixed `size`, rescales and normalizes
+(CLIP mean and std): the twin (`FixedSizeVideoPil`) does it with the family's PIL image processor's
+own functions (a frame gives the image path's base-resolution tile exactly), and returns
+(videos, frames, C, H, W); the model pools each frame's features 2 x 2 and adds one newline per
+video, which the family's processor counts. Its videos of one batch must have as many frames.
 Frames come sampled already (an `Example`'s `Video`: frames and their times in seconds): nothing is
-sampled here. The times reach the family's code as `VideoMetadata` (`metadata`).
+sampled here. The times reach the family's code as `VideoMetadata` (`metadata`; LLaVA-OneVision
+reads none).
 """
 
 from __future__ import annotations
@@ -41,10 +47,12 @@ class Twin:
     """Which size rule a family's video processor uses, and its defaults."""
 
     rule: str
-    """"qwen2": the image rule per frame; "qwen3": frames x height x width bounded together."""
+    """"qwen2": the image rule per frame; "qwen3": frames x height x width bounded together;
+    "fixed": every frame resized to the image processor's `size` (LLaVA-OneVision)."""
 
 
-TWINS = {"Qwen2VLProcessor": Twin("qwen2"), "Qwen2_5_VLProcessor": Twin("qwen2"), "Qwen3VLProcessor": Twin("qwen3")}
+TWINS = {"Qwen2VLProcessor": Twin("qwen2"), "Qwen2_5_VLProcessor": Twin("qwen2"), "Qwen3VLProcessor": Twin("qwen3"),
+         "LlavaOnevisionProcessor": Twin("fixed")}
 """Processor class name -> its video twin. A processor not listed here takes no video."""
 
 
@@ -134,21 +142,62 @@ class QwenVideoPil:
         return feature
 
 
+class FixedSizeVideoPil:
+    """LLaVA-OneVision's video processor on PIL and NumPy: every frame resized to (height, width),
+    rescaled and normalized by the family's PIL image processor's functions; (V, T, C, H, W)."""
+
+    model_input_names = ["pixel_values_videos"]
+
+    def __init__(self, images, height: int, width: int):
+        self.images, self.height, self.width = images, height, width
+
+    def frame_pixels(self, frame) -> np.ndarray:
+        """One frame at (height, width), rescaled and normalized: (C, H, W)."""
+        from transformers.image_processing_backends import PilBackend
+        from transformers.image_utils import SizeDict
+
+        images = self.images
+        array = np.asarray(frame.convert("RGB")).transpose(2, 0, 1)  # (C, H, W) uint8
+        array = PilBackend.resize(images, array, SizeDict(height=self.height, width=self.width),
+                                  resample=images.resample)
+        array = PilBackend.rescale(images, array, images.rescale_factor)
+        return PilBackend.normalize(images, array, images.image_mean, images.image_std)
+
+    def __call__(self, videos, video_metadata=None, return_tensors=None, **unused):
+        """Pixel values (V, T, C, H, W) of a batch of videos of T frames each, with their metadata."""
+        from transformers import BatchFeature
+
+        if len({len(frames) for frames in videos}) > 1:
+            raise ValueError(f"the videos of one batch must have as many frames each for this family; got "
+                             f"{sorted({len(frames) for frames in videos})}")
+        pixels = np.stack([np.stack([self.frame_pixels(f) for f in frames]) for frames in videos]).astype(np.float32)
+        feature = BatchFeature(data={"pixel_values_videos": pixels}, tensor_type=return_tensors)
+        feature["video_metadata"] = list(video_metadata or [])
+        return feature
+
+
+def saved_settings(folder: str | None) -> dict:
+    """The folder's `video_preprocessor_config.json` as a dict ({} where it has none)."""
+    saved = Path(folder) / VIDEO_CONFIG if folder else None
+    return json.loads(saved.read_text()) if saved is not None and saved.is_file() else {}
+
+
 def attach_video(processor, folder: str | None = None) -> None:
     """Give `processor` (built without its video slot) the twin of its family's video processor, when
     `TWINS` lists the family: sizes from the folder's `video_preprocessor_config.json` where it has
-    one (`size` shortest/longest edge, `min_pixels`/`max_pixels`), else the image processor's."""
+    one (`size`: shortest/longest edge or height/width; `min_pixels`/`max_pixels`), else the image
+    processor's."""
     twin = TWINS.get(type(processor).__name__)
     if twin is None or getattr(processor, "video_processor", None) is not None:
         return
-    images = processor.image_processor
-    low, high = images.size["shortest_edge"], images.size["longest_edge"]
-    saved = Path(folder) / VIDEO_CONFIG if folder else None
-    if saved is not None and saved.is_file():
-        settings = json.loads(saved.read_text())
-        size = settings.get("size") or {}
-        low = settings.get("min_pixels", size.get("shortest_edge", low))
-        high = settings.get("max_pixels", size.get("longest_edge", high))
+    images, settings = processor.image_processor, saved_settings(folder)
+    size = {key: images.size[key] for key in ("height", "width", "shortest_edge", "longest_edge")
+            if images.size.get(key) is not None} | (settings.get("size") or {})
+    if twin.rule == "fixed":
+        processor.video_processor = FixedSizeVideoPil(images, size["height"], size["width"])
+        return
+    low = settings.get("min_pixels", size["shortest_edge"])
+    high = settings.get("max_pixels", size["longest_edge"])
     processor.video_processor = QwenVideoPil(twin.rule, images, low, high)
 
 
