@@ -249,3 +249,27 @@ def test_a_video_on_a_family_without_video_is_one_line(tiny_model_factory, video
     with pytest.raises(VlmrlError, match=r"an example has a video, and the model's processor \(Idefics3Processor\) "
                                          r"takes none"):
         encode_prompts(processor, video_examples[:1], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("arch", [a for a in VIDEO_ON if support.FAMILIES[a].tool_rollouts is None])
+def test_a_trajectory_from_a_video_prompt_is_one_processor_call(arch, tiny_model_factory):
+    """A tool turn after a video prompt: the trajectory's inputs equal the processor's encoding of the
+    whole conversation (the video, then the tool's image) in one call, with the same logits."""
+    from vlmrl.rollout.prompts import processor_inputs
+    from vlmrl.rollout.trajectories import Segment, encode_trajectories, prompt_text, tool_turn
+
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    example = Example(prompt="Where does it go?", answer="right", videos=[moving([0, 0.5, 1.0, 1.5])])
+    crop = Image.new("RGB", (56, 56), (20, 160, 10))
+    first = 'Let me look.<tool_call>\n{"name": "zoom", "arguments": {"box": [0, 0, 28, 28]}}\n</tool_call>'
+    ids = processor.tokenizer(first, add_special_tokens=False).input_ids
+    turns = [Segment(ids, model=True), tool_turn(processor, example, "zoomed", [crop])]
+    inputs = encode_trajectories(processor, [example], [turns], torch.device("cpu"))
+    text = prompt_text(processor, example) + first + turns[1].text
+    expected = processor(text=[text], return_tensors="pt", **processor_inputs(processor, [example], [[crop]]))
+    assert torch.equal(inputs["input_ids"][0], expected["input_ids"][0])
+    assert int((inputs["input_ids"] == processor.video_token_id).sum()) > 0
+    for key in ("pixel_values_videos", "video_grid_thw", "pixel_values", "mm_token_type_ids"):
+        assert torch.equal(inputs[key], expected[key]), key
+    with torch.no_grad():
+        assert (model(**inputs).logits - model(**expected).logits).abs().max() < 1e-5

@@ -64,11 +64,13 @@ def model_inputs(batch) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS}
 
 
-def processor_inputs(processor, examples: list[Example]) -> dict:
-    """The media arguments of a processor call for `examples`: their images (where any has one), and their videos with
-    the frame times (`video_metadata`) where any has one. VlmrlError when a video meets a processor
-    that takes none (its family has no video processor in vlmrl: `vlmrl models`)."""
-    media = {"images": [list(ex.images) for ex in examples]} if any(ex.images for ex in examples) else {}
+def processor_inputs(processor, examples: list[Example], more_images: list[list] | None = None) -> dict:
+    """The media arguments of a processor call for `examples`: their images (each example's, then
+    `more_images[i]`: a trajectory's tool images) where any has one, and their videos with the frame
+    times (`video_metadata`) where any has one. VlmrlError when a video meets a processor that takes
+    none (its family has no video processor in vlmrl: `vlmrl models`)."""
+    images = [list(ex.images) + list(more_images[i] if more_images else []) for i, ex in enumerate(examples)]
+    media = {"images": images} if any(images) else {}
     videos = [video for ex in examples for video in ex.videos]
     if videos:
         if getattr(processor, "video_processor", None) is None:
