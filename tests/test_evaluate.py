@@ -395,7 +395,7 @@ def test_eval_command_missing_model_folder(tmp_path, capsys):
 def test_time_controls_reorder_the_frames_and_keep_the_slots_times():
     from PIL import Image
 
-    from vlmrl.evaluation.evaluate import time_controls
+    from vlmrl.evaluation.evaluate import shuffled_order, time_controls
     from vlmrl.tasks import Example, Video
 
     frames = [Image.new("RGB", (8, 8), (40 * k, 0, 0)) for k in range(4)]
@@ -406,8 +406,11 @@ def test_time_controls_reorder_the_frames_and_keep_the_slots_times():
     assert single.frames == (frames[1],) and single.timestamps == (0.5,)  # the middle frame, (4 - 1) // 2
     reversed_ = controls["reversed_frames"][0].videos[0]
     assert reversed_.frames == tuple(frames[::-1]) and reversed_.timestamps == (0, 0.5, 1.0, 1.5)
-    order = derangement(4, 3)
-    assert controls["shuffled_frames"][0].videos[0].frames == tuple(frames[j] for j in order)
+    order = shuffled_order(4, "3:0:0")  # seed 3, example 0, video 0
+    assert controls["shuffled_frames"][0].videos[0].frames == tuple(frames[j] for j in order) and order != [0, 1, 2, 3]
+    assert time_controls([example, example], seed=3)["shuffled_frames"][1].videos[0].frames == tuple(
+        frames[j] for j in shuffled_order(4, "3:1:0"))
+    assert shuffled_order(2, "x") == [1, 0] and shuffled_order(4, "3:0:0") == order
     assert example.videos[0].frames == tuple(frames)  # the example itself untouched
     blank = blank_images([example])[0].videos[0]
     assert blank.timestamps == (0, 0.5, 1.0, 1.5) and all(f.getcolors() == [(64, (255, 255, 255))]
@@ -445,9 +448,10 @@ def read_direction(example) -> str:
 
 def test_the_checks_in_time_catch_a_model_that_reads_the_order(monkeypatch):
     """A model that reads the first and last frames is right on the videos, wrong on every reversed one,
-    right on a single frame only where its default guess is; the shuffled order moves the first and
-    last frames to positions p[0], p[3] of the fixed derangement p."""
+    right on a single frame only where its default guess is; a shuffled order p (another per
+    example) shows it frames p[0] and p[3] first and last: right where p[3] > p[0]."""
     from vlmrl.evaluation import evaluate as evaluation_module
+    from vlmrl.evaluation.evaluate import shuffled_order
     from vlmrl.rollout.generation import Rollout
 
     def oracle(model, processor, batch, generation, seed=None):
@@ -463,7 +467,8 @@ def test_the_checks_in_time_catch_a_model_that_reads_the_order(monkeypatch):
     model = torch.nn.Linear(1, 1)
     blind = evaluate(model, None, task, examples, EvalSettings(batch_size=4, blind_check=True, seed=2),
                      show_progress=False).results["blind"]
-    order = derangement(4, 2)
+    orders = [shuffled_order(4, f"2:{i}:0") for i in range(8)]
     assert (blind["single_frame"]["accuracy"], blind["blank"]["accuracy"]) == (lefts, lefts)
     assert blind["reversed_frames"] == {"accuracy": 0.0, "drop": 1.0}
-    assert blind["shuffled_frames"]["accuracy"] == (1.0 if order[3] > order[0] else 0.0)
+    assert blind["shuffled_frames"]["accuracy"] == sum(p[3] > p[0] for p in orders) / 8
+    assert 0 < blind["shuffled_frames"]["accuracy"] < 1  # the orders differ by example

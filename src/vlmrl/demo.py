@@ -26,7 +26,14 @@ from pathlib import Path
 from vlmrl.config import Config, load_config
 from vlmrl.evaluation.attention_maps import attention_maps
 from vlmrl.evaluation.cell_attention import region_attention
-from vlmrl.evaluation.evaluate import EvalSettings, evaluate, format_table, held_out_examples, save_evaluation
+from vlmrl.evaluation.evaluate import (
+    TIME_CONTROLS,
+    EvalSettings,
+    evaluate,
+    format_table,
+    held_out_examples,
+    save_evaluation,
+)
 from vlmrl.models import build_tiny_model, load_policy
 from vlmrl.models.tiny_model import TINY_MODEL_VERSION, model_summary
 from vlmrl.safety.checkpoint import latest_checkpoint
@@ -243,6 +250,8 @@ def before_after_table(before: dict, after: dict) -> str:
              *([row("test, tools disabled", lambda r: r["no_tools"]["accuracy"])] if "no_tools" in before else []),
              row("test, blank image", lambda r: blind(r, "blank")),
              row("test, shuffled image", lambda r: blind(r, "shuffled"))]
+    in_time = [kind for kind in TIME_CONTROLS if kind in (before["test"].get("blind") or {})]
+    lines += [row(f"test, {kind.replace('_', ' ')}", lambda r, kind=kind: blind(r, kind)) for kind in in_time]
     return "\n".join(lines)
 
 

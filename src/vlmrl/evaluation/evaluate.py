@@ -12,7 +12,8 @@
   another example's image (a fixed derangement), greedy. A model that reads the image loses
   accuracy; one that guesses from the text alone does not. Where the examples have videos, the
   check goes on in time (`TIME_CONTROLS`): each video as its middle frame alone, its frames in a
-  fixed shuffled order, and its frames reversed, each frame keeping its slot's time. A model that
+  random order (not its own, another per video, fixed by the seed), and its frames reversed, each
+  frame keeping its slot's time. A model that
   reads the order of the frames loses accuracy on all three (on the motion task the reversed video
   asks for the opposite answer); one that reads a single frame keeps it.
 
@@ -113,6 +114,18 @@ def length_buckets(lengths: list[int], correct: list[float], buckets: int) -> li
     return rows
 
 
+def shuffled_order(n: int, seed: str) -> list[int]:
+    """A permutation of range(n) drawn uniformly from all but the identity (n >= 2), fixed by `seed`:
+    the order of a video's frames in the shuffled-frames check (a derangement would not do: among
+    the 4-cycles of 4 frames only one in six keeps the last frame after the first)."""
+    if n < 2:
+        raise ValueError(f"a shuffled order needs at least 2 items, got {n}")
+    rng, order = random.Random(f"frames:{seed}:{n}"), list(range(n))
+    while order == sorted(order):
+        rng.shuffle(order)
+    return order
+
+
 def derangement(n: int, seed: int) -> list[int]:
     """A permutation p of range(n) with p[i] != i for every i (n >= 2), fixed by `seed`.
 
@@ -151,25 +164,30 @@ TIME_CONTROLS = ("single_frame", "shuffled_frames", "reversed_frames")
 
 
 def with_frames(examples: list[Example], reorder) -> list[Example]:
-    """Each example with every video's frames replaced by `reorder(frames, times)` -> (frames, times)."""
-    def redo(video: Video) -> Video:
-        return Video(*reorder(list(video.frames), list(video.timestamps)))
+    """Each example with every video's frames replaced by `reorder(frames, times, key)` -> (frames,
+    times); key: "i:k" for video k of example i."""
+    def redo(video: Video, key: str) -> Video:
+        return Video(*reorder(list(video.frames), list(video.timestamps), key))
 
-    return [replace(ex, videos=[redo(video) for video in ex.videos]) for ex in examples]
+    return [replace(ex, videos=[redo(video, f"{i}:{k}") for k, video in enumerate(ex.videos)])
+            for i, ex in enumerate(examples)]
 
 
 def time_controls(examples: list[Example], seed: int) -> dict[str, list[Example]]:
     """The examples under each of `TIME_CONTROLS`: the middle frame ((n - 1) // 2) alone at its time;
-    the frames in the fixed derangement of their n positions (`derangement(n, seed)`; a one-frame
-    video stays as it is); the frames reversed. Shuffled and reversed frames keep the slots' times."""
-    def middle(frames, times):
+    the frames in a random order other than their own, fixed by the seed and the video
+    (`shuffled_order(n, "seed:i:k")`, another per video, so that the order a model would read is a
+    fresh one each time; a one-frame video stays as it is); the frames reversed. Shuffled and reversed
+    frames keep the slots' times."""
+    def middle(frames, times, key):
         return [frames[(len(frames) - 1) // 2]], [times[(len(frames) - 1) // 2]]
 
-    def shuffled(frames, times):
-        return ([frames[j] for j in derangement(len(frames), seed)] if len(frames) > 1 else frames), times
+    def shuffled(frames, times, key):
+        order = shuffled_order(len(frames), f"{seed}:{key}") if len(frames) > 1 else [0]
+        return [frames[j] for j in order], times
 
     return {"single_frame": with_frames(examples, middle), "shuffled_frames": with_frames(examples, shuffled),
-            "reversed_frames": with_frames(examples, lambda frames, times: (frames[::-1], times))}
+            "reversed_frames": with_frames(examples, lambda frames, times, key: (frames[::-1], times))}
 
 
 # ---------------------------------------------------------------- generation

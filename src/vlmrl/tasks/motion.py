@@ -139,8 +139,8 @@ class MotionTask(Task):
         prompt = (f"<video>In which direction does the {asked.colour} square move: {words}? Think step by step "
                   "inside <think> </think>, then give the direction inside <answer> </answer>.")
         start, end = SIDES[asked.direction]
-        reference = (f"<think> The {asked.colour} square starts at the {start} and ends at the {end}, so it moves "
-                     f"{asked.direction}. </think> <answer> {asked.direction} </answer>")
+        reference = (f"<think> The {asked.colour} square goes from the {start} to the {end}. </think> "
+                     f"<answer> {asked.direction} </answer>")  # 25 tokens of the tiny tokenizer
         meta = {"idx": idx, "split": split, "colour": asked.colour, "direction": asked.direction,
                 "paths": [[q.colour, q.direction, *q.centre] for q in paths], "frames": p.frames, "fps": p.fps}
         return Example(prompt=prompt, answer=asked.direction, meta=meta, reference_completion=reference,
