@@ -144,19 +144,22 @@ def derangement(n: int, seed: int) -> list[int]:
 
 def blank_images(examples: list[Example]) -> list[Example]:
     """Each example with blank images of the same sizes and modes (the originals that tools read too),
-    and blank videos of the same frames and times."""
+    and blank videos of the same frames and times (their originals too)."""
     def blank(images: list[Image.Image]) -> list[Image.Image]:
         return [Image.new(image.mode, image.size, BLANK_COLOR) for image in images]
 
-    return [replace(ex, images=blank(ex.images), originals=blank(ex.originals),
-                    videos=[Video(blank(list(v.frames)), v.timestamps) for v in ex.videos]) for ex in examples]
+    def blank_videos(videos: list[Video]) -> list[Video]:
+        return [Video(blank(list(v.frames)), v.timestamps) for v in videos]
+
+    return [replace(ex, images=blank(ex.images), originals=blank(ex.originals), videos=blank_videos(ex.videos),
+                    video_originals=blank_videos(ex.video_originals)) for ex in examples]
 
 
 def shuffled_images(examples: list[Example], seed: int) -> tuple[list[Example], list[int]]:
     """Each example with another example's images and videos (a derangement), and which one it got."""
     source = derangement(len(examples), seed)
-    return [replace(ex, images=examples[j].images, originals=examples[j].originals, videos=examples[j].videos)
-            for ex, j in zip(examples, source)], source
+    return [replace(ex, images=examples[j].images, originals=examples[j].originals, videos=examples[j].videos,
+                    video_originals=examples[j].video_originals) for ex, j in zip(examples, source)], source
 
 
 TIME_CONTROLS = ("single_frame", "shuffled_frames", "reversed_frames")
@@ -165,12 +168,13 @@ TIME_CONTROLS = ("single_frame", "shuffled_frames", "reversed_frames")
 
 def with_frames(examples: list[Example], reorder) -> list[Example]:
     """Each example with every video's frames replaced by `reorder(frames, times, key)` -> (frames,
-    times); key: "i:k" for video k of example i."""
+    times); key: "i:k" for video k of example i. The tools read the same videos (`video_originals`):
+    a `frames` call cannot see past the check."""
     def redo(video: Video, key: str) -> Video:
         return Video(*reorder(list(video.frames), list(video.timestamps), key))
 
-    return [replace(ex, videos=[redo(video, f"{i}:{k}") for k, video in enumerate(ex.videos)])
-            for i, ex in enumerate(examples)]
+    changed = [[redo(video, f"{i}:{k}") for k, video in enumerate(ex.videos)] for i, ex in enumerate(examples)]
+    return [replace(ex, videos=videos, video_originals=videos) for ex, videos in zip(examples, changed)]
 
 
 def time_controls(examples: list[Example], seed: int) -> dict[str, list[Example]]:

@@ -98,11 +98,14 @@ class Example:
     """A system prompt shown before the user turn ("" for none: the procedural tasks)."""
     videos: list[Video]
     """The videos the model sees, in order (none for most tasks)."""
+    video_originals: list[Video]
+    """Full-rate, full-resolution versions of `videos` that tools read (`frames`); default: the videos."""
 
     def __init__(self, image: Image.Image | None = None, prompt: str = "", answer: str = "",
                  meta: dict[str, Any] | None = None, reference_completion: str = "", *,
                  images: list[Image.Image] | None = None, originals: list[Image.Image] | None = None,
-                 system: str = "", videos: list[Video] | None = None):
+                 system: str = "", videos: list[Video] | None = None,
+                 video_originals: list[Video] | None = None):
         if images is None:
             images = [image] if image is not None else []
         elif image is not None and images and image is not images[0]:
@@ -114,6 +117,7 @@ class Example:
         self.originals = list(originals) if originals is not None else list(self.images)
         self.system = system
         self.videos = list(videos) if videos is not None else []
+        self.video_originals = list(video_originals) if video_originals is not None else list(self.videos)
 
     @property
     def image(self) -> Image.Image | None:
