@@ -61,3 +61,45 @@ def test_the_tool_reads_the_originals_and_leaves_them_as_they_are():
     _, *images = frames(context, 0.0, 0.3)
     assert greys(images) == [0, 1, 2, 3] and images[0].size == (32, 32)
     assert [frame.tobytes() for frame in original.frames] == before
+
+
+def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(tiny_model_dir):
+    """A scripted model calls `frames` on a video prompt: the tool turn holds the window's frames at
+    tool_image_side; the trajectory's packed log-probs and gradients equal the plain path's."""
+    import torch
+
+    from vlmrl.config import load_config
+    from vlmrl.models import load_policy
+    from vlmrl.rollout.generation import stop_token_ids
+    from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
+    from vlmrl.training.logprobs import LogprobScorer
+
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    call = '<tool_call>\n{"name": "frames", "arguments": {"start": 0.3, "end": 0.6}}\n</tool_call>'
+    turns = [[call, "<answer>right</answer>"], ["<answer>left</answer>"]]
+    stop, pad, calls = stop_token_ids(processor, model)[0], processor.tokenizer.pad_token_id, [0]
+
+    def generate(**kwargs):  # writes turns[row][k] as row k's turn, after a real prefill
+        k, calls[0] = calls[0], calls[0] + 1
+        texts = [processor.tokenizer(t[k], add_special_tokens=False).input_ids
+                 + ([] if t[k].endswith("</tool_call>") else [stop]) for t in turns if len(t) > k]
+        width = max(len(t) for t in texts)
+        return torch.cat([kwargs["input_ids"], torch.tensor([t + [pad] * (width - len(t)) for t in texts])], dim=1)
+
+    example = Example(prompt="Which way?", answer="right", videos=[clip(2, side=28)], video_originals=[clip(10)])
+    plain_generate, model.generate = model.generate, generate
+    config = load_config(None, ["rollout.group_size=2", "rollout.max_new_tokens=40", "rollout.tools=[frames]",
+                                "rollout.tool_image_side=56"]).rollout
+    rollout = generate_trajectories(model, processor, [example], ToolBox.from_config(config))
+    model.generate = plain_generate
+    tool = rollout.trajectories[0].turns[1]
+    assert tool.role == "tool" and tool.error is None and "frames at 0.3, 0.4, 0.5, 0.6 s" in tool.text
+    assert greys(tool.images) == [3, 4, 5, 6] and all(image.size == (56, 56) for image in tool.images)
+    results = {}
+    for pack in (False, True):
+        model.zero_grad()
+        logp, _ = LogprobScorer(processor, 1.0, pack, 5)(model, rollout)  # (N, T)
+        logp.sum().backward()
+        results[pack] = (logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert (results[False][0] - results[True][0]).abs().max() < 1e-5
+    assert torch.nn.functional.cosine_similarity(results[False][1], results[True][1], dim=0) >= 0.9999
