@@ -125,3 +125,33 @@ def test_the_task_imports_no_torch():
             "t.score(e, e.reference_completion)\nprint('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_bouncing_square_shown_in_two_frames_needs_the_frames_tool():
+    """Bouncing, the square ends where it started: the two frames shown are the same picture; the
+    reference calls `frames` on the first half of the full video, which shows the way it went."""
+    import json
+
+    from vlmrl.tasks.tools import ToolContext, frames
+
+    task = get_task("motion", bounce=True, frames=9, view_frames=2, directions="left,right")
+    example = task.example(4)
+    shown, full = example.videos[0], example.video_originals[0]
+    assert len(shown.frames) == 2 and shown.timestamps == (0.0, 4.0) and len(full.frames) == 9
+    assert shown.frames[0].tobytes() == shown.frames[1].tobytes() == full.frames[0].tobytes()
+    assert "move first:" in example.prompt and example.reference_completion.endswith(
+        f"and back. </think> <answer> {example.answer} </answer>")
+    call, answer = example.meta["reference_turns"]
+    arguments = json.loads(call.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))["arguments"]
+    assert arguments == {"start": 0, "end": 2.0} and answer == example.reference_completion
+    _, *looked = frames(ToolContext([], max_side=112, videos=example.video_originals), **arguments)
+    row = example.meta["paths"][0][3]  # the path's centre row
+    red = [[x for x in range(112) if image.getpixel((x, row)) != (255, 255, 255)] for image in looked]
+    moved = red[-1][0] - red[0][0]  # the square's left edge: the window's last frame (the far end) minus its first
+    assert (moved > 0) == (example.answer == "right") and abs(moved) == 56  # the whole travel, 0.5 of 112
+    assert "reference_turns" not in get_task("motion").example(4).meta
+
+
+def test_view_frames_must_fit_the_video():
+    with pytest.raises(VlmrlError, match=r"view_frames must be 0 \(all\) or in 2..frames \(4\), got 5"):
+        get_task("motion", view_frames=5)

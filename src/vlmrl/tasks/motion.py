@@ -14,6 +14,13 @@ Built so that time is the only way in:
   small model's random vision tower sees them as colours at coarse positions (no digits, no fine
   detail).
 
+With `bounce=true` each square goes out along its direction and comes back to where it started
+(at the far end in the middle frame); the answer is the way it went first. With `view_frames` the
+model is shown only that many of the frames, spread from the first to the last, and the full video
+stays for the `frames` tool (`Example.video_originals`): a bouncing square shown in 2 frames is in
+the same place in both, so the answer needs a look at the first half (`meta["reference_turns"]`:
+the call `frames(0, half the duration)`, then the answer, for SFT with `rollout.tools=[frames]`).
+
 Reward (total in [0, 2], the `strict` rubric of the counting task): "format" (the strict
 <think>/<answer> layout, 0 or 1) + "accuracy" (the single <answer> holds exactly one direction word,
 the right one: "left right" or "left or right" scores 0). Train and test differ in content (the
@@ -22,6 +29,7 @@ stable hash of colour, direction, centre and cross position); no torch.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -58,6 +66,11 @@ class MotionParams(TaskParams):
     """Squares per video (1-3, each its own colour and direction); the question names one colour."""
     directions: tuple[str, ...] = DIRECTIONS
     """The directions a square may take (and the answers)."""
+    bounce: bool = False
+    """Each square goes out along its direction and comes back; the answer is the way it went first."""
+    view_frames: int = 0
+    """Frames the model is shown, spread from the first to the last (0: all of them); the whole video
+    stays for the `frames` tool."""
 
     def validate(self) -> None:
         super().validate()
@@ -70,6 +83,8 @@ class MotionParams(TaskParams):
         distinct = len(set(self.directions)) == len(self.directions) >= 2
         check(distinct and all(d in DIRECTIONS for d in self.directions),
               f"directions must be two or more distinct names from {', '.join(DIRECTIONS)}, got {self.directions!r}")
+        check(self.view_frames == 0 or 2 <= self.view_frames <= self.frames,
+              f"view_frames must be 0 (all) or in 2..frames ({self.frames}), got {self.view_frames}")
 
 
 @dataclass(frozen=True)
@@ -80,10 +95,12 @@ class Path:
     direction: str
     centre: tuple[int, int]
 
-    def corner(self, k: int, frames: int, side: int, travel: int) -> tuple[int, int]:
-        """Top-left corner of the square in frame k: from centre - travel/2 to centre + travel/2."""
+    def corner(self, k: int, frames: int, side: int, travel: int, bounce: bool = False) -> tuple[int, int]:
+        """Top-left corner of the square in frame k: from centre - travel/2 to centre + travel/2 (and,
+        bouncing, back: at the far end in the middle frame)."""
         dx, dy = STEP[self.direction]
-        offset = round(travel * (k / (frames - 1) - 0.5))
+        along = 1 - abs(2 * k / (frames - 1) - 1) if bounce else k / (frames - 1)  # 0 at the start, 1 at the far end
+        offset = round(travel * (along - 0.5))
         return self.centre[0] + dx * offset - side // 2, self.centre[1] + dy * offset - side // 2
 
 
@@ -119,7 +136,7 @@ class MotionTask(Task):
             frame = Image.new("RGB", (p.image_size, p.image_size), "white")
             draw = ImageDraw.Draw(frame)
             for path in paths:
-                x, y = path.corner(k, p.frames, side, travel)
+                x, y = path.corner(k, p.frames, side, travel, p.bounce)
                 draw.rectangle((x, y, x + side - 1, y + side - 1), fill=COLOURS[path.colour])
             frames.append(frame)
         return frames
@@ -134,17 +151,26 @@ class MotionTask(Task):
         else:  # pragma: no cover - probability 2**-1000
             raise RuntimeError("no video landed in the split")
         asked = rng.choice(paths)
-        video = Video(self.frames(paths), [k / p.fps for k in range(p.frames)])
+        full = Video(self.frames(paths), [k / p.fps for k in range(p.frames)])
+        shown = full
+        if p.view_frames:
+            keep = [round(k * (p.frames - 1) / (p.view_frames - 1)) for k in range(p.view_frames)]
+            shown = Video([full.frames[k] for k in keep], [full.timestamps[k] for k in keep])
         words = ", ".join(p.directions[:-1]) + f" or {p.directions[-1]}"
-        prompt = (f"<video>In which direction does the {asked.colour} square move: {words}? Think step by step "
-                  "inside <think> </think>, then give the direction inside <answer> </answer>.")
+        prompt = (f"<video>In which direction does the {asked.colour} square move{' first' if p.bounce else ''}: "
+                  f"{words}? Think step by step inside <think> </think>, then give the direction inside "
+                  "<answer> </answer>.")
         start, end = SIDES[asked.direction]
-        reference = (f"<think> The {asked.colour} square goes from the {start} to the {end}. </think> "
-                     f"<answer> {asked.direction} </answer>")  # 25 tokens of the tiny tokenizer
+        reference = (f"<think> The {asked.colour} square goes from the {start} to the {end}"
+                     f"{' and back' if p.bounce else ''}. </think> <answer> {asked.direction} </answer>")
+        call = ('<tool_call>\n' + json.dumps({"name": "frames", "arguments": {"start": 0, "end": full.timestamps[-1] / 2}})
+                + '\n</tool_call>')
         meta = {"idx": idx, "split": split, "colour": asked.colour, "direction": asked.direction,
                 "paths": [[q.colour, q.direction, *q.centre] for q in paths], "frames": p.frames, "fps": p.fps}
+        if p.view_frames:
+            meta["reference_turns"] = [call, reference]
         return Example(prompt=prompt, answer=asked.direction, meta=meta, reference_completion=reference,
-                       videos=[video])
+                       videos=[shown], video_originals=[full])
 
     def score(self, example: Example, completion: str) -> dict[str, float]:
         """Strict rubric, total in [0, 2]: format + accuracy (see the module docstring)."""
