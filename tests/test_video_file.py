@@ -90,3 +90,37 @@ def test_a_truncated_file_is_one_line(tmp_path):
 def test_bad_sampling_is_one_line(tmp_path, fps, max_frames, message):
     with pytest.raises(VlmrlError, match=message):
         read_video(tmp_path / "whatever.mp4", fps=fps, max_frames=max_frames)
+
+
+def test_a_dataset_row_s_video_files_become_its_videos_and_a_bad_one_is_a_bad_row(tmp_path, tiny_model_dir):
+    """A `video` column of paths relative to the data file: found when the data loads (a missing one is a
+    bad row there), decoded when the example is made (a broken one is a bad row then)."""
+    import json
+
+    from vlmrl.models import load_policy
+    from vlmrl.safety.bad_rows import RowGuard
+    from vlmrl.tasks import get_task
+
+    write(tmp_path / "clip.mkv", [0, 500, 1000, 1500])
+    (tmp_path / "broken.mkv").write_text("not a video")
+    rows = [{"question": "Which way? <video>", "answer": "left", "video": "clip.mkv"},
+            {"question": "And here?", "answer": "right", "video": ["clip.mkv", "clip.mkv"]},
+            {"question": "Gone?", "answer": "up", "video": "missing.mkv"},
+            {"question": "Broken?", "answer": "down", "video": "broken.mkv"}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0, shuffle=False,
+                    on_bad_row="skip", video_fps=1, max_frames=8)
+    assert task.bad_rows == [("train", 2, "row 2 of split 'train' (" + str(tmp_path / "train.jsonl")
+                                + "): video file 'missing.mkv' not found (looked in " + str(tmp_path) + ")")]
+    first = task.example(0)
+    assert len(first.videos) == 1 and first.videos[0].timestamps == pytest.approx((0.0, 1.0))  # 1 a second
+    assert greys(first.videos[0]) == [0, 2] and first.prompt.startswith("Which way? <video>")
+    assert len(task.example(1).videos) == 2
+    with pytest.raises(VlmrlError, match=r"row 3 of split 'train': cannot read video file '.*broken.mkv'"):
+        task.example(2)  # the third usable row is row 3
+    guard = RowGuard(task, processor=load_policy(tiny_model_dir, device="cpu")[1])
+    used, examples = guard.draw([0, 2])
+    assert used == [0, 3] and examples[1].meta["row"] == 0  # example 2 (row 3) replaced by example 3 (row 0 again)
+    assert list(guard.bad) == [2] and "cannot read video file" in guard.bad[2]
+    with pytest.raises(VlmrlError, match="max_frames must be an integer >= 1"):
+        get_task("dataset", path=str(tmp_path / "train.jsonl"), max_frames=0)
