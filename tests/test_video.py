@@ -273,3 +273,11 @@ def test_a_trajectory_from_a_video_prompt_is_one_processor_call(arch, tiny_model
         assert torch.equal(inputs[key], expected[key]), key
     with torch.no_grad():
         assert (model(**inputs).logits - model(**expected).logits).abs().max() < 1e-5
+
+
+def test_attention_maps_of_a_video_example_are_refused_in_one_line(capsys):
+    from vlmrl.cli import main
+
+    assert main(["attention", "no-model-needed", "--task", "motion"]) == 2
+    assert capsys.readouterr().err == ("error: vlmrl attention draws attention over images; example 0 of task "
+                                       "'motion' shows a video, which it does not draw yet\n")

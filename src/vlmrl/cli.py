@@ -185,6 +185,9 @@ def _attention(args: argparse.Namespace) -> None:
 
         task = get_task(args.task, **dict(parse_override(item) for item in args.params))
         example = task.example(args.example, args.split)
+        if example.videos:
+            raise VlmrlError(f"vlmrl attention draws attention over images; example {args.example} of task "
+                             f"{args.task!r} shows a video, which it does not draw yet")
         images, prompt = example.images, example.prompt
     maps = attention_maps(args.model, images, prompt, layer=args.layer, out_dir=args.out,
                           max_new_tokens=args.max_new_tokens, device=args.device)
