@@ -15,6 +15,7 @@ read from the loaded model (its attention kernel, soft-capped logits) is probed,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -87,7 +88,7 @@ FAMILIES: dict[str, FamilySupport] = {
         video=None,
         tool_rollouts="a tool image's token count, encoded alone, differs from the one its processor gives it among "
                       "the trajectory's other images"),
-    "qwen3_5": LINEAR_ATTENTION,
+    "qwen3_5": dataclasses.replace(LINEAR_ATTENTION, video=None),  # Qwen3-VL's processor: the plain path on video
     "gemma3": FamilySupport(image_blocks="token_type_ids"),
     "mllama": FamilySupport(
         shared_prefill="the image enters by cross-attention, whose mask generate does not carry past a shared prefill",
