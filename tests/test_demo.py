@@ -110,3 +110,18 @@ def test_attention_table_shows_shares_and_multiples_of_uniform():
         "  mean over layers                              12.5% (1.1x)    50.0% (4.5x)",
         "  best layer                                    25.0% (2.2x)    25.0% (2.2x)",
         "  (uniform: 11.1% of the image attention)            layer 2         layer 2"]
+
+
+def test_the_before_after_table_lists_the_checks_in_time_where_the_videos_had_them():
+    def results(accuracy, reversed_accuracy):
+        blind = {"blank": {"accuracy": 0.25}, "shuffled": {"accuracy": 0.25}, "single_frame": {"accuracy": 0.3},
+                 "shuffled_frames": {"accuracy": 0.4}, "reversed_frames": {"accuracy": reversed_accuracy}}
+        return {"test": {"accuracy": accuracy, "blind": blind}}
+
+    lines = demo.before_after_table(results(0.9, 0.1), results(0.95, 0.0)).splitlines()
+    assert lines[0] == "                                       SFT     +GRPO       change"
+    assert lines[-3:] == ["  test, single frame                 30.0%     30.0%     +0.0 pts",
+                          "  test, shuffled frames              40.0%     40.0%     +0.0 pts",
+                          "  test, reversed frames              10.0%      0.0%    -10.0 pts"]
+    images = {"test": {"accuracy": 0.5, "blind": {"blank": {"accuracy": 0.2}, "shuffled": {"accuracy": 0.3}}}}
+    assert demo.before_after_table(images, images).splitlines()[-1].startswith("  test, shuffled image")

@@ -450,3 +450,88 @@ def test_eval_command_scores_with_rewards_and_refuses_a_bad_one_before_loading(t
     capsys.readouterr()
     assert main(args + ["--reward", "acuracy"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: unknown reward 'acuracy'; did you mean accuracy?")
+
+
+# ---------------------------------------------------------------- the blind checks in time
+
+
+def test_time_controls_reorder_the_frames_and_keep_the_slots_times():
+    from PIL import Image
+
+    from vlmrl.evaluation.evaluate import shuffled_order, time_controls
+    from vlmrl.tasks import Example, Video
+
+    frames = [Image.new("RGB", (8, 8), (40 * k, 0, 0)) for k in range(4)]
+    example = Example(prompt="?", answer="right", videos=[Video(frames, [0, 0.5, 1.0, 1.5])])
+    controls = time_controls([example], seed=3)
+    assert list(controls) == ["single_frame", "shuffled_frames", "reversed_frames"]
+    single = controls["single_frame"][0].videos[0]
+    assert single.frames == (frames[1],) and single.timestamps == (0.5,)  # the middle frame, (4 - 1) // 2
+    reversed_ = controls["reversed_frames"][0].videos[0]
+    assert reversed_.frames == tuple(frames[::-1]) and reversed_.timestamps == (0, 0.5, 1.0, 1.5)
+    order = shuffled_order(4, "3:0:0")  # seed 3, example 0, video 0
+    assert controls["shuffled_frames"][0].videos[0].frames == tuple(frames[j] for j in order) and order != [0, 1, 2, 3]
+    assert time_controls([example, example], seed=3)["shuffled_frames"][1].videos[0].frames == tuple(
+        frames[j] for j in shuffled_order(4, "3:1:0"))
+    assert shuffled_order(2, "x") == [1, 0] and shuffled_order(4, "3:0:0") == order
+    assert example.videos[0].frames == tuple(frames)  # the example itself untouched
+    blank = blank_images([example])[0].videos[0]
+    assert blank.timestamps == (0, 0.5, 1.0, 1.5) and all(f.getcolors() == [(64, (255, 255, 255))]
+                                                          for f in blank.frames)
+
+
+def test_summarize_and_the_table_show_the_checks_in_time():
+    results = summarize("motion", [{"accuracy": 1.0}, {"accuracy": 1.0}], [5, 5], [False, False],
+                        blank_correct=[0, 1], shuffled_correct=[1, 0],
+                        time_correct={"single_frame": [1, 0], "shuffled_frames": [0, 1], "reversed_frames": [0, 0]})
+    assert list(results["blind"]) == ["blank", "shuffled", "single_frame", "shuffled_frames", "reversed_frames"]
+    assert results["blind"]["reversed_frames"] == {"accuracy": 0.0, "drop": 1.0}
+    assert scalar_metrics(results)["eval/single_frame/drop"] == 0.5
+    assert "  reversed_frames       0.0%   +100.0 pts" in format_table(results)
+
+
+def read_direction(example) -> str:
+    """An oracle that reads the order of the frames: the asked square's centre in the first and the
+    last frame; "left" where it cannot tell (one frame, no square, no move)."""
+    from vlmrl.tasks.motion import COLOURS
+
+    frames = example.videos[0].frames
+    colour = COLOURS[example.meta["colour"]]
+
+    def centre(frame):
+        points = [(x, y) for x in range(frame.width) for y in range(frame.height) if frame.getpixel((x, y)) == colour]
+        return (sum(p[0] for p in points) / len(points), sum(p[1] for p in points) / len(points)) if points else None
+
+    first, last = centre(frames[0]), centre(frames[-1])
+    if len(frames) < 2 or first is None or last is None or first == last:
+        return "left"
+    dx, dy = last[0] - first[0], last[1] - first[1]
+    return ("right" if dx > 0 else "left") if abs(dx) >= abs(dy) else ("down" if dy > 0 else "up")
+
+
+def test_the_checks_in_time_catch_a_model_that_reads_the_order(monkeypatch):
+    """A model that reads the first and last frames is right on the videos, wrong on every reversed one,
+    right on a single frame only where its default guess is; a shuffled order p (another per
+    example) shows it frames p[0] and p[3] first and last: right where p[3] > p[0]."""
+    from vlmrl.evaluation import evaluate as evaluation_module
+    from vlmrl.evaluation.evaluate import shuffled_order
+    from vlmrl.rollout.generation import Rollout
+
+    def oracle(model, processor, batch, generation, seed=None):
+        texts = [f"<think> x </think> <answer> {read_direction(ex)} </answer>" for ex in batch]
+        n = len(texts)
+        ones = torch.ones(n, 3, dtype=torch.long)
+        return Rollout(list(batch), ones, ones, texts=texts, truncated=torch.zeros(n, dtype=torch.bool))
+
+    monkeypatch.setattr(evaluation_module, "generate_groups", oracle)
+    task = get_task("motion", directions="left,right", frames=4, image_size=48)
+    examples = held_out_examples(task, "test", 8)
+    lefts = sum(ex.answer == "left" for ex in examples) / 8
+    model = torch.nn.Linear(1, 1)
+    blind = evaluate(model, None, task, examples, EvalSettings(batch_size=4, blind_check=True, seed=2),
+                     show_progress=False).results["blind"]
+    orders = [shuffled_order(4, f"2:{i}:0") for i in range(8)]
+    assert (blind["single_frame"]["accuracy"], blind["blank"]["accuracy"]) == (lefts, lefts)
+    assert blind["reversed_frames"] == {"accuracy": 0.0, "drop": 1.0}
+    assert blind["shuffled_frames"]["accuracy"] == sum(p[3] > p[0] for p in orders) / 8
+    assert 0 < blind["shuffled_frames"]["accuracy"] < 1  # the orders differ by example

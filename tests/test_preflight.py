@@ -237,7 +237,7 @@ def test_the_3b_shapes_run_fits_an_80_gb_gpu_without_checkpointing_when_packed()
 
 def test_a_prompt_longer_than_max_prompt_length_is_an_error(tiny_model_dir, letter_task):
     with pytest.raises(VlmrlError, match=r"prompt of train example 0 is \d+ tokens \(\d+ of them image tokens\) > "
-                                         r"rollout.max_prompt_length=10; image tokens are never truncated"):
+                                         r"rollout.max_prompt_length=10; image and video tokens are never truncated"):
         check(load_config(None, overrides(tiny_model_dir, "rollout.max_prompt_length=10")))
 
 

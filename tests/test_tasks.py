@@ -29,7 +29,7 @@ def key(example: Example) -> tuple[str, str, bytes]:
 
 
 def test_registry_lists_the_built_in_tasks():
-    assert list_tasks() == ["cryptogram", "dataset", "geometry", "grounding", "shapes", "zoom"]
+    assert list_tasks() == ["cryptogram", "dataset", "geometry", "grounding", "motion", "shapes", "zoom"]
     assert all(isinstance(get_task(name), Task) for name in PROCEDURAL)
 
 

@@ -189,13 +189,16 @@ def _attention(args: argparse.Namespace) -> None:
 
         task = get_task(args.task, **dict(parse_override(item) for item in args.params))
         example = task.example(args.example, args.split)
+        if example.videos:
+            raise VlmrlError(f"vlmrl attention draws attention over images; example {args.example} of task "
+                             f"{args.task!r} shows a video, which it does not draw yet")
         images, prompt = example.images, example.prompt
     maps = attention_maps(args.model, images, prompt, layer=args.layer, out_dir=args.out,
                           max_new_tokens=args.max_new_tokens, device=args.device)
     print(format_summary(maps))
 
 
-DEMO_PRESETS = ("shapes", "cryptogram", "zoom")  # vlmrl.demo.PRESETS, without importing torch for --help
+DEMO_PRESETS = ("shapes", "cryptogram", "zoom", "video")  # vlmrl.demo.PRESETS, without importing torch for --help
 
 EVAL_CLI_DEFAULTS = {"k": 8, "blind_check": True}
 """Where `vlmrl eval` departs from EvalSettings' defaults, which are the trainer's cheap periodic
@@ -402,7 +405,8 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
         description="Evaluate a model folder on N held-out examples of a task: greedy accuracy,\n"
                     "pass@k from K samples, the mean of every reward component, completion length,\n"
                     "accuracy by completion-length bucket, and a blind-image check (the same\n"
-                    "questions with a blank and with another example's image). Prints a table and\n"
+                    "questions with a blank and with another example's image; with videos also a\n"
+                    "single frame, the frames shuffled and the frames reversed). Prints a table and\n"
                     "writes the results, settings and every example's answers as JSON.",
         epilog="examples:\n  vlmrl eval runs/a/final --task shapes\n"
                "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
@@ -418,7 +422,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--temperature", type=float, default=default["temperature"],
                           help=f"sampling temperature for pass@k (default {default['temperature']})")
     evaluate.add_argument("--no-blind", action="store_true", default=not default["blind_check"],
-                          help="skip the blank/shuffled-image check")
+                          help="skip the blank/shuffled-image check (and, with videos, the checks in time)")
     evaluate.add_argument("--out", default=None, metavar="DIR",
                           help="write DIR/eval.json (default MODEL/eval_<task>_<split>.json)")
     evaluate.add_argument("--batch-size", type=int, default=default["batch_size"],
@@ -476,7 +480,8 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
                     "again reuses finished phases and resumes an interrupted one.",
         epilog="examples:\n  vlmrl demo                        # shapes (what `make demo` runs)\n"
                "  vlmrl demo --preset cryptogram --out runs/demo-cryptogram\n"
-               "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then name the pattern",
+               "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then name the pattern\n"
+               "  vlmrl demo --preset video --out runs/demo-video   # which way a square moves in a 4-frame video",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")

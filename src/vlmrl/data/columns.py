@@ -23,10 +23,11 @@ from typing import Any
 
 from vlmrl.errors import VlmrlError
 
-KEYS = ("prompt", "answer", "images", "reference", "system")
+KEYS = ("prompt", "answer", "images", "reference", "system", "videos")
 """What a column mapping names (task.params.columns)."""
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 IMAGE_COLUMNS = ("images", "image")
+VIDEO_COLUMNS = ("videos", "video")
 MARKER = "<image>"
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -44,6 +45,8 @@ class Columns:
     images: str = ""
     reference: str = ""
     system: str = ""
+    videos: str = ""
+    """A column of video file paths (one path or a list of them per row)."""
     layout: str = "explicit"
     """Which layout was detected (or "explicit"), for the one-line report."""
     answer_fallback: str = ""
@@ -58,12 +61,12 @@ class Columns:
 
     def used(self) -> set[str]:
         """The top-level columns this mapping reads."""
-        names = [self.prompt, self.answer, self.images, self.reference, self.system, self.answer_fallback]
+        names = [self.prompt, self.answer, self.images, self.reference, self.system, self.videos, self.answer_fallback]
         return {name.split(".")[0] for name in names if name}
 
     def missing(self, names: list[str]) -> list[str]:
         """The mapped columns the data does not have."""
-        return [name for name in (self.prompt, self.answer, self.images, self.reference, self.system)
+        return [name for name in (self.prompt, self.answer, self.images, self.reference, self.system, self.videos)
                 if name and name.split(".")[0] not in names]
 
 
@@ -75,6 +78,8 @@ def detect(names: list[str], explicit: dict[str, str] | None = None) -> Columns:
     if unknown:
         raise VlmrlError(f"columns: unknown key(s) {unknown}; valid: {', '.join(KEYS)}")
     found = _detected(names)
+    if found and (videos := next((c for c in VIDEO_COLUMNS if c in names), "")):
+        found["videos"] = videos
     if explicit:
         found = {**found, **explicit, "layout": "explicit" if not found else f"{found['layout']} + explicit"}
     if not found.get("prompt"):

@@ -13,7 +13,12 @@
   Chen et al. (2021); with exactly k samples it equals "any of the k is correct";
 - a blind-image check (optional): the same questions with a blank image of the same size, and with
   another example's image (a fixed derangement), greedy. A model that reads the image loses
-  accuracy; one that guesses from the text alone does not.
+  accuracy; one that guesses from the text alone does not. Where the examples have videos, the
+  check goes on in time (`TIME_CONTROLS`): each video as its middle frame alone, its frames in a
+  random order (not its own, another per video, fixed by the seed), and its frames reversed, each
+  frame keeping its slot's time. A model that
+  reads the order of the frames loses accuracy on all three (on the motion task the reversed video
+  asks for the opposite answer); one that reads a single frame keeps it.
 
 Generation goes through `vlmrl.rollout.generation.generate_groups`, in batches, under one progress bar. It
 is deterministic for a given seed and leaves the caller's random state as it was, so the trainer
@@ -48,7 +53,7 @@ from vlmrl.rewards.reward import Reward, evaluation_rewards
 from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
 from vlmrl.seeds import derive_seed
-from vlmrl.tasks import Example, Task
+from vlmrl.tasks import Example, Task, Video
 from vlmrl.tasks.tools import ToolLimits, resolve_tools
 
 BLANK_COLOR = "white"
@@ -113,6 +118,18 @@ def length_buckets(lengths: list[int], correct: list[float], buckets: int) -> li
     return rows
 
 
+def shuffled_order(n: int, seed: str) -> list[int]:
+    """A permutation of range(n) drawn uniformly from all but the identity (n >= 2), fixed by `seed`:
+    the order of a video's frames in the shuffled-frames check (a derangement would not do: among
+    the 4-cycles of 4 frames only one in six keeps the last frame after the first)."""
+    if n < 2:
+        raise ValueError(f"a shuffled order needs at least 2 items, got {n}")
+    rng, order = random.Random(f"frames:{seed}:{n}"), list(range(n))
+    while order == sorted(order):
+        rng.shuffle(order)
+    return order
+
+
 def derangement(n: int, seed: int) -> list[int]:
     """A permutation p of range(n) with p[i] != i for every i (n >= 2), fixed by `seed`.
 
@@ -130,18 +147,55 @@ def derangement(n: int, seed: int) -> list[int]:
 
 
 def blank_images(examples: list[Example]) -> list[Example]:
-    """Each example with blank images of the same sizes and modes (the originals that tools read too)."""
+    """Each example with blank images of the same sizes and modes (the originals that tools read too),
+    and blank videos of the same frames and times (their originals too)."""
     def blank(images: list[Image.Image]) -> list[Image.Image]:
         return [Image.new(image.mode, image.size, BLANK_COLOR) for image in images]
 
-    return [replace(ex, images=blank(ex.images), originals=blank(ex.originals)) for ex in examples]
+    def blank_videos(videos: list[Video]) -> list[Video]:
+        return [Video(blank(list(v.frames)), v.timestamps) for v in videos]
+
+    return [replace(ex, images=blank(ex.images), originals=blank(ex.originals), videos=blank_videos(ex.videos),
+                    video_originals=blank_videos(ex.video_originals)) for ex in examples]
 
 
 def shuffled_images(examples: list[Example], seed: int) -> tuple[list[Example], list[int]]:
-    """Each example with another example's images (a derangement), and which one it got."""
+    """Each example with another example's images and videos (a derangement), and which one it got."""
     source = derangement(len(examples), seed)
-    return [replace(ex, images=examples[j].images, originals=examples[j].originals)
-            for ex, j in zip(examples, source)], source
+    return [replace(ex, images=examples[j].images, originals=examples[j].originals, videos=examples[j].videos,
+                    video_originals=examples[j].video_originals) for ex, j in zip(examples, source)], source
+
+
+TIME_CONTROLS = ("single_frame", "shuffled_frames", "reversed_frames")
+"""The blind checks in time, run where the examples have videos (see the module docstring)."""
+
+
+def with_frames(examples: list[Example], reorder) -> list[Example]:
+    """Each example with every video's frames replaced by `reorder(frames, times, key)` -> (frames,
+    times); key: "i:k" for video k of example i. The tools read the same videos (`video_originals`):
+    a `frames` call cannot see past the check."""
+    def redo(video: Video, key: str) -> Video:
+        return Video(*reorder(list(video.frames), list(video.timestamps), key))
+
+    changed = [[redo(video, f"{i}:{k}") for k, video in enumerate(ex.videos)] for i, ex in enumerate(examples)]
+    return [replace(ex, videos=videos, video_originals=videos) for ex, videos in zip(examples, changed)]
+
+
+def time_controls(examples: list[Example], seed: int) -> dict[str, list[Example]]:
+    """The examples under each of `TIME_CONTROLS`: the middle frame ((n - 1) // 2) alone at its time;
+    the frames in a random order other than their own, fixed by the seed and the video
+    (`shuffled_order(n, "seed:i:k")`, another per video, so that the order a model would read is a
+    fresh one each time; a one-frame video stays as it is); the frames reversed. Shuffled and reversed
+    frames keep the slots' times."""
+    def middle(frames, times, key):
+        return [frames[(len(frames) - 1) // 2]], [times[(len(frames) - 1) // 2]]
+
+    def shuffled(frames, times, key):
+        order = shuffled_order(len(frames), f"{seed}:{key}") if len(frames) > 1 else [0]
+        return [frames[j] for j in order], times
+
+    return {"single_frame": with_frames(examples, middle), "shuffled_frames": with_frames(examples, shuffled),
+            "reversed_frames": with_frames(examples, lambda frames, times, key: (frames[::-1], times))}
 
 
 # ---------------------------------------------------------------- generation
@@ -274,7 +328,7 @@ def evaluate(model, processor, task: Task, examples: list[Example], settings: Ev
         task.name, passes.real.scores, passes.real.lengths, passes.real.truncated,
         samples_correct=samples_correct, k=k, temperature=settings.temperature,
         blank_correct=_correct(passes.blank), shuffled_correct=_correct(passes.shuffled),
-        buckets=settings.length_buckets)
+        buckets=settings.length_buckets, time_correct={name: _correct(a) for name, a in passes.time.items()})
     if passes.real.tool_stats:  # means over the greedy answers: calls, invalid_calls, turns, cut
         results["tools"] = mean_scores(passes.real.tool_stats)
     records = _records(examples, passes, samples_correct, k)
@@ -291,6 +345,7 @@ class _Passes:
     blank: _Answers | None  # greedy, blank images
     shuffled: _Answers | None  # greedy, example i shows the image of example shuffle_source[i]
     shuffle_source: list[int] | None
+    time: dict[str, _Answers] = field(default_factory=dict)  # greedy, per TIME_CONTROLS (videos only)
 
 
 def _generate_passes(model, processor, task: Task, examples: list[Example], settings: EvalSettings,
@@ -303,7 +358,8 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
     sampled = GenerationSettings(group_size=max(k, 1), max_new_tokens=settings.max_new_tokens,
                                  temperature=settings.temperature, top_p=settings.top_p, decode=settings.decode)
     sampling_batch = max(1, batch // max(k, 1))  # prompts per call, k completions each
-    blind_passes = (2 if n >= 2 else 1) if settings.blind_check else 0
+    in_time = settings.blind_check and any(ex.videos for ex in examples)
+    blind_passes = ((2 if n >= 2 else 1) + (len(TIME_CONTROLS) if in_time else 0)) if settings.blind_check else 0
     calls = _calls(n, batch) * (1 + blind_passes) + (_calls(n, sampling_batch) if k else 0)
     device = next(model.parameters()).device
     sample = _sampler(model, processor, settings)
@@ -326,6 +382,9 @@ def _generate_passes(model, processor, task: Task, examples: list[Example], sett
             if n >= 2:
                 moved, passes.shuffle_source = shuffled_images(examples, settings.seed)
                 passes.shuffled = answer(moved, greedy, batch)
+            if in_time:
+                passes.time = {name: answer(rows, greedy, batch)
+                               for name, rows in time_controls(examples, settings.seed).items()}
     return passes
 
 
@@ -336,19 +395,21 @@ def _correct(answers: _Answers | None) -> list[float] | None:
 def summarize(task_name: str, scores: list[dict[str, float]], lengths: list[int], truncated: list[bool],
               samples_correct: list[int] | None = None, k: int = 0, temperature: float = 1.0,
               blank_correct: list[float] | None = None, shuffled_correct: list[float] | None = None,
-              buckets: int = 4) -> dict:
+              buckets: int = 4, time_correct: dict[str, list[float]] | None = None) -> dict:
     """The results dict from per-example numbers (row i of every list is example i).
 
     `scores`, `lengths`, `truncated`: the greedy completions' reward components, token counts and
     cut-offs; `samples_correct[i]`: how many of example i's k samples are right; `blank_correct` and
-    `shuffled_correct`: greedy accuracy (0/1) with the blank and the shuffled image.
+    `shuffled_correct`: greedy accuracy (0/1) with the blank and the shuffled image; `time_correct`:
+    the same under each of `TIME_CONTROLS` that ran (videos only).
 
     Keys: task, n, accuracy (greedy), rewards (mean of each component), completion_tokens (mean,
     end-of-turn token included), truncated (share cut at max_new_tokens), by_length (list of
     {min_tokens, max_tokens, n, accuracy}), pass_at_k (None, or {k, temperature, pass@1, pass@k}:
     unbiased estimator from k samples, so pass@1 is the samples' mean accuracy and pass@k the share
-    of examples with any sample right), blind (None, or {blank, shuffled}, each None or {accuracy,
-    drop}; drop = greedy accuracy - blind accuracy, positive when the image helps).
+    of examples with any sample right), blind (None, or {blank, shuffled} and, with videos,
+    {single_frame, shuffled_frames, reversed_frames}, each None or {accuracy, drop}; drop = greedy
+    accuracy - blind accuracy, positive when the image, or the frames' order, helps).
     """
     n = len(scores)
     correct = [row.get("accuracy", 0.0) for row in scores]  # None (left out): not right
@@ -373,7 +434,8 @@ def summarize(task_name: str, scores: list[dict[str, float]], lengths: list[int]
     if blank_correct is not None or shuffled_correct is not None:
         results["blind"] = {name: None if values is None else {
             "accuracy": sum(values) / n, "drop": accuracy - sum(values) / n}
-            for name, values in (("blank", blank_correct), ("shuffled", shuffled_correct))}
+            for name, values in (("blank", blank_correct), ("shuffled", shuffled_correct),
+                                 *(time_correct or {}).items())}
     return results
 
 
@@ -399,6 +461,8 @@ def _records(examples: list[Example], passes: _Passes, samples_correct: list[int
             record["shuffled"] = {"image_from": passes.shuffle_source[i],
                                   "completion": passes.shuffled.texts[i],
                                   "accuracy": passes.shuffled.scores[i].get("accuracy", 0.0)}
+        for name, answers in passes.time.items():
+            record[name] = {"completion": answers.texts[i], "accuracy": answers.scores[i].get("accuracy", 0.0)}
         records.append(record)
     return records
 
@@ -446,7 +510,7 @@ def format_table(results: dict) -> str:
     if results["blind"]:
         lines += ["", "blind-image check (greedy)", f"  {'image':<16}{'accuracy':>10}{'drop':>12}",
                   f"  {'real':<16}{results['accuracy']:>10.1%}"]
-        for kind in ("blank", "shuffled"):
+        for kind in results["blind"]:  # blank, shuffled; with videos the checks in time
             summary = results["blind"][kind]
             if summary is None:
                 lines.append(f"  {kind:<16}{'n/a (needs 2+ examples)':>22}")

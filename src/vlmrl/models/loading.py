@@ -29,8 +29,9 @@ from vlmrl.models.folder_check import (
 from vlmrl.models.fused_kernels import use_fused_kernels
 from vlmrl.models.model_source import (
     check_model_source, find_model_config, first_line, missing_processor_part, processor_class, saved_processor_class)
+from vlmrl.models.video_processing import attach_video
 from vlmrl.models.processing import image_text_processor_class
-from vlmrl.models.support import hf_model
+from vlmrl.models.support import hf_model, video_unsupported
 from vlmrl.models.vision_attention import use_batched_vision_attention
 
 # Module names under which the families keep their vision encoder (Qwen: `visual`; Idefics3,
@@ -112,6 +113,8 @@ def load_processor(name_or_path: str, trust_remote_code: bool = False):
                          "processor or tokenizer config), which vlmrl writes every prompt with; copy it from the "
                          "model it was made from")
     processor.tokenizer.padding_side = "left"  # generation appends on the right
+    if config is not None and video_unsupported(config.get("model_type", "")) is None:
+        attach_video(processor, name_or_path)  # the family's video math without torchvision
     return processor
 
 

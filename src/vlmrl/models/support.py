@@ -15,6 +15,7 @@ read from the loaded model (its attention kernel, soft-capped logits) is probed,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -44,6 +45,10 @@ class FamilySupport:
     tool_rollouts: str | None = None
     """Multi-turn rollouts with tools (tool_rollout.py, trajectories.py): not a fast path but a
     feature; a run with `rollout.tools` on a family that has it off stops in the preflight."""
+    video: str | None = "vlmrl has no video processor for this family yet"
+    """Videos in prompts (video_processing.py: the family's video math without torchvision, whose
+    video processors all need it): not a fast path but a feature, on where its tiny build's fast
+    paths equal the plain path on a video prompt (tests/test_video.py); off by default."""
     image_blocks: str | None = None
     """Where attention is bidirectional inside each image block (Gemma 3): the per-token input that
     marks image tokens 1 (`token_type_ids`). Packed masks OR each block in (packing.py). Not a
@@ -55,31 +60,35 @@ class FamilySupport:
                 "static and compiled decoding": self.static_cache}
 
     def columns(self) -> dict[str, str | None]:
-        """Everything `vlmrl models` shows: the fast paths and tool rollouts."""
-        return self.paths() | {"tool rollouts": self.tool_rollouts}
+        """Everything `vlmrl models` shows: the fast paths, tool rollouts and video."""
+        return self.paths() | {"tool rollouts": self.tool_rollouts, "video": self.video}
 
 
 EXACT = FamilySupport()
+WITH_VIDEO = FamilySupport(video=None)
+FEATURES = ("tool rollouts", "video")
+"""The columns of `vlmrl models` that are features ("on"), not fast paths ("exact")."""
 LINEAR_ATTENTION = FamilySupport(
     shared_prefill="its linear-attention layers keep a recurrent state, not a KV cache whose rows can be repeated",
     packing="its linear-attention layers ignore the block mask (the completions would see each other)",
     static_cache="its linear-attention layers keep a recurrent state, not a static KV cache")
 FAMILIES: dict[str, FamilySupport] = {
-    "qwen2_5_vl": EXACT,
-    "qwen2_vl": EXACT,
+    "qwen2_5_vl": WITH_VIDEO,
+    "qwen2_vl": WITH_VIDEO,
     "idefics3": EXACT,
     "smolvlm": EXACT,
-    "qwen3_vl": EXACT,
-    "qwen3_vl_moe": EXACT,
+    "qwen3_vl": WITH_VIDEO,
+    "qwen3_vl_moe": WITH_VIDEO,
     "glm4v": EXACT,
     "llava": EXACT,
     "llava_next": EXACT,
     "internvl": EXACT,
     "mistral3": EXACT,
     "llava_onevision": FamilySupport(
+        video=None,
         tool_rollouts="a tool image's token count, encoded alone, differs from the one its processor gives it among "
                       "the trajectory's other images"),
-    "qwen3_5": LINEAR_ATTENTION,
+    "qwen3_5": dataclasses.replace(LINEAR_ATTENTION, video=None),  # Qwen3-VL's processor: the plain path on video
     "gemma3": FamilySupport(image_blocks="token_type_ids"),
     "mllama": FamilySupport(
         shared_prefill="the image enters by cross-attention, whose mask generate does not carry past a shared prefill",
@@ -97,7 +106,7 @@ def support_table(buildable: tuple[str, ...]) -> str:
     rows = ["| model type | `vlmrl tiny-model --arch` | " + " | ".join(paths) + " |",
             "|---|---|" + "---|" * len(paths)]
     for kind, family in FAMILIES.items():
-        cells = [("on" if column == "tool rollouts" else "exact") if reason is None else f"off: {reason}"
+        cells = [("on" if column in FEATURES else "exact") if reason is None else f"off: {reason}"
                  for column, reason in family.columns().items()]
         rows.append(f"| {kind} | {'yes' if kind in buildable else 'no'} | " + " | ".join(cells) + " |")
     rows.append("| any other image-text-to-text model | no | " + " | ".join(["off: not checked"] * len(paths)) + " |")
@@ -151,6 +160,12 @@ def declared_off(model: torch.nn.Module, field: str) -> str | None:
 def shared_prefill_unsupported(model: torch.nn.Module) -> str | None:
     """Why generation cannot share one prefill among a group's samples, or None when it can."""
     return declared_off(model, "shared_prefill")
+
+
+def video_unsupported(model_type: str) -> str | None:
+    """Why a model type takes no video in vlmrl, or None when it does (`FAMILIES`' video column)."""
+    family = FAMILIES.get(model_type)
+    return "its family has not been checked" if family is None else family.video
 
 
 def tool_rollouts_unsupported(model: torch.nn.Module) -> str | None:

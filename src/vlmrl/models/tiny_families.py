@@ -34,6 +34,8 @@ class ChatShape:
     """The assistant turn's opening, written by `add_generation_prompt`."""
     start: str = ""
     """Text before the first turn (a BOS the tokenizer does not add)."""
+    video: str = ""
+    """What the template writes for a video part ("": the family's build takes no video)."""
 
     def template(self) -> str:
         """The Jinja chat template: no system prompt, images where the message puts them."""
@@ -42,6 +44,7 @@ class ChatShape:
             "{% if message['content'] is string %}{{ message['content'] }}"
             "{% else %}{% for part in message['content'] %}"
             f"{{% if part['type'] == 'image' %}}{self.image}"
+            + (f"{{% elif part['type'] == 'video' %}}{self.video}" if self.video else "") +
             "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
             f"{{% endfor %}}{{% endif %}}{{{{ {self.closing} }}}}{{% endfor %}}"
             f"{{% if add_generation_prompt %}}{self.generation}{{% endif %}}"
@@ -49,7 +52,8 @@ class ChatShape:
 
 
 CHATML_SHAPE = ChatShape(opening="'<|im_start|>' + role + '\\n'", closing="'<|im_end|>\\n'",
-                         image="<|vision_start|><|image_pad|><|vision_end|>", generation="<|im_start|>assistant\n")
+                         image="<|vision_start|><|image_pad|><|vision_end|>", generation="<|im_start|>assistant\n",
+                         video="<|vision_start|><|video_pad|><|vision_end|>")
 
 
 @dataclass(frozen=True)
@@ -477,7 +481,7 @@ def llava_onevision_processor(tok, side):
 LLAVA_ONEVISION = Family(
     specials=CHATML + ("<image>", "<video>"), eos="<|im_end|>", pad="<|endoftext|>",
     chat=ChatShape(opening=CHATML_SHAPE.opening, closing=CHATML_SHAPE.closing, image="<image>\n",
-                   generation=CHATML_SHAPE.generation),
+                   generation=CHATML_SHAPE.generation, video="<video>\n"),
     config=llava_onevision_config, processor=llava_onevision_processor)
 
 

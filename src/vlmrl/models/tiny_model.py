@@ -29,8 +29,9 @@ SIZES = ("tiny", "small")
 # quickly (Qwen2.5's own tokenizer keeps the four tool tags whole too).
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<chars>", "</chars>",
               "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
-TINY_MODEL_VERSION = 2
-"""Bumped when the same (size, arch, seed) builds a different model (2: tool tags, tool-call text)."""
+TINY_MODEL_VERSION = 3
+"""Bumped when the same (size, arch, seed) builds a different model (2: tool tags, tool-call text; 3: a
+video part in the Qwen chat templates)."""
 
 
 @dataclass(frozen=True)

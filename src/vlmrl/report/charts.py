@@ -42,7 +42,7 @@ PANELS: list[tuple[str, Callable[[str], bool], dict]] = [
     ("Loss", lambda k: k in ("loss", "pg_loss") or k.startswith("loss/"), {}),
     ("Clipped share of tokens", lambda k: k.startswith("clip"), {"unit_range": True}),
     ("Held-out reward (per component)", lambda k: k.startswith("eval/") and "/reward/" in k, {}),
-    ("Held-out accuracy lost without the real image",
+    ("Held-out accuracy lost without the real image (or, with videos, the frames' order)",
      lambda k: k.startswith("eval/") and k.endswith("/drop"), {}),
 ]
 """(title, which keys, options): the fixed panels, in page order."""

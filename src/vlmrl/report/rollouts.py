@@ -119,17 +119,19 @@ def _turns(row: dict, run: RunDir, images: dict[str, str | None]) -> dict:
 
 
 def image_data_uri(folder: Path, relative: str) -> str | None:
-    """`folder/relative` as a PNG or JPEG data URI, shrunk to MAX_IMAGE_SIDE; None if unreadable
-    or outside the run directory."""
+    """`folder/relative` as a PNG or JPEG data URI, shrunk to MAX_IMAGE_SIDE (an animated GIF, a
+    video of the rollout log, as it is where it fits, else its first frame); None if unreadable or
+    outside the run directory."""
     path = (folder / relative).resolve()
     if not path.is_relative_to(folder.parent.resolve()) or not path.is_file():
         return None
     try:
         with Image.open(path) as image:
-            kind = "JPEG" if image.format == "JPEG" else "PNG"
+            kind = image.format if image.format in ("JPEG", "GIF") else "PNG"
             if image.format == kind and max(image.size) <= MAX_IMAGE_SIDE:
                 data = path.read_bytes()
             else:
+                kind = "PNG" if kind == "GIF" else kind
                 image.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
                 buffer = io.BytesIO()
                 mode = "RGB" if kind == "JPEG" else image.mode if image.mode in ("RGB", "RGBA", "L", "P") else "RGBA"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from vlmrl.errors import VlmrlError
+from vlmrl.models.video_processing import metadata
 from vlmrl.tasks import Example
 
 
@@ -21,19 +22,36 @@ IMAGE_MARKER = "<image>"
 """Where a prompt places an image (EasyR1's, verl's and OpenRLHF's marker); one per image, else unused."""
 
 
+VIDEO_MARKER = "<video>"
+"""Where a prompt places a video (the same convention); one per video, else the videos come first."""
+
+
+def split_at(content: list[dict], marker: str, kind: str) -> list[dict]:
+    """`content` with every text part cut at `marker`, a `kind` part in each cut."""
+    out = []
+    for part in content:
+        if part["type"] != "text":
+            out.append(part)
+            continue
+        pieces = part["text"].split(marker)
+        for k, piece in enumerate(pieces):
+            out += ([{"type": kind}] if k else []) + ([{"type": "text", "text": piece}] if piece else [])
+    return out
+
+
 def chat_messages(example: Example) -> list[dict]:
-    """The system turn (when the example has one) and the user turn: each image at its `<image>`
-    marker when the prompt has exactly one per image, else the images in order, then the question."""
-    pieces = example.prompt.split(IMAGE_MARKER)
-    if example.images and len(pieces) == len(example.images) + 1:
-        content = []
-        for text, _ in zip(pieces, example.images):
-            content += ([{"type": "text", "text": text}] if text else []) + [{"type": "image"}]
-        content += [{"type": "text", "text": pieces[-1]}] if pieces[-1] else []
-    else:
-        content = [*({"type": "image"} for _ in example.images), {"type": "text", "text": example.prompt}]
+    """The system turn (when the example has one) and the user turn: each video at its `<video>`
+    marker and each image at its `<image>` marker when the prompt has exactly one per video (image);
+    else the videos, then the images, in order before the question."""
+    content, first = [{"type": "text", "text": example.prompt}], []
+    for marker, kind, count in ((VIDEO_MARKER, "video", len(example.videos)),
+                                (IMAGE_MARKER, "image", len(example.images))):
+        if count and example.prompt.count(marker) == count:
+            content = split_at(content, marker, kind)
+        else:
+            first += [{"type": kind} for _ in range(count)]
     system = [{"role": "system", "content": [{"type": "text", "text": example.system}]}] if example.system else []
-    return [*system, {"role": "user", "content": content}]
+    return [*system, {"role": "user", "content": first + content}]
 
 
 NOT_MODEL_INPUTS = frozenset({"labels"})
@@ -46,13 +64,29 @@ def model_inputs(batch) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS}
 
 
+def processor_inputs(processor, examples: list[Example], more_images: list[list] | None = None) -> dict:
+    """The media arguments of a processor call for `examples`: their images (each example's, then
+    `more_images[i]`: a trajectory's tool images) where any has one, and their videos with the frame
+    times (`video_metadata`) where any has one. VlmrlError when a video meets a processor that takes
+    none (its family has no video processor in vlmrl: `vlmrl models`)."""
+    images = [list(ex.images) + list(more_images[i] if more_images else []) for i, ex in enumerate(examples)]
+    media = {"images": images} if any(images) else {}
+    videos = [video for ex in examples for video in ex.videos]
+    if videos:
+        if getattr(processor, "video_processor", None) is None:
+            raise VlmrlError(f"an example has a video, and the model's processor ({type(processor).__name__}) "
+                             "takes none: `vlmrl models` lists the families that take video")
+        media["videos"] = [list(video.frames) for video in videos]
+        media["videos_kwargs"] = {"video_metadata": [metadata(video) for video in videos]}
+    return media
+
+
 def encode_prompts(processor, examples: list[Example], device: torch.device) -> dict[str, torch.Tensor]:
     """Processor inputs (input_ids, attention_mask, pixel values, grids...) for a batch of examples,
     left-padded, each ending with the generation prompt; no `NOT_MODEL_INPUTS`."""
     texts = [processor.apply_chat_template(chat_messages(ex), add_generation_prompt=True, tokenize=False)
              for ex in examples]
-    images = [list(ex.images) for ex in examples]
-    batch = processor(images=images, text=texts, return_tensors="pt", padding=True)
+    batch = processor(text=texts, return_tensors="pt", padding=True, **processor_inputs(processor, examples))
     return {k: v.to(device) for k, v in model_inputs(batch).items()}
 
 

@@ -171,7 +171,8 @@ class Ongoing:
         if len([t for t in self.trajectory.turns if t.role == "assistant"]) >= settings.max_turns:
             self.trajectory.cut = True  # a call with no turn left to read its result
             return False
-        context = ToolContext(self.example.originals, max_side=settings.tool_image_side)
+        context = ToolContext(self.example.originals, max_side=settings.tool_image_side,
+                              videos=self.example.video_originals)
         result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
         shown = tool_result_text(result, family_markers(processor))  # its text cannot add an image or end a turn
         segment = tool_turn(processor, self.example, shown, result.images)

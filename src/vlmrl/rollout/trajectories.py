@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from vlmrl.models.token_inputs import per_token_keys
-from vlmrl.rollout.prompts import chat_messages, model_inputs
+from vlmrl.rollout.prompts import chat_messages, model_inputs, processor_inputs
 from vlmrl.tasks import Example
 
 SENTINEL = "\u2063vlmrl-turn-end\u2063"
@@ -83,8 +83,8 @@ def encode_trajectories(processor, examples: list[Example], segments: list[list[
     0 on the model's tokens), and the pixel inputs of every image of every row (prompt's, then the
     segments', in order)."""
     pixels = pixel_inputs(processor, examples, segments)
-    prompts = [model_inputs(processor(text=[prompt_text(processor, ex)], images=[list(ex.images)], return_tensors="pt"))
-               for ex in examples]  # (1, P_i) each
+    prompts = [model_inputs(processor(text=[prompt_text(processor, ex)], return_tensors="pt",
+                                      **processor_inputs(processor, [ex]))) for ex in examples]  # (1, P_i) each
     rows = [prompt["input_ids"][0].tolist() + [i for s in row for i in s.ids] for prompt, row in zip(prompts, segments)]
     length = max(len(r) for r in rows)  # L
     pad = processor.tokenizer.pad_token_id
@@ -110,7 +110,7 @@ def pixel_inputs(processor, examples: list[Example], segments: list[list[Segment
 def pixels_of(processor, examples: list[Example], texts: list[str], images: list[list]) -> dict[str, torch.Tensor]:
     """Pixel inputs of each example's prompt followed by `texts[i]` (context only) with `images[i]`."""
     encoded = model_inputs(processor(text=[prompt_text(processor, ex) + text for ex, text in zip(examples, texts)],
-                                     images=[list(ex.images) + more for ex, more in zip(examples, images)],
-                                     return_tensors="pt", padding=True))
+                                     return_tensors="pt", padding=True,
+                                     **processor_inputs(processor, examples, images)))
     along = set(per_token_keys(encoded))
     return {k: v for k, v in encoded.items() if k not in along}

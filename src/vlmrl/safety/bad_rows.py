@@ -47,12 +47,13 @@ def make_example(task: Task, idx: int, split: str) -> Example:
 
 
 def describe(example: Example, idx: int, split: str) -> str:
-    """`train example 7` plus where it came from (a data row) and its images' sizes and modes."""
+    """`train example 7` plus where it came from (a data row), its images' sizes and modes and its videos'."""
     where = ""
     if "row" in example.meta:
         where = f" (row {example.meta['row']} of split {example.meta.get('source_split', split)!r})"
     images = ", ".join(f"{image.width}x{image.height} {image.mode}" for image in example.images)
-    return f"{split} example {idx}{where}, image {images or 'none'}"
+    videos = "".join(f", video of {len(v.frames)} frames {v.frames[0].width}x{v.frames[0].height}" for v in example.videos)
+    return f"{split} example {idx}{where}, image {images or 'none'}{videos}"
 
 
 def encoding_problem(processor, example: Example) -> str | None:

@@ -59,6 +59,7 @@ from vlmrl.models.support import (
 from vlmrl.models.teacher_check import teacher_weight_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
+from vlmrl.models.video_processing import takes_video
 from vlmrl.rollout.prompts import encode_prompts, image_token_id
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.safety.bad_rows import RowGuard, make_example
@@ -97,9 +98,18 @@ class SplitCheck:
     longest: int
     """Tokens of the longest prompt, image tokens included."""
     image_tokens: int
-    """Image tokens in that prompt."""
+    """Image and video tokens in that prompt (what the vision tower computes, as the memory estimate
+    counts it)."""
     example: int
     """Index of that example in the split."""
+    video_tokens: int = 0
+    """Of `image_tokens`, those of videos."""
+
+    def vision(self) -> str:
+        """`12 image tokens`, or `4 image and 32 video tokens` where the prompt has video."""
+        if self.video_tokens:
+            return f"{self.image_tokens - self.video_tokens} image and {self.video_tokens} video tokens"
+        return f"{self.image_tokens} image tokens"
 
 
 @dataclass
@@ -193,7 +203,7 @@ class PreflightReport:
                f"{self.dtype}"]
         for s in self.splits:
             label = s.split if s.split == "train" else f"eval/{s.split}"
-            out.append(f"{label:<10} {s.prompts} prompts; longest {s.longest} tokens ({s.image_tokens} image tokens, "
+            out.append(f"{label:<10} {s.prompts} prompts; longest {s.longest} tokens ({s.vision()}, "
                        f"example {s.example}) of rollout.max_prompt_length={self.max_prompt_length}")
         adamw = "AdamW and its fp32 copy" if m.deepspeed else "AdamW"
         parts = [f"weights {gib(m.weights)}", f"gradients {gib(m.gradients)}", f"{adamw} {gib(m.optimizer)}"]
@@ -454,33 +464,45 @@ def first_batches(config: Config, task: Task, mode: str, world: int, start: int)
 def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int,
                   model_config=None) -> SplitCheck:
     """Encode each example's prompt alone: no special token in the question, and within `limit`;
-    count its image tokens (the model config's image token: Gemma 3's processor names its BOI)."""
+    count its image tokens (the model config's image token: Gemma 3's processor names its BOI) and
+    video tokens."""
     specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
     try:
         image_id = image_token_id(processor, model_config)
     except VlmrlError:
         image_id = None  # counted as 0 image tokens
+    video_id = getattr(processor, "video_token_id", None) if takes_video(processor) else None
     best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
     for idx, example in zip(indices, examples):
         written = [token for token in specials if token in example.prompt]
         if written:
             raise VlmrlError(f"the question of {split} example {idx} contains the special token {written[0]!r}: "
                              "image tokens would no longer match image features; remove it from the data")
-        try:
-            ids = encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]  # (P,)
-        except Exception as error:  # noqa: BLE001 - the processor's own message, with where it happened
-            image = example.image
-            raise VlmrlError(f"the processor cannot encode {split} example {idx} (image {image.width}x"
-                             f"{image.height} {image.mode}): {type(error).__name__}: {error}") from error
-        n_image = int((ids == image_id).sum()) if image_id is not None else 0
+        ids = encoded_prompt(processor, example, split, idx)  # (P,)
+        n_image, n_video = (int((ids == token).sum()) if token is not None else 0 for token in (image_id, video_id))
+        check = SplitCheck(split, len(examples), len(ids), n_image + n_video, idx, n_video)
         if len(ids) > limit:
-            raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({n_image} of them image "
-                             f"tokens) > rollout.max_prompt_length={limit}; image tokens are never truncated: "
+            of_them = f"{n_image} of them image tokens" + (f", {n_video} video tokens" if n_video else "")
+            raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({of_them}) "
+                             f"> rollout.max_prompt_length={limit}; image and video tokens are never truncated: "
                              "use smaller images (the task's max_pixels or max_image_side, or the processor's "
-                             "max_pixels) or raise rollout.max_prompt_length")
+                             "max_pixels), fewer or smaller video frames, or raise rollout.max_prompt_length")
         if len(ids) > best.longest:
-            best = SplitCheck(split, len(examples), len(ids), n_image, idx)
+            best = check
     return best
+
+
+def encoded_prompt(processor, example: Example, split: str, idx: int) -> torch.Tensor:
+    """The prompt's token ids (P,); the processor's own error in one line, with where it happened."""
+    try:
+        return encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]
+    except VlmrlError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the processor's own message, with where it happened
+        media = [f"image {image.width}x{image.height} {image.mode}" for image in example.images]
+        media += [f"video of {len(v.frames)} frames {v.frames[0].width}x{v.frames[0].height}" for v in example.videos]
+        raise VlmrlError(f"the processor cannot encode {split} example {idx} ({', '.join(media) or 'no image'}): "
+                         f"{type(error).__name__}: {error}") from error
 
 
 def generation_memory(config: Config, policy, mode: str, world: int, lengths: tuple[int, int]) -> tuple[int, int]:

@@ -14,6 +14,7 @@ belongs to the requested split. No torch here.
 
 from __future__ import annotations
 
+import math
 import operator
 import random
 import typing
@@ -34,6 +35,40 @@ TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
 
 
+@dataclass(frozen=True, init=False)
+class Video:
+    """A video as the model sees it: frames sampled already, each with its time in seconds.
+
+    Every frame is an RGB image of the same size; times start at 0 or later and rise strictly. A
+    one-frame video is allowed (its frame rate is taken as 1 per second). Checked when made: a
+    `VlmrlError` in one line otherwise.
+    """
+
+    frames: tuple[Image.Image, ...]
+    timestamps: tuple[float, ...]
+
+    def __init__(self, frames, timestamps=None):
+        frames = tuple(frames)
+        times = tuple(float(t) for t in (timestamps if timestamps is not None else range(len(frames))))
+        check(len(frames) >= 1, "a video needs at least one frame")
+        check(len(times) == len(frames), f"a video of {len(frames)} frames needs as many timestamps, got {len(times)}")
+        check(all(math.isfinite(t) and t >= 0 for t in times), f"video timestamps must be finite and >= 0: {times}")
+        check(all(b > a for a, b in zip(times, times[1:])), f"video timestamps must rise strictly: {times}")
+        first = frames[0].size
+        for k, frame in enumerate(frames):
+            check(frame.size == first, f"video frame {k} is {frame.width}x{frame.height}; frame 0 is "
+                                       f"{first[0]}x{first[1]}: every frame of a video has the same size")
+        object.__setattr__(self, "frames", tuple(f if f.mode == "RGB" else f.convert("RGB") for f in frames))
+        object.__setattr__(self, "timestamps", times)
+
+    @property
+    def fps(self) -> float:
+        """The mean frame rate: (frames - 1) / (last time - first time); 1.0 for one frame."""
+        if len(self.frames) == 1:
+            return 1.0
+        return (len(self.frames) - 1) / (self.timestamps[-1] - self.timestamps[0])
+
+
 @dataclass(init=False)
 class Example:
     """One prompt: the images the model sees, the question, the gold answer and a model solution.
@@ -42,7 +77,8 @@ class Example:
     `images=[...]` (the prompt shows them in order, before the question, or each at its `<image>`
     marker when the prompt has one per image: rollout/prompts.py); `image` is always the
     first of them. `originals` are the full-resolution images that tools read (a task may show a
-    downscaled first view); they default to the images themselves.
+    downscaled first view); they default to the images themselves. `videos` are shown like images:
+    each at its `<video>` marker when the prompt has one per video, else before the images.
     """
 
     images: list[Image.Image]
@@ -60,11 +96,16 @@ class Example:
     """Full-resolution versions of `images` that tools (zoom, crop) read; default: the images."""
     system: str
     """A system prompt shown before the user turn ("" for none: the procedural tasks)."""
+    videos: list[Video]
+    """The videos the model sees, in order (none for most tasks)."""
+    video_originals: list[Video]
+    """Full-rate, full-resolution versions of `videos` that tools read (`frames`); default: the videos."""
 
     def __init__(self, image: Image.Image | None = None, prompt: str = "", answer: str = "",
                  meta: dict[str, Any] | None = None, reference_completion: str = "", *,
                  images: list[Image.Image] | None = None, originals: list[Image.Image] | None = None,
-                 system: str = ""):
+                 system: str = "", videos: list[Video] | None = None,
+                 video_originals: list[Video] | None = None):
         if images is None:
             images = [image] if image is not None else []
         elif image is not None and images and image is not images[0]:
@@ -75,6 +116,8 @@ class Example:
         self.reference_completion = reference_completion
         self.originals = list(originals) if originals is not None else list(self.images)
         self.system = system
+        self.videos = list(videos) if videos is not None else []
+        self.video_originals = list(video_originals) if video_originals is not None else list(self.videos)
 
     @property
     def image(self) -> Image.Image | None:

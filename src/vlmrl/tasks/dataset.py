@@ -6,7 +6,10 @@ explicit `columns` mapping wins), served in a seeded order (data/order.py).
     task.name: dataset
     task.params: {path: data/bars.jsonl, columns: {prompt: question, answer: label, images: chart}}
 
-Every image of a row is kept, in order: where the prompt has `<image>` markers they are placed
+A `videos` (or `video`) column holds video file paths (one or a list per row), found when the data
+loads (a missing file is a bad row then) and decoded with PyAV when an example is made
+(tasks/video_file.py: `video_fps` frames a second, at most `max_frames`; a file that will not
+decode is a bad row then, under `on_bad_row`). Every image of a row is kept, in order: where the prompt has `<image>` markers they are placed
 there (a marker count that differs from the image count is a bad row), else they come before the
 text. Relative image paths are read from the data file's folder, then the source folder. The
 columns of a row other than the prompt and the images (the answer's own column too, by its name, as
@@ -34,13 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmrl.data.columns import MARKER, Columns, RowText, detect, read_text
+from vlmrl.data.columns import MARKER, Columns, RowText, detect, read_text, value_at
 from vlmrl.data.images import BadImage, NoImage, image_values, load_image
 from vlmrl.data.fingerprint import fingerprint
 from vlmrl.data.order import draw_row, held_out
 from vlmrl.data.sources import Source, open_source
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.tasks.base import Example, Task, TaskParams, check, register_task
+from vlmrl.tasks.video_file import check_sampling, read_video
 from vlmrl.rewards.verify import (
     Rubric,
     collapse_whitespace,
@@ -124,6 +128,10 @@ class DatasetParams(FileParams):
     whitespace and case aside)."""
     markers: str = "place"
     """`<image>` markers in the prompt: place (each image at its marker) or drop (removed; images first)."""
+    video_fps: float = 2.0
+    """Frames per second kept from each video file (the first frame at or after each step)."""
+    max_frames: int = 16
+    """Most frames kept from each video file, spread evenly over those `video_fps` keeps."""
 
     def validate(self) -> None:
         super().validate()
@@ -132,6 +140,7 @@ class DatasetParams(FileParams):
         check(self.markers in MARKERS, f"markers must be place or drop, got {self.markers!r}")
         check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         check(isinstance(self.split_seed, int), f"split_seed must be an integer, got {self.split_seed!r}")
+        check_sampling(self.video_fps, self.max_frames)
 
 
 def choice_letter(text: str) -> str | None:
@@ -183,8 +192,28 @@ class Loaded:
     """Dataset split -> its image column in arrow format (values undecoded), or None."""
     extras: dict[str, Any]
     """Dataset split -> the dataset's other columns (no images), for example.meta["columns"]."""
+    videos: dict[str, list[list[Path]]] = field(default_factory=dict)
+    """Dataset split -> each row's video files (found when the data loads; decoded per example)."""
     bad_rows: list[tuple[str, int, str]] = field(default_factory=list)
     """(dataset split, row, what is wrong) of the rows left out (on_bad_row=skip)."""
+
+
+def video_files(value: Any, folders: tuple[Path, ...]) -> list[Path]:
+    """A row's video files: one path or a list of them, each absolute or relative to the data file's
+    folder, then the source folder; VlmrlError naming a path that is not a file there."""
+    paths = [value] if isinstance(value, (str, Path)) else list(value or [])
+    folders = tuple(dict.fromkeys(str(folder) for folder in folders))  # the data file's folder may be the source's
+    found = []
+    for path in paths:
+        if not isinstance(path, (str, Path)) or not str(path):
+            raise VlmrlError(f"a video is a file path; got {path!r}")
+        candidates = [Path(path)] if Path(path).is_absolute() else [Path(folder) / path for folder in folders]
+        hit = next((c for c in candidates + [Path(path)] if c.is_file()), None)
+        if hit is None:
+            raise VlmrlError(f"video file {str(path)!r} not found" + (f" (looked in {', '.join(map(str, folders))})"
+                                                                      if folders else ""))
+        found.append(hit)
+    return found
 
 
 def image_columns(ds: Any) -> list[str]:
@@ -256,14 +285,20 @@ class DatasetTask(Task):
         where = (f" ({files[0]})" if len(files) == 1 else f" ({len(files)} files in {Path(files[0]).parent})"
                  if files else f" of {data.source.name}")
         texts: list[RowText | None] = []
+        videos: list[list[Path]] = []
         for i, row in enumerate(text_table):
+            files: list[Path] = []  # one entry per row, a bad row's too: rows are read by index
             try:
                 values = self._image_values(data, name, i)
-                texts.append(self._checked(row, columns, values, data.source.folders.get(name, ())))
+                folders = data.source.folders.get(name, ())
+                files = video_files(value_at(row, columns.videos), folders) if columns.videos else []
+                texts.append(self._checked(row, columns, values, folders))
             except VlmrlError as error:
                 texts.append(None)
                 data.bad_rows.append((name, i, f"row {i} of split {name!r}{where}: {error}"))
+            videos.append(files)
         data.texts[name] = texts
+        data.videos[name] = videos
 
     def _image_values(self, data: Loaded, split: str, row: int) -> list[Any]:
         table = data.images[split]
@@ -372,11 +407,15 @@ class DatasetTask(Task):
                       for value in self._image_values(data, source_split, row)]
         except BadImage as error:  # only with check_images=false: the rows were not decoded at load
             raise VlmrlError(f"row {row} of split {source_split!r}: {error}") from error
+        try:  # decoded here, not at load: a file that will not decode is a bad row (on_bad_row) when drawn
+            videos = [read_video(path, p.video_fps, p.max_frames) for path in data.videos[source_split][row]]
+        except VlmrlError as error:
+            raise VlmrlError(f"row {row} of split {source_split!r}: {error}") from error
         answer, reference = self.answer_and_reference(text)
         meta = {"idx": idx, "split": split, "row": row, "source_split": source_split,
                 "layout": data.columns.layout, "columns": self._other_columns(source_split, row)}
         return Example(images=images, prompt=self.prompt_text(text), answer=answer, meta=meta,
-                       reference_completion=reference, system=p.system or text.system)
+                       reference_completion=reference, system=p.system or text.system, videos=videos)
 
     def _other_columns(self, split: str, row: int) -> dict[str, Any]:
         """The columns of a row that the mapping does not read (images excepted), for the rewards."""

@@ -2,7 +2,8 @@
 
 `format_task_list` describes each registered task and its parameters; `show_task` prints a few
 examples (prompt, answer, reference completion and the score it gets) and saves their images (every
-image shown, and the full-resolution originals tools read when they differ), so a person can check
+image shown, and the full-resolution originals tools read when they differ) and their videos (as
+animated GIFs), so a person can check
 the images are legible and the rewards sensible.
 """
 
@@ -82,7 +83,7 @@ def _image_lines(example: Example, folder: Path | None, stem: str) -> list[str]:
         if k >= len(example.images) or not _same_image(original, example.images[k]):
             suffix = "" if k == 0 else f"_{k}"
             named.append(("original" if k == 0 else f"original {k}", f"{stem}_original{suffix}", original))
-    lines = []
+    lines = _video_lines(example, folder, stem)
     for label, file_stem, image in named:
         where = ""
         if folder is not None:
@@ -90,4 +91,28 @@ def _image_lines(example: Example, folder: Path | None, stem: str) -> list[str]:
             write_file(path, "an example image", lambda temporary, image=image: image.save(temporary, format="PNG"))
             where = f" -> {path}"
         lines.append(f"{label}: {image.size[0]}x{image.size[1]}{where}")
+    return lines
+
+
+def _video_lines(example: Example, folder: Path | None, stem: str) -> list[str]:
+    """One line per video (frames, size, times), saving each as an animated GIF under `folder` when
+    given (`{stem}_video.gif`, `{stem}_video_{k}.gif` for video k >= 1), each frame held until the next
+    one's time (the last as long as the one before it)."""
+    lines = []
+    for k, video in enumerate(example.videos):
+        times = list(video.timestamps)
+        gaps = [b - a for a, b in zip(times, times[1:])] or [1.0]
+        durations = [max(20, round(1000 * gap)) for gap in gaps + gaps[-1:]]  # ms; GIF players floor at 20
+        where = ""
+        if folder is not None:
+            path = folder / f"{stem}_video{'' if k == 0 else f'_{k}'}.gif"
+            first, *rest = video.frames
+            write_file(path, "an example video", lambda temporary, first=first, rest=rest, durations=durations:
+                       first.save(temporary, format="GIF", save_all=True, append_images=rest, duration=durations,
+                                  loop=0))
+            where = f" -> {path}"
+        width, height = video.frames[0].size
+        shown = ", ".join(f"{t:g}" for t in times)
+        lines.append(f"{'video' if k == 0 else f'video {k}'}: {len(video.frames)} frames {width}x{height} at "
+                     f"{shown} s{where}")
     return lines

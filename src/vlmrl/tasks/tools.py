@@ -17,7 +17,9 @@ one, and text after the last `</tool_call>` is ignored.
 Built in: `zoom` (alias `crop`): the region `box` of an example image, in the pixels of the
 ORIGINAL image (`Example.originals`, the full-resolution images tools read), resized so that its
 longest side is `ToolContext.max_side` (small regions are enlarged: that is the point of zooming).
-Your own tools: any Python callable named by import path (`module:function`, known to the model
+`frames`: up to FRAMES_PER_CALL frames of a time window of an example's video at its full frame rate
+and resolution (`Example.video_originals`: the example may show fewer, smaller frames), for a
+model that wants to look again at a moment. Your own tools: any Python callable named by import path (`module:function`, known to the model
 as `function`), called as `function(context, **arguments)` and returning text, a PIL image, or a
 list of those. `resolve_tools` turns the configured names into the registry `run_tool` reads.
 
@@ -105,6 +107,9 @@ class ToolContext:
     tools (they run in the tool worker); the built-in tools read the originals and never change them."""
     max_side: int = 448
     """Longest side, in pixels, of an image a built-in tool returns (crops are resized to fit)."""
+    videos: list = field(default_factory=list)
+    """The example's videos at their full frame rate and resolution (`Example.video_originals`, each a
+    `vlmrl.tasks.Video`), in order: what `frames` reads."""
 
 
 MAX_TOOL_TIMEOUT_S = 3600
@@ -300,7 +305,47 @@ def zoom_window(context: ToolContext, window: int, image: int = 0) -> Image.Imag
     return zoom(context, window_box(*context.images[image].size, window), image)
 
 
-BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoom_window": zoom_window}
+FRAMES_PER_CALL = 4
+"""Most frames one call of `frames` returns."""
+
+
+def _seconds(name: str, value: Any) -> float:
+    """`value` as a finite number of seconds; ValueError naming `name` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds; got {value!r}")
+    return float(value)
+
+
+def frames(context: ToolContext, start: float, end: float, video: int = 0) -> list:
+    """Look again at a time window: up to FRAMES_PER_CALL frames of video number `video` at its full
+    frame rate and resolution (the original the example's video was sampled from), those whose times
+    lie in [start, end] seconds, spread evenly from the first to the last of them, each resized
+    (LANCZOS, aspect kept) so that its longest side is `context.max_side`; first a line naming their
+    times. ValueError for a bad video number, a window that is not two numbers with start <= end,
+    or one that holds no frame."""
+    count = len(context.videos)
+    if isinstance(video, bool) or not isinstance(video, int) or not 0 <= video < max(count, 1) or not count:
+        raise ValueError(f"video must be a whole number from 0 to {count - 1} (the example has {count} "
+                         f"video{'s' if count != 1 else ''}); got {video!r}" if count else
+                         "the example has no video to look at")
+    first, last = _seconds("start", start), _seconds("end", end)
+    if first > last:
+        raise ValueError(f"start must be <= end; got start={first:g}, end={last:g}")
+    original = context.videos[video]
+    inside = [k for k, t in enumerate(original.timestamps) if first - 1e-9 <= t <= last + 1e-9]
+    if not inside:
+        times = original.timestamps
+        raise ValueError(f"no frame between {first:g} and {last:g} s; the video's frames run from {times[0]:g} "
+                         f"to {times[-1]:g} s")
+    if len(inside) > FRAMES_PER_CALL:
+        inside = [inside[round(k * (len(inside) - 1) / (FRAMES_PER_CALL - 1))] for k in range(FRAMES_PER_CALL)]
+    shown = [original.frames[k].convert("RGB") for k in inside]
+    images = [frame.resize(fit_side(*frame.size, context.max_side), Image.Resampling.LANCZOS) for frame in shown]
+    return [f"frames at {', '.join(f'{original.timestamps[k]:g}' for k in inside)} s", *images]
+
+
+BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoom_window": zoom_window,
+                                                "frames": frames}
 """Tools known by name alone; `crop` is another name for `zoom`."""
 
 

@@ -31,7 +31,7 @@ from vlmrl.models.block_attention import NAME, plan_blocks, with_plan
 from vlmrl.models.support import attention_rules, block_attention_unsupported, hf_model
 from vlmrl.models.token_inputs import extend_tokens, following_positions, per_token_keys, prompt_positions
 from vlmrl.rollout.completions import Completions
-from vlmrl.rollout.prompts import model_inputs
+from vlmrl.rollout.prompts import model_inputs, processor_inputs
 from vlmrl.rollout.trajectories import Segment, pixels_of, prompt_text
 from vlmrl.tasks import Example
 
@@ -212,8 +212,8 @@ def _row_tokens(segments: list[Segment], keys: list[str]) -> tuple[list[int], di
 def _slot_positions(model, processor, example: Example, prompt: dict, row: tuple) -> torch.Tensor:
     """Position ids (..., 1, n) of a trajectory's n tokens, as if it followed its prompt alone."""
     ids, extras, text, images = row
-    alone = model_inputs(processor(text=[prompt_text(processor, example) + text],
-                                   images=[list(example.images) + images], return_tensors="pt"))
+    alone = model_inputs(processor(text=[prompt_text(processor, example) + text], return_tensors="pt",
+                                   **processor_inputs(processor, [example], [images])))
     inputs = {k: v for k, v in alone.items() if k not in per_token_keys(alone)}
     inputs["input_ids"] = torch.cat([prompt["input_ids"][0].cpu(), torch.tensor(ids, dtype=torch.long)])[None]
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
@@ -234,7 +234,7 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
     device = next(model.parameters()).device
     groups = group_rows(rows)
     prompts = [{k: v.to(device) for k, v in model_inputs(processor(
-        text=[prompt_text(processor, rows[g[0]])], images=[list(rows[g[0]].images)], return_tensors="pt")).items()}
+        text=[prompt_text(processor, rows[g[0]])], return_tensors="pt", **processor_inputs(processor, [rows[g[0]]]))).items()}
         for g in groups]  # (1, P_u) each
     keys = [k for k in per_token_keys(prompts[0]) if k not in ("input_ids", "attention_mask")]
     tokens = {r: _row_tokens(segments[r], keys) for g in groups for r in g}

@@ -1,0 +1,78 @@
+"""Video files as `Video`s: decoded by PyAV (its own FFmpeg), sampled to `fps` and `max_frames`.
+
+`read_video(path, fps, max_frames)` keeps each frame's own time (the stream's timestamps, from the
+first frame: a variable frame rate stays as it was recorded), takes at most `fps` frames per second
+(the first frame at or after each 1 / fps step), then at most `max_frames` of those, spread evenly
+from the first to the last (a 10000-frame file is decoded once for its times and once for the frames
+kept, never held whole). What a file can get wrong is one line (`VlmrlError`), never a traceback:
+a missing file, one that is not a video or is cut short before its first frame, a file with no
+frames, a frame of another size than the first (a resolution change), and an `fps` or `max_frames`
+that is not positive. A file with one frame is a one-frame video. No torch.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from vlmrl.errors import VlmrlError, one_line
+from vlmrl.tasks.base import Video
+
+
+def check_sampling(fps: float | None, max_frames: int | None) -> None:
+    """VlmrlError unless fps (frames per second to keep) and max_frames are positive or None."""
+    if fps is not None and not fps > 0:
+        raise VlmrlError(f"fps must be > 0 (or none: every frame), got {fps}")
+    if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1):
+        raise VlmrlError(f"max_frames must be an integer >= 1 (or none: no limit), got {max_frames!r}")
+
+
+def sampled(times: list[float], fps: float | None, max_frames: int | None) -> list[int]:
+    """Indices of the frames kept from frames at `times` (seconds, rising): at most `fps` a second
+    (the first at or after each step of 1 / fps from the first frame), then at most `max_frames`,
+    evenly spread over those, the first and the last included."""
+    kept = list(range(len(times)))
+    if fps is not None and times:
+        kept, due = [], 0  # the next step of 1 / fps not yet given a frame
+        for i, t in enumerate(times):
+            step = math.floor((t - times[0]) * fps + 1e-9)  # the last step at or before t
+            if step >= due:
+                kept.append(i)
+                due = step + 1
+    if max_frames is not None and len(kept) > max_frames:
+        if max_frames == 1:
+            return kept[:1]
+        kept = [kept[round(k * (len(kept) - 1) / (max_frames - 1))] for k in range(max_frames)]
+    return kept
+
+
+def read_video(path: str | Path, fps: float | None = None, max_frames: int | None = None) -> Video:
+    """The video at `path`, sampled (see the module docstring); its times start at 0."""
+    import av  # here: importing the tasks does not load FFmpeg
+
+    check_sampling(fps, max_frames)
+    path = Path(path)
+    if not path.is_file():
+        raise VlmrlError(f"video file {str(path)!r} does not exist")
+    try:
+        times = [frame.time for frame in _frames(av, path)]
+        if not times:
+            raise VlmrlError(f"video file {str(path)!r} has no frames")
+        keep = set(sampled([t - times[0] for t in times], fps, max_frames))
+        frames = [frame.to_image().convert("RGB") for i, frame in enumerate(_frames(av, path)) if i in keep]
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise VlmrlError(f"cannot read video file {str(path)!r}: {one_line(error)}") from error
+    chosen = sorted(keep)
+    return Video(frames, [times[i] - times[0] for i in chosen])
+
+
+def _frames(av, path: Path):
+    """The decoded frames of the file's first video stream, in order, each with a time."""
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise VlmrlError(f"file {str(path)!r} holds no video stream")
+        for number, frame in enumerate(container.decode(video=0)):
+            if frame.time is None:
+                frame.pts = number  # a stream without timestamps: one frame per second
+                frame.time_base = 1
+            yield frame

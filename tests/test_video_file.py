@@ -1,0 +1,126 @@
+"""Video files: decoded by PyAV at their own times, sampled to fps and max_frames, and every way a
+file can be wrong is one line."""
+
+from __future__ import annotations
+
+import fractions
+
+import numpy as np
+import pytest
+
+from vlmrl.errors import VlmrlError
+from vlmrl.tasks.video_file import read_video, sampled
+
+av = pytest.importorskip("av")
+
+
+def write(path, times_ms: list[int], sizes=None) -> str:
+    """A video of len(times_ms) frames, frame k a flat grey 40 * k (mod 256), at the given times (ms)."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height = (sizes or [(32, 32)])[0]
+        stream.pix_fmt, stream.time_base = "yuv420p", fractions.Fraction(1, 1000)
+        for k, t in enumerate(times_ms):
+            width, height = (sizes or [(32, 32)] * len(times_ms))[k]
+            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 40 * k % 256, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = t, fractions.Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return str(path)
+
+
+def greys(video) -> list[int]:
+    return [round(np.asarray(frame)[..., 0].mean() / 40) for frame in video.frames]
+
+
+def test_a_file_keeps_its_frames_times_a_variable_rate_included(tmp_path):
+    video = read_video(write(tmp_path / "a.mkv", [0, 100, 300, 400, 900]))
+    assert video.timestamps == pytest.approx((0.0, 0.1, 0.3, 0.4, 0.9))
+    assert greys(video) == [0, 1, 2, 3, 4] and video.frames[0].size == (32, 32)
+
+
+@pytest.mark.parametrize("times, fps, max_frames, kept", [
+    ([0, 0.1, 0.3, 0.4, 0.9], 5, None, [0, 2, 3, 4]),  # steps 0, 0.2, 0.4, 0.6, 0.8: the first frame at or after
+    # each not given one yet (0.3 for 0.2, 0.4 for 0.4, 0.9 for 0.6 and 0.8)
+    ([0, 0.1, 0.3, 0.4, 0.9], None, 2, [0, 4]),       # the first and the last
+    ([0, 0.1, 0.3, 0.4, 0.9], None, 3, [0, 2, 4]),
+    ([0, 0.1, 0.3, 0.4, 0.9], 10, 1, [0]),
+    ([0.0], 2, 4, [0]),
+    # 10000 frames at 30 a second: one a second is every 30th (334 frames), 8 of those evenly spread
+    ([k / 30 for k in range(10000)], 1, 8, [30 * round(k * 333 / 7) for k in range(8)]),
+])
+def test_sampling_by_rate_then_count(times, fps, max_frames, kept):
+    assert sampled(times, fps, max_frames) == kept
+
+
+def test_a_long_file_is_sampled_to_max_frames(tmp_path):
+    video = read_video(write(tmp_path / "long.mkv", [100 * k for k in range(40)]), fps=2, max_frames=4)
+    # 2 a second: 0, 0.5, ..., 3.5 (8 frames); 4 of them at ranks round(k * 7 / 3): 0, 2, 5, 7
+    assert video.timestamps == pytest.approx((0.0, 1.0, 2.5, 3.5)) and len(video.frames) == 4
+
+
+def test_a_one_frame_file_is_a_one_frame_video(tmp_path):
+    video = read_video(write(tmp_path / "one.mkv", [0]), fps=2)
+    assert video.timestamps == (0.0,) and video.fps == 1.0
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: str(tmp / "missing.mp4"), r"video file '.*missing.mp4' does not exist"),
+    (lambda tmp: (tmp / "text.mp4").write_text("not a video") and str(tmp / "text.mp4"), r"cannot read video file"),
+    (lambda tmp: (tmp / "empty.mp4").write_bytes(b"") or str(tmp / "empty.mp4"), r"cannot read video file"),
+])
+def test_a_bad_file_is_one_line(tmp_path, make, message):
+    with pytest.raises(VlmrlError, match=message):
+        read_video(make(tmp_path))
+
+
+def test_a_truncated_file_is_one_line(tmp_path):
+    path = tmp_path / "cut.mkv"
+    data = open(write(path, [100 * k for k in range(5)]), "rb").read()
+    path.write_bytes(data[:200])  # the header and nothing of the frames
+    with pytest.raises(VlmrlError, match=r"video file '.*cut.mkv' (has no frames|cannot)|cannot read video file"):
+        read_video(path)
+
+
+@pytest.mark.parametrize("fps, max_frames, message", [
+    (0, None, "fps must be > 0"), (-1.5, None, "fps must be > 0"),
+    (None, 0, "max_frames must be an integer >= 1"), (None, 2.5, "max_frames must be an integer >= 1")])
+def test_bad_sampling_is_one_line(tmp_path, fps, max_frames, message):
+    with pytest.raises(VlmrlError, match=message):
+        read_video(tmp_path / "whatever.mp4", fps=fps, max_frames=max_frames)
+
+
+def test_a_dataset_row_s_video_files_become_its_videos_and_a_bad_one_is_a_bad_row(tmp_path, tiny_model_dir):
+    """A `video` column of paths relative to the data file: found when the data loads (a missing one is a
+    bad row there), decoded when the example is made (a broken one is a bad row then)."""
+    import json
+
+    from vlmrl.models import load_policy
+    from vlmrl.safety.bad_rows import RowGuard
+    from vlmrl.tasks import get_task
+
+    write(tmp_path / "clip.mkv", [0, 500, 1000, 1500])
+    (tmp_path / "broken.mkv").write_text("not a video")
+    rows = [{"question": "Which way? <video>", "answer": "left", "video": "clip.mkv"},
+            {"question": "And here?", "answer": "right", "video": ["clip.mkv", "clip.mkv"]},
+            {"question": "Gone?", "answer": "up", "video": "missing.mkv"},
+            {"question": "Broken?", "answer": "down", "video": "broken.mkv"}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0, shuffle=False,
+                    on_bad_row="skip", video_fps=1, max_frames=8)
+    assert task.bad_rows == [("train", 2, "row 2 of split 'train' (" + str(tmp_path / "train.jsonl")
+                                + "): video file 'missing.mkv' not found (looked in " + str(tmp_path) + ")")]
+    first = task.example(0)
+    assert len(first.videos) == 1 and first.videos[0].timestamps == pytest.approx((0.0, 1.0))  # 1 a second
+    assert greys(first.videos[0]) == [0, 2] and first.prompt.startswith("Which way? <video>")
+    assert len(task.example(1).videos) == 2
+    with pytest.raises(VlmrlError, match=r"row 3 of split 'train': cannot read video file '.*broken.mkv'"):
+        task.example(2)  # the third usable row is row 3
+    guard = RowGuard(task, processor=load_policy(tiny_model_dir, device="cpu")[1])
+    used, examples = guard.draw([0, 2])
+    assert used == [0, 3] and examples[1].meta["row"] == 0  # example 2 (row 3) replaced by example 3 (row 0 again)
+    assert list(guard.bad) == [2] and "cannot read video file" in guard.bad[2]
+    with pytest.raises(VlmrlError, match="max_frames must be an integer >= 1"):
+        get_task("dataset", path=str(tmp_path / "train.jsonl"), max_frames=0)
