@@ -237,7 +237,7 @@ def test_data_geometry_out_and_bounds_are_one_line_and_a_full_disk_leaves_no_dat
 
     monkeypatch.setattr(Image.Image, "save", fills_up)
     assert cli_error(["data", "geometry", str(out), "--n", "3", "--test", "1", "image_size=96"], capsys).startswith(
-        f"error: the disk is full: writing a diagram to {out / 'images' / 'train_000002.png'} failed")
+        f"error: the disk is full: writing an image to {out / 'images' / 'train_000002.png'} failed")
     assert sorted(p.name for p in out.iterdir()) == ["images"]  # no JSONL: nothing reads the folder as data
     assert no_leftovers(out) == []
 
