@@ -418,11 +418,11 @@ def test_the_distillation_study_plans_its_grid(tmp_path):
     study.output_dir = str(tmp_path / "study")  # not the study's own folder: it may be running
     prepared, grid = plan(study)
     assert [run.name for run in prepared] == ["warm_start", "teacher"] and len(grid) == 3 * 3
-    assert [arm.name for arm in study.arms] == ["distill", "grpo", "grpo-distill"]
+    assert [arm.name for arm in study.arms] == ["distill", "grpo-distill", "grpo"]
     specs = check_runs(study, prepared, grid)  # every run's config resolves and validates
     teacher = str(Path(study.output_dir) / "teacher" / "final")
-    assert [specs[f"{arm}/seed_0"]["config"]["algorithm"]["teacher"] for arm in ("distill", "grpo", "grpo-distill")] \
-        == [teacher, "", teacher]
+    assert [specs[f"{arm}/seed_0"]["config"]["algorithm"]["teacher"] for arm in ("distill", "grpo-distill", "grpo")] \
+        == [teacher, teacher, ""]
     assert specs["teacher"]["config"]["seed"] not in study.seeds
 
 
