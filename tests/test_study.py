@@ -69,8 +69,8 @@ def test_the_study_file_is_checked(tmp_path, letter_config):
         plan(load_study(write(tmp_path / "e.yaml", uses_warm)))
     warm_in_common = (f"common: ['model.name_or_path={{warm_start}}']\n"
                       f"warm_start: {{command: sft, config: {letter_config}}}\narms:\n{good}")
-    with pytest.raises(VlmrlError, match=r"^\{warm_start\} is the warm start's final model, not made before the warm start that uses it: it "
-                                        r"cannot be in common \(which applies to every run\)"):
+    with pytest.raises(VlmrlError, match=r"^\{warm_start\} is the warm start's final model, not made before the warm "
+                                        r"start that uses it: it cannot be in common \(which applies to every run\)"):
         plan(load_study(write(tmp_path / "f.yaml", warm_in_common)))
 
 

@@ -72,7 +72,7 @@ WARM_FOLDER = "warm_start"
 """The warm start's name: its folder, and `{warm_start}` in an override is its final model."""
 WARM_START = "{" + WARM_FOLDER + "}"
 RESERVED_NAMES = ("compare.html", "compare.md", WARM_FOLDER)
-"""What the study itself writes in OUTPUT_DIR: no arm may be named so (compared without case)."""
+"""What the study itself writes in OUTPUT_DIR: no arm or before run may be named so (compared without case)."""
 
 SPEC_FILE = "study_spec.json"
 """In each run folder: the spec the run was made with (`Run.resolve`)."""
@@ -110,16 +110,11 @@ class NamedRun(RunSpec):
     def validate(self) -> None:
         super().validate()
         require((_PLAIN_NAME.fullmatch(self.name) is not None,
-                 f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind}'s name must be a plain folder name (letters, digits, . _ - + = @ ,; at most 100, "
-                 f"not starting with '.'); got {self.name!r}"),
+                 f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind}'s name must be a plain folder name (letters, "
+                 f"digits, . _ - + = @ ,; at most 100, not starting with '.'); got {self.name!r}"),
                 (self.name.lower() not in RESERVED_NAMES,
                  f"{self.kind} name {self.name!r} is taken by the study's own output ({', '.join(RESERVED_NAMES)}): "
                  "rename it"))
-
-    @property
-    def placeholder(self) -> str:
-        """`{name}`: what stands for its final model in an override."""
-        return "{" + self.name + "}"
 
 
 @dataclass
