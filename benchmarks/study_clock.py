@@ -8,11 +8,12 @@ prints, per arm, Markdown tables of:
   user + sys) per training step, evaluation excluded;
 - held-out accuracy (eval/<split>/accuracy) at every evaluated step, mean +- sample std over the
   seeds that reached it, and the first evaluated step at which each seed reached the target: the
-  teacher's own held-out accuracy (eval/<split>/teacher/accuracy, logged at step 0 by distilling
-  runs), or a fixed accuracy;
-- accuracy at equal cost: for each arm, the accuracy at the last evaluated step whose cumulative
-  CPU seconds (and, beside it, wall seconds) are within the cheapest arm's total (the arm that
-  costs least per run), mean over seeds.
+  teacher's held-out accuracy on that seed's held-out set (eval/<split>/teacher/accuracy, logged
+  at step 0 by the distilling runs; the held-out examples depend on the run's seed, so every arm's
+  run of seed s is evaluated on the same ones), or a fixed accuracy;
+- accuracy at equal cost: for each arm, over its finished runs (those with final/), the accuracy at
+  the last evaluated step whose cumulative CPU seconds (and, beside it, wall seconds) are within the
+  cheapest arm's mean total, mean over seeds.
 CPU seconds are the cost to compare on a loaded machine: the wall clock also counts the other
 programs' time slices. Prints only; writes nothing.
 """
@@ -38,12 +39,17 @@ def rows_of(run: Path) -> list[dict]:
     return rows
 
 
-def arms_of(root: Path) -> dict[str, dict[int, list[dict]]]:
-    """arm -> seed -> rows, for every OUTPUT_DIR/ARM/seed_S with a metrics.jsonl."""
+def arms_of(root: Path) -> tuple[dict[str, dict[int, list[dict]]], set[tuple[str, int]]]:
+    """arm -> seed -> rows, for every OUTPUT_DIR/ARM/seed_S with a metrics.jsonl; and the
+    (arm, seed) of the finished runs."""
     arms: dict[str, dict[int, list[dict]]] = {}
+    done = set()
     for log in sorted(root.glob("*/seed_*/metrics.jsonl")):
-        arms.setdefault(log.parent.parent.name, {})[int(log.parent.name.removeprefix("seed_"))] = rows_of(log.parent)
-    return arms
+        arm, seed = log.parent.parent.name, int(log.parent.name.removeprefix("seed_"))
+        arms.setdefault(arm, {})[seed] = rows_of(log.parent)
+        if (log.parent / "final").is_dir():
+            done.add((arm, seed))
+    return arms, done
 
 
 def cumulative(rows: list[dict], key: str) -> dict[int, float]:
@@ -78,7 +84,7 @@ def cost_table(arms: dict[str, dict[int, list[dict]]]) -> list[str]:
     return lines
 
 
-def accuracy_table(arms: dict[str, dict[int, list[dict]]], key: str, target: float | None) -> list[str]:
+def accuracy_table(arms: dict[str, dict[int, list[dict]]], key: str, targets: dict[int, float]) -> list[str]:
     steps = sorted({step for seeds in arms.values() for rows in seeds.values() for step in evals(rows, key)})
     lines = ["| arm | " + " | ".join(f"step {s}" for s in steps) + " | first step >= target, per seed |",
              "|---|" + "---|" * (len(steps) + 1)]
@@ -86,20 +92,22 @@ def accuracy_table(arms: dict[str, dict[int, list[dict]]], key: str, target: flo
         cells = [mean_std([evals(rows, key)[s] for rows in seeds.values() if s in evals(rows, key)]) for s in steps]
         reached = []
         for seed, rows in sorted(seeds.items()):
+            target = targets.get(seed)
             hits = [s for s, value in sorted(evals(rows, key).items()) if target is not None and value >= target]
             reached.append(f"{seed}: {hits[0] if hits else '-'}")
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {', '.join(reached)} |")
     return lines
 
 
-def equal_cost_table(arms: dict[str, dict[int, list[dict]]], key: str) -> list[str]:
+def equal_cost_table(arms: dict[str, dict[int, list[dict]]], done: set[tuple[str, int]], key: str) -> list[str]:
     """Accuracy of each arm at the cheapest arm's total cost (CPU, and wall clock beside it)."""
     def total(seeds: dict[int, list[dict]], clock: str) -> float:
         return statistics.fmean(cumulative(rows, clock)[rows[-1]["step"]] for rows in seeds.values() if rows)
 
     lines = ["| arm | budget | accuracy within the CPU budget (step) | accuracy within the wall budget (step) |",
              "|---|---|---|---|"]
-    finished = {arm: seeds for arm, seeds in arms.items() if seeds and all(rows for rows in seeds.values())}
+    finished = {arm: {seed: rows for seed, rows in seeds.items() if (arm, seed) in done} for arm, seeds in arms.items()}
+    finished = {arm: seeds for arm, seeds in finished.items() if seeds}
     if not finished:
         return lines
     cpu_budget = min(total(seeds, "time/cpu") for seeds in finished.values())
@@ -126,14 +134,15 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--target", default="teacher", help="'teacher' (its logged accuracy) or an accuracy in [0, 1]")
     args = parser.parse_args()
-    arms = arms_of(args.study_dir)
-    key = f"eval/{args.split}/accuracy"
-    teacher = [row[f"eval/{args.split}/teacher/accuracy"] for seeds in arms.values() for rows in seeds.values()
-               for row in rows if f"eval/{args.split}/teacher/accuracy" in row]
-    target = (teacher[0] if teacher else None) if args.target == "teacher" else float(args.target)
-    print(f"target: {'n/a' if target is None else f'{100 * target:.1f}%'} "
-          f"({'the teacher' if args.target == 'teacher' else 'given'}; teacher logged by {len(teacher)} runs)\n")
-    for table in (cost_table(arms), accuracy_table(arms, key, target), equal_cost_table(arms, key)):
+    arms, done = arms_of(args.study_dir)
+    key, teacher_key = f"eval/{args.split}/accuracy", f"eval/{args.split}/teacher/accuracy"
+    teacher = {seed: row[teacher_key] for seeds in arms.values() for seed, rows in seeds.items() for row in rows
+               if teacher_key in row}
+    targets = teacher if args.target == "teacher" else {seed: float(args.target) for seeds in arms.values()
+                                                        for seed in seeds}
+    print("target per seed: " + (", ".join(f"{seed}: {100 * value:.1f}%" for seed, value in sorted(targets.items()))
+                                 or "n/a") + f" ({'the teacher' if args.target == 'teacher' else 'given'})\n")
+    for table in (cost_table(arms), accuracy_table(arms, key, targets), equal_cost_table(arms, done, key)):
         print("\n".join(table) + "\n")
 
 
