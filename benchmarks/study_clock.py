@@ -13,7 +13,8 @@ prints, per arm, Markdown tables of:
   run of seed s is evaluated on the same ones), or a fixed accuracy;
 - accuracy at equal cost: for each arm, over its finished runs (those with final/), the accuracy at
   the last evaluated step whose cumulative CPU seconds (and, beside it, wall seconds) are within the
-  cheapest arm's mean total, mean over seeds.
+  budget, mean over seeds; the budget is the cost of the arm that costs least on average, its
+  costliest seed's (so that arm is at its last step in every seed).
 CPU seconds are the cost to compare on a loaded machine: the wall clock also counts the other
 programs' time slices. Prints only; writes nothing.
 """
@@ -101,8 +102,8 @@ def accuracy_table(arms: dict[str, dict[int, list[dict]]], key: str, targets: di
 
 def equal_cost_table(arms: dict[str, dict[int, list[dict]]], done: set[tuple[str, int]], key: str) -> list[str]:
     """Accuracy of each arm at the cheapest arm's total cost (CPU, and wall clock beside it)."""
-    def total(seeds: dict[int, list[dict]], clock: str) -> float:
-        return statistics.fmean(cumulative(rows, clock)[rows[-1]["step"]] for rows in seeds.values() if rows)
+    def totals(seeds: dict[int, list[dict]], clock: str) -> list[float]:
+        return [cumulative(rows, clock)[rows[-1]["step"]] for rows in seeds.values() if rows]
 
     lines = ["| arm | budget | accuracy within the CPU budget (step) | accuracy within the wall budget (step) |",
              "|---|---|---|---|"]
@@ -110,8 +111,11 @@ def equal_cost_table(arms: dict[str, dict[int, list[dict]]], done: set[tuple[str
     finished = {arm: seeds for arm, seeds in finished.items() if seeds}
     if not finished:
         return lines
-    cpu_budget = min(total(seeds, "time/cpu") for seeds in finished.values())
-    wall_budget = min(total(seeds, "seconds") for seeds in finished.values())
+    budgets = []
+    for clock in ("time/cpu", "seconds"):
+        cheapest = min(finished.values(), key=lambda seeds: statistics.fmean(totals(seeds, clock)))
+        budgets.append(max(totals(cheapest, clock)))
+    cpu_budget, wall_budget = budgets
     for arm, seeds in finished.items():
         cells = []
         for clock, budget in (("time/cpu", cpu_budget), ("seconds", wall_budget)):
