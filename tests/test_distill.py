@@ -16,6 +16,8 @@ from vlmrl.cli import main
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import read_metrics
+from vlmrl.evaluation.evaluate import evaluate
+from vlmrl.training import session as session_module
 from vlmrl.training import teacher as teacher_module
 from vlmrl.training.trainer import train
 
@@ -48,6 +50,10 @@ def test_a_teacher_of_the_family_moves_the_student_and_its_kl_is_logged(tmp_path
     rows = read_metrics(run / "metrics.jsonl")
     kls = [row["distill/teacher_kl"] for row in rows]
     assert len(kls) == 2 and all(abs(kl) > 1e-4 for kl in kls), kls  # two random models disagree
+    for row in rows:  # advantage/*: the update's per-token advantages, -(student - teacher) with the task dropped
+        assert row["advantage/mean"] == pytest.approx(-row["distill/teacher_kl"], rel=1e-5)
+        assert row["advantage/min"] < 0 < row["advantage/max"] and row["advantage/abs_mean"] > abs(row["advantage/mean"])
+        assert {"advantage/task/abs_mean", "advantage/task/std", "advantage/task/min", "advantage/task/max"} <= set(row)
     before, after = weights(tiny_model_dir), weights(run / "final")
     assert any(not torch.equal(before[name], after[name]) for name in before)  # the teacher alone moved it
 
@@ -58,6 +64,7 @@ def test_a_student_distilled_from_a_copy_of_itself_gets_no_signal(tmp_path, tiny
                            "algorithm.distill_reward=drop", "train.steps=1"))
     (row,) = read_metrics(run / "metrics.jsonl")
     assert row["distill/teacher_kl"] == 0.0 and row["loss"] == 0.0 and row["grad_norm"] == 0.0
+    assert [row[f"advantage/{name}"] for name in ("mean", "abs_mean", "std", "min", "max")] == [0.0] * 5
     before, after = weights(tiny_model_dir), weights(run / "final")
     assert all(torch.equal(before[name], after[name]) for name in before)
 
@@ -88,6 +95,40 @@ def test_a_resumed_distillation_run_matches_an_uninterrupted_one(tmp_path, tiny_
     assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
     a, b = weights(straight / "final"), weights(resumed / "final")
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_the_teachers_held_out_accuracy_is_logged_once_at_step_0(tmp_path, tiny_model_dir, letter_task,
+                                                                  monkeypatch):
+    """The teacher evaluated as the policy is (greedy, the same held-out set; no blind check), before
+    step 1, not again on resume; a student distilled from a copy of itself (its weights do not move)
+    then scores at step 1 what the teacher scored at step 0."""
+    calls = []  # (frozen model?, held-out prompts, blind check) of each evaluation
+
+    def spy(model, processor, task, examples, settings, **kwargs):
+        calls.append((not any(p.requires_grad for p in model.parameters()), [e.prompt for e in examples],
+                      settings.blind_check))
+        return evaluate(model, processor, task, examples, settings, **kwargs)
+
+    monkeypatch.setattr(session_module, "evaluate", spy)
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    common = [f"algorithm.teacher={copy}", "train.steps=2", "train.save_every=1", "eval.every=2", "eval.n=4",
+              "eval.blind_check=true", "algorithm.beta=0", "algorithm.distill_reward=drop"]
+    run = train(config_for(tmp_path, tiny_model_dir, *common))
+    first, _, last = read_metrics(run / "metrics.jsonl")
+    assert first["step"] == 0
+    assert sorted(first) == sorted(["step", *[key.replace("eval/test/", "eval/test/teacher/") for key in last
+                                              if key.startswith("eval/test/") and key.split("/")[2] not in
+                                              ("blank", "shuffled", "drop")]])
+    assert first["eval/test/teacher/accuracy"] == last["eval/test/accuracy"]
+    assert first["eval/test/teacher/reward/share"] == last["eval/test/reward/share"]
+    assert json.loads((run / "evals" / "step_000000_test_teacher.json").read_text())["results"]["blind"] is None
+    (teacher, prompts, blind), (policy, same_prompts, policy_blind) = calls
+    assert (teacher, policy, blind, policy_blind) == (True, False, False, True) and prompts == same_prompts
+    shutil.rmtree(run / "checkpoints" / "step_000002")
+    shutil.rmtree(run / "final")
+    resumed = train(config_for(tmp_path, tiny_model_dir, *common, "resume=true"))
+    assert [row["step"] for row in read_metrics(resumed / "metrics.jsonl")] == [0, 1, 2]  # no second step 0
+    assert len(calls) == 3  # the resume evaluated the policy at step 2, not the teacher
 
 
 def edited_copy(source: str, folder: Path, file: str, edit) -> str:

@@ -689,6 +689,27 @@ def test_a_student_distilled_from_itself_gets_exactly_zero_signal():
     assert torch.equal(logp.grad, torch.zeros(2, 2))
 
 
+def test_per_token_advantages_are_summarised_over_the_loss_tokens_and_merged():
+    student, teacher, mask = two_tokens_distilled()
+    adv = grpo.distill_advantages(torch.tensor([0.3, -0.2]), student, teacher, mask, grpo.DistillSettings(0.5, "keep"))
+    # the valid tokens' advantages [0.05, 1.05, -0.2] (the padding's 0 not among them): n 3, sum 0.9,
+    # squares 0.0025 + 1.1025 + 0.04 = 1.145, |.| 1.3, min -0.2, max 1.05
+    summary = grpo.token_summary(adv, mask)
+    assert_close(summary, torch.tensor([3.0, 0.9, 1.145, 1.3, -0.2, 1.05]))
+    # split into two micro-batches of one row each, then merged: the same
+    merged = grpo.merge_summaries(torch.stack([grpo.token_summary(adv[:1], mask[:1]),
+                                               grpo.token_summary(adv[1:], mask[1:])]))
+    assert_close(merged, summary)
+    stats = grpo.summary_statistics(merged)
+    # mean 0.3; sample variance (1.145 - 0.9**2 / 3) / 2 = 0.4375, std 0.661438; |.| mean 1.3 / 3
+    assert stats == pytest.approx({"mean": 0.3, "abs_mean": 1.3 / 3, "std": 0.4375 ** 0.5, "min": -0.2, "max": 1.05},
+                                  rel=1e-6)
+    assert stats["std"] == pytest.approx(float(torch.tensor([0.05, 1.05, -0.2]).std()), rel=1e-6)  # torch.std's n - 1
+    nothing = grpo.token_summary(adv, torch.zeros_like(mask))
+    assert_close(grpo.merge_summaries(torch.stack([nothing, summary])), summary)  # an empty micro-batch changes nothing
+    assert grpo.summary_statistics(nothing) == dict.fromkeys(("mean", "abs_mean", "std", "min", "max"), 0.0)
+
+
 def test_distill_settings_out_of_range_are_rejected():
     student, teacher, mask = two_tokens_distilled()
     with pytest.raises(ValueError, match="keep' or 'drop"):

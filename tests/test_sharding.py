@@ -225,12 +225,15 @@ def test_distillation_under_two_fsdp2_processes_makes_the_same_steps_as_one(tmp_
     from vlmrl.models import build_tiny_model
 
     teacher = str(build_tiny_model(tmp_path / "teacher", size="tiny", seed=1))  # same tokenizer, other weights
-    more = ("train.steps=2", f"algorithm.teacher={teacher}", "algorithm.distill_weight=1.0")
+    more = ("train.steps=2", f"algorithm.teacher={teacher}", "algorithm.distill_weight=1.0", "eval.every=2", "eval.n=4")
     run_ok(CLI, two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
     run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "two", *more))
-    one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
+    (start_one, *one), (start_two, *two) = (read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two"))
+    assert start_one == start_two and start_one["step"] == 0  # the teacher's held-out scores, gathered from its shards
+    assert {"eval/test/teacher/accuracy", "eval/test/teacher/completion_tokens"} <= set(start_one)
     assert len(one) == len(two) == 2
     for a, b in zip(one, two):
         assert a["reward"] == b["reward"] and a["distill/teacher_kl"] != 0
-        assert_same_statistics(a, b, ("loss", "kl", "grad_norm", "distill/teacher_kl"))
+        assert_same_statistics(a, b, ("loss", "kl", "grad_norm", "distill/teacher_kl", "advantage/mean",
+                                      "advantage/abs_mean", "advantage/std", "advantage/min", "advantage/max"))
     assert_same_weights(final_weights(tmp_path / "one" / "final"), final_weights(tmp_path / "two" / "final"), LR)

@@ -24,7 +24,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.report.compare import ArmResult, SeedRun, header, markdown, table_rows
 from vlmrl.report.tracking import read_metrics
 from vlmrl.safety.checkpoint import read_checkpoint
-from vlmrl.study.compare import check_runs, load_study, plan, record_specs, spec_changes
+from vlmrl.study.compare import Run, check_runs, load_study, plan, record_specs, spec_changes
 from vlmrl.training.trainer import train
 
 TESTS = Path(__file__).parent
@@ -58,7 +58,7 @@ def test_the_study_file_is_checked(tmp_path, letter_config):
     good = "  - {name: grpo, config: %s}\n" % letter_config
     with pytest.raises(VlmrlError, match="unknown study key 'seed'; did you mean seeds"):
         load_study(write(tmp_path / "a.yaml", f"seed: 1\narms:\n{good}"))
-    with pytest.raises(VlmrlError, match="arm names must differ"):
+    with pytest.raises(VlmrlError, match="the names of the arms and before runs must differ"):
         load_study(write(tmp_path / "b.yaml", f"arms:\n{good}{good}"))
     with pytest.raises(VlmrlError, match="study config file 'nowhere.yaml' does not exist"):
         load_study(write(tmp_path / "c.yaml", "arms:\n  - {name: x, config: nowhere.yaml}\n"))
@@ -69,7 +69,8 @@ def test_the_study_file_is_checked(tmp_path, letter_config):
         plan(load_study(write(tmp_path / "e.yaml", uses_warm)))
     warm_in_common = (f"common: ['model.name_or_path={{warm_start}}']\n"
                       f"warm_start: {{command: sft, config: {letter_config}}}\narms:\n{good}")
-    with pytest.raises(VlmrlError, match="cannot be in common or in the warm start's own overrides"):
+    with pytest.raises(VlmrlError, match=r"^\{warm_start\} is the warm start's final model, not made before the warm "
+                                        r"start that uses it: it cannot be in common \(which applies to every run\)"):
         plan(load_study(write(tmp_path / "f.yaml", warm_in_common)))
 
 
@@ -89,7 +90,7 @@ def test_an_arm_named_like_the_studys_own_output_is_refused(tmp_path, letter_con
     assert str(refused.value) == (f"arm name {name!r} is taken by the study's own output (compare.html, compare.md, "
                                   "warm_start): rename it")
     same_but_case = f"arms:\n  - {{name: grpo, config: {letter_config}}}\n  - {{name: GRPO, config: {letter_config}}}\n"
-    with pytest.raises(VlmrlError, match=r"arm names must differ \(also in case: some disks ignore it\); got \['grpo', 'GRPO'\]"):
+    with pytest.raises(VlmrlError, match=r"the names of the arms and before runs must differ \(also in case: some disks ignore it\); got \['grpo', 'GRPO'\]"):
         load_study(write(tmp_path / "t.yaml", same_but_case))
     assert load_study(write(tmp_path / "u.yaml", f"arms:\n  - {{name: dr-grpo_1.5e-4+x, config: {letter_config}}}\n"))
 
@@ -150,12 +151,12 @@ def test_an_edited_arm_or_warm_start_is_refused_never_reused(tmp_path, letter_co
 
     def checked(arms_text: str = arms, warm_text: str = warm):
         study = load_study(study_file(tmp_path, letter_config, arms_text, warm_text))
-        warm_run, grid = plan(study)
-        return warm_run, grid, check_runs(study, warm_run, grid)
+        prepared, grid = plan(study)
+        return prepared, grid, check_runs(study, prepared, grid)
 
-    warm_run, grid, specs = checked()
-    record_specs([warm_run, *grid], specs)
-    for run in [warm_run, *grid]:
+    prepared, grid, specs = checked()
+    record_specs([*prepared, *grid], specs)
+    for run in [*prepared, *grid]:
         finish(run)
     assert checked()[2] == specs  # the same study again: nothing to refuse
     root = tmp_path / "study"
@@ -172,8 +173,8 @@ def test_an_edited_arm_or_warm_start_is_refused_never_reused(tmp_path, letter_co
         checked(warm_text=warm.replace("steps=1", "steps=2"))
     assert str(warm_edited.value) == (
         f"the warm start changed since {root / 'warm_start'} was made (train.steps: 1 -> 2): to keep those runs, give "
-        f"the study another output_dir; to run it again, delete {root / 'warm_start'} and the folders of the arms that "
-        "start from it")
+        f"the study another output_dir; to run it again, delete {root / 'warm_start'} and the folders of the runs that "
+        "use it")
     shutil.rmtree(root / "warm_start")  # the warm start will be made again: the arm made from the old one is refused
     with pytest.raises(VlmrlError, match=r"^arm 'grpo' changed since .* \(the warm start it starts from\)"):
         checked(warm_text=warm.replace("steps=1", "steps=2"))
@@ -187,6 +188,106 @@ def test_an_edited_arm_or_warm_start_is_refused_never_reused(tmp_path, letter_co
     (root / "grpo" / "seed_0" / "study_spec.json").write_text("{not json")
     with pytest.raises(VlmrlError, match=r"holds a run with no readable record of its spec"):
         checked(warm_text=warm.replace("steps=1", "steps=2"))
+
+
+def test_before_runs_are_checked(tmp_path, letter_config):
+    warm = f"warm_start: {{command: sft, config: {letter_config}}}\n"
+    arm = f"  - {{name: grpo, config: {letter_config}, overrides: ['algorithm.teacher={{teacher}}']}}\n"
+
+    def before(*runs: tuple[str, str]) -> str:
+        return "before:\n" + "".join(f"  - {{name: {name}, config: {letter_config}, overrides: ['{item}']}}\n"
+                                      for name, item in runs)
+
+    def planned(extra: str, arms: str = arm):
+        return plan(load_study(study_file(tmp_path, letter_config, arms, extra)))
+
+    prepared, grid = planned(warm + before(("teacher", "model.name_or_path={warm_start}")))
+    assert [(run.name, run.folder, run.seed) for run in prepared] == [
+        ("warm_start", tmp_path / "study" / "warm_start", None), ("teacher", tmp_path / "study" / "teacher", None)]
+    with pytest.raises(VlmrlError) as refused:  # a before run that names itself, or one made after it
+        planned(before(("teacher", "algorithm.teacher={judge}"), ("judge", "train.steps=1")))
+    assert str(refused.value) == (
+        "{judge} is before run 'judge''s final model, not made before before run 'teacher' that uses it: it cannot be "
+        "in common (which applies to every run) or in the overrides of before run 'judge' or of a run made before it; "
+        "put it in the arms' overrides or in a later before run's")
+    with pytest.raises(VlmrlError, match=r"^\{teacher\} is before run 'teacher''s final model"):
+        planned("common: ['algorithm.teacher={teacher}']\n" + before(("teacher", "train.steps=1")))
+    with pytest.raises(VlmrlError, match="uses {warm_start} but the study has no warm_start"):
+        planned(before(("teacher", "model.name_or_path={warm_start}")))
+    with pytest.raises(VlmrlError, match=r"^the names of the arms and before runs must differ .* got \['GRPO', 'grpo'\]"):
+        planned(before(("GRPO", "train.steps=1")))
+    with pytest.raises(VlmrlError) as reserved:
+        planned(before(("warm_start", "train.steps=1")))
+    assert str(reserved.value) == ("before run name 'warm_start' is taken by the study's own output (compare.html, "
+                                   "compare.md, warm_start): rename it")
+    with pytest.raises(VlmrlError, match=r"^a before run's name must be a plain folder name"):
+        planned(before(("../x", "train.steps=1")))
+
+
+def test_before_runs_run_in_order_alone_and_their_models_fill_the_overrides(tmp_path, letter_config, monkeypatch):
+    """The warm start, then each before run, one at a time with every thread; then the grid, each
+    `{name}` its preparatory run's final model."""
+    study = load_study(study_file(
+        tmp_path, letter_config,
+        f"  - {{name: distill, config: {letter_config}, overrides: ['algorithm.teacher={{teacher}}', "
+        f"'model.name_or_path={{warm_start}}']}}\n",
+        f"threads: 3\nwarm_start: {{command: sft, config: {letter_config}}}\nbefore:\n"
+        f"  - {{name: teacher, config: {letter_config}, overrides: ['model.name_or_path={{warm_start}}']}}\n"))
+    prepared, grid = plan(study)
+    calls = []
+
+    def execute(jobs, parallel, threads, label, stops):
+        calls.append(([job.name for job in jobs], parallel, threads, label, jobs[0].argv))
+        for job in jobs:
+            finish(Run(job.name, None, job.folder, None))
+        return [study_processes.Outcome(job, 0) for job in jobs]
+
+    monkeypatch.setattr(study_module, "execute", execute)
+    study_module.run_all(study, prepared, grid, "study.yaml")
+    root = tmp_path / "study"
+    assert [call[:4] for call in calls] == [(["warm_start"], 1, 6, "warm start"), (["teacher"], 1, 6, "teacher"),
+                                            (["distill/seed_0", "distill/seed_1"], 2, 3, "study")]
+    assert f"model.name_or_path={root / 'warm_start' / 'final'}" in calls[1][4]
+    assert {f"algorithm.teacher={root / 'teacher' / 'final'}",
+            f"model.name_or_path={root / 'warm_start' / 'final'}"} <= set(calls[2][4])
+
+
+def test_an_edited_before_run_is_refused_and_so_are_the_runs_that_use_it(tmp_path, letter_config):
+    warm = f"warm_start: {{command: sft, config: {letter_config}, overrides: [train.steps=1]}}\n"
+    teacher = (f"before:\n  - {{name: teacher, config: {letter_config}, "
+               f"overrides: ['model.name_or_path={{warm_start}}', train.steps=1]}}\n")
+    arms = (f"  - {{name: distill, config: {letter_config}, overrides: ['algorithm.teacher={{teacher}}']}}\n"
+            f"  - {{name: plain, config: {letter_config}}}\n")
+
+    def checked(warm_text: str = warm, teacher_text: str = teacher):
+        study = load_study(study_file(tmp_path, letter_config, arms, warm_text + teacher_text))
+        prepared, grid = plan(study)
+        return prepared, grid, check_runs(study, prepared, grid)
+
+    prepared, grid, specs = checked()
+    assert "before" not in specs["teacher"] and specs["teacher"]["warm_start"] is not None
+    assert specs["distill/seed_0"]["warm_start"] is None and list(specs["distill/seed_0"]["before"]) == ["teacher"]
+    record_specs([*prepared, *grid], specs)
+    for run in [*prepared, *grid]:
+        finish(run)
+    assert checked()[2] == specs
+    root = tmp_path / "study"
+    with pytest.raises(VlmrlError) as edited:
+        checked(teacher_text=teacher.replace("steps=1", "steps=2"))
+    assert str(edited.value) == (
+        f"before run 'teacher' changed since {root / 'teacher'} was made (train.steps: 1 -> 2): to keep those runs, "
+        f"give the study another output_dir; to run it again, delete {root / 'teacher'} and the folders of the runs "
+        "that use it")
+    shutil.rmtree(root / "teacher")  # made again from the new spec: the arm that uses the old one is refused
+    with pytest.raises(VlmrlError, match=r"^arm 'distill' changed since .* \(the run 'teacher' it uses\)"):
+        checked(teacher_text=teacher.replace("steps=1", "steps=2"))
+    shutil.rmtree(root / "distill")
+    checked(teacher_text=teacher.replace("steps=1", "steps=2"))  # the arm that does not use it is kept
+    record_specs(checked()[0], checked()[2])
+    finish(checked()[0][1])
+    shutil.rmtree(root / "warm_start")  # a new warm start makes a new teacher: the teacher's spec says so
+    with pytest.raises(VlmrlError, match=r"^before run 'teacher' changed since .* \(the warm start it starts from\)"):
+        checked(warm_text=warm.replace("steps=1", "steps=3"))
 
 
 def test_what_changed_between_two_specs():
@@ -214,9 +315,9 @@ def test_a_run_with_a_checkpoint_resumes_and_a_finished_one_is_done(tmp_path, le
     _, grid = plan(study)
     assert [run.name for run in grid] == ["grpo/seed_0", "grpo/seed_1"]
     run = grid[1]
-    assert run.argv(study, "")[-2:] == [f"output_dir={run.folder}", "seed=1"]
+    assert run.argv(study, {})[-2:] == [f"output_dir={run.folder}", "seed=1"]
     (run.folder / "checkpoints" / "step_000001").mkdir(parents=True)
-    assert run.argv(study, "")[-1] == "resume=true" and not run.finished
+    assert run.argv(study, {})[-1] == "resume=true" and not run.finished
     (run.folder / "final").mkdir()
     (run.folder / "metrics.jsonl").write_text("")
     assert run.finished
@@ -295,21 +396,45 @@ def test_the_comparison_has_a_column_for_every_other_accuracy_logged():
 
 def test_the_shipped_study_plans_its_grid():
     study = load_study(TESTS.parent / "studies" / "shapes_rl_vs_sft.yaml")
-    warm, grid = plan(study)
-    assert warm is not None and len(grid) == 7 * 3
+    prepared, grid = plan(study)
+    assert [run.name for run in prepared] == ["warm_start"] and len(grid) == 7 * 3
     assert [arm.name for arm in study.arms] == ["sft-equal-time", "sft-longer", "grpo", "dapo", "dr-grpo", "gspo",
                                                 "cispo"]
-    assert all("seed=" in run.argv(study, "w")[-1] for run in grid)
+    assert all("seed=" in run.argv(study, {"warm_start": "w"})[-1] for run in grid)
 
 
 def test_the_weak_teacher_study_plans_its_grid():
     study = load_study(TESTS.parent / "studies" / "shapes_weak_teacher.yaml")
-    warm, grid = plan(study)
-    assert warm is not None and len(grid) == 6 * 3
+    prepared, grid = plan(study)
+    assert [run.name for run in prepared] == ["warm_start"] and len(grid) == 6 * 3
     assert [arm.name for arm in study.arms] == ["sft-equal-time", "sft-longer", "grpo", "dapo", "dr-grpo", "gspo"]
     assert "task.params.teacher_error=0.3" in study.common and "eval.blind_check=true" in study.common
-    specs = check_runs(study, warm, grid)  # every run's config resolves and validates
+    specs = check_runs(study, prepared, grid)  # every run's config resolves and validates
     assert len(specs) == 1 + 6 * 3
+
+
+def test_the_distillation_study_plans_its_grid(tmp_path):
+    study = load_study(TESTS.parent / "studies" / "distill.yaml")
+    study.output_dir = str(tmp_path / "study")  # not the study's own folder: it may be running
+    prepared, grid = plan(study)
+    assert [run.name for run in prepared] == ["warm_start", "teacher"] and len(grid) == 3 * 3
+    assert [arm.name for arm in study.arms] == ["distill", "grpo-distill", "grpo"]
+    specs = check_runs(study, prepared, grid)  # every run's config resolves and validates
+    teacher = str(Path(study.output_dir) / "teacher" / "final")
+    assert [specs[f"{arm}/seed_0"]["config"]["algorithm"]["teacher"] for arm in ("distill", "grpo-distill", "grpo")] \
+        == [teacher, teacher, ""]
+    assert specs["teacher"]["config"]["seed"] not in study.seeds
+
+
+def test_the_losses_study_plans_its_grid(tmp_path):
+    study = load_study(TESTS.parent / "studies" / "shapes_losses_2026.yaml")
+    study.output_dir = str(tmp_path / "study")  # not the study's own folder: it may be running
+    prepared, grid = plan(study)
+    assert [run.name for run in prepared] == ["warm_start"] and len(grid) == 6 * 3
+    specs = check_runs(study, prepared, grid)
+    algorithm = {arm.name: specs[f"{arm.name}/seed_0"]["config"]["algorithm"] for arm in study.arms}
+    assert algorithm["sapo"]["surrogate"] == "sapo" and algorithm["grpo-icepop"]["tis_mode"] == "token_mask"
+    assert algorithm["grpo-mis"]["tis_mode"] == "sequence_mask" and algorithm["grpo-off-policy-mask"]["off_policy_mask"] == 0.5
 
 
 # --------------------------------------------------------------------------- a study stopped, then continued

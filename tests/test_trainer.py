@@ -64,6 +64,7 @@ def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path, tiny
     # fp32 on the CPU: the sampler's log-probs are the training pass's to rounding, so TIS weighs ~1
     assert 0 <= row["mismatch_kl"] < 1e-9 and row["tis_weight_mean"] == pytest.approx(1, abs=1e-5)
     assert row["tis_capped_fraction"] == 0
+    assert 0 < row["time/cpu"] and 0 < row["seconds"]  # the step's CPU seconds beside its wall clock
     rollouts = (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in rollouts]
     assert len(rows) == 16 and [r["group"] for r in rows] == [g for g in range(4) for _ in range(4)]

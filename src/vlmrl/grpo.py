@@ -362,6 +362,33 @@ def teacher_kl(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor) -> Tens
     return masked_mean((student_logp - teacher_logp).detach(), mask)
 
 
+def token_summary(values: Tensor, mask: Tensor) -> Tensor:
+    """(6,) count, sum, sum of squares, sum of absolute values, min and max of `values` (B, T) over
+    the tokens of `mask`: what per-token advantages are logged from, summable over micro-batches and
+    processes (`merge_summaries`). An empty mask gives zeros with min +inf and max -inf."""
+    valid = mask.bool()  # (B, T)
+    picked = values.detach().float()[valid]  # (n,)
+    if picked.numel() == 0:
+        return torch.tensor([0.0, 0.0, 0.0, 0.0, math.inf, -math.inf], device=values.device)
+    return torch.stack([torch.tensor(float(picked.numel()), device=values.device), picked.sum(),
+                        picked.square().sum(), picked.abs().sum(), picked.min(), picked.max()])  # (6,)
+
+
+def merge_summaries(summaries: Tensor) -> Tensor:
+    """(6,) the `token_summary` of the union of the token sets summarised in `summaries` (K, 6)."""
+    return torch.cat([summaries[:, :4].sum(0), summaries[:, 4:5].amin(0), summaries[:, 5:].amax(0)])  # (6,)
+
+
+def summary_statistics(summary: Tensor) -> dict[str, float]:
+    """The mean, mean absolute value, sample std (n - 1, as torch.std), min and max of a
+    `token_summary`; all 0 without tokens (std 0 with one)."""
+    count, total, squares, absolute, low, high = summary.tolist()
+    if count == 0:
+        return dict.fromkeys(("mean", "abs_mean", "std", "min", "max"), 0.0)
+    variance = max(squares - total * total / count, 0.0) / max(count - 1, 1)
+    return {"mean": total / count, "abs_mean": absolute / count, "std": math.sqrt(variance), "min": low, "max": high}
+
+
 def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
                      level: RatioLevel = "token") -> Tensor:
     """(B, T) importance ratios; padding positions are 1.

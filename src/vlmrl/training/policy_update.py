@@ -8,7 +8,8 @@ Four parts, each readable alone:
   on-policy distillation) and the old policy's (updates_per_batch > 1), computed once before the
   updates, without gradients; with a teacher, each micro-batch's advantages become per-token ones
   (grpo.distill_advantages, from the log-probs before the updates) and the mean reverse KL to the
-  teacher on the sampled tokens is logged as `distill/teacher_kl`;
+  teacher on the sampled tokens is logged as `distill/teacher_kl`, and the `advantage/*` statistics
+  are those per-token advantages', over the loss's tokens (`advantage/task/*`: the task's part);
 - `accumulate_gradients`: forward and backward of every micro-batch, gradients synchronised across
   processes on the last one only; the loss of each is weighted by its share, so the gradient is
   the one of a single process on the global batch;
@@ -114,6 +115,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
     top_entropy = session.config.algorithm.top_entropy_share
     weighted = []  # (S,) per micro-batch: its statistics times its share, kept on the device
     distilled = []  # (2,) per micro-batch with a teacher: summed reverse KL to it, tokens
+    summaries = []  # (6,) per micro-batch with a teacher: its per-token advantages (grpo.token_summary)
     for i, (rows, share) in enumerate(zip(batch.micro, batch.shares)):
         last = i == len(batch.micro) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(session.model):
@@ -126,6 +128,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
             if batch.teacher is not None:
                 kl = (inputs.old_logp - batch.teacher[rows]) * inputs.mask  # (n, T)
                 distilled.append(torch.stack([kl.sum(), inputs.mask.sum()]).float())
+                summaries.append(grpo.token_summary(inputs.advantages, inputs.mask))
             session.backward(out.loss * (share * accelerator.num_processes), last)  # DDP averages gradients
         entropy_mean = entropy.detach().sum() / part.completion_mask.sum().clamp(min=1)  # ()
         statistics = [getattr(out, name).detach().float() for name in LOSS_STATISTICS] + [entropy_mean.float()]
@@ -134,6 +137,7 @@ def accumulate_gradients(session, scorer: LogprobScorer, batch: LossBatch) -> di
     statistics = dict(zip(LOSS_STATISTICS + ("entropy",), sums))
     if distilled:  # summed over this process's micro-batches; update_policy divides over all processes
         statistics["teacher_kl_sum"], statistics["teacher_tokens"] = torch.stack(distilled).sum(0).tolist()
+        statistics["advantages"] = grpo.merge_summaries(torch.stack(summaries))  # (6,) on the device
     return statistics
 
 
@@ -145,8 +149,10 @@ def update_policy(session, scorer: LogprobScorer, experience: Experience) -> dic
     batch = loss_batch(session, experience)
     fixed_logprobs(session, scorer, batch)
     totals = dict.fromkeys(LOSS_STATISTICS + ("entropy", "grad_norm"), 0.0)
+    advantages = None  # (6,) with a teacher: the per-token advantages (the same in every update)
     for _ in range(updates):
         sums = accumulate_gradients(session, scorer, batch)
+        advantages = sums.pop("advantages", advantages)
         sums["grad_norm"] = session.guard.step(session.update, session.scheduler, sums["loss"])  # before clipping
         for name, value in sums.items():
             totals[name] = totals.get(name, 0.0) + value / updates
@@ -157,4 +163,7 @@ def update_policy(session, scorer: LogprobScorer, experience: Experience) -> dic
     if batch.teacher is not None:  # the mean over every process's tokens (the same in each update)
         kl_sum, tokens = totals.pop("teacher_kl_sum"), totals.pop("teacher_tokens")
         totals["distill/teacher_kl"] = kl_sum / max(tokens, 1.0)
+        everyone = session.accelerator.gather(advantages.unsqueeze(0))  # (processes, 6)
+        totals |= {f"advantage/{name}": value
+                   for name, value in grpo.summary_statistics(grpo.merge_summaries(everyone)).items()}
     return totals

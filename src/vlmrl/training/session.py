@@ -229,19 +229,25 @@ class TrainingSession:
             raise busy or FolderBusy(f"{self.run_dir} is in use by another vlmrl run")
         return folder_lock
 
-    def gathered(self):
-        """A context within which a sharded policy is gathered on every process as generation gathers
-        it: FSDP2 (rollout.fsdp_generation: whole, or its root and first blocks: sharding.gathered),
-        ZeRO-3 whole with DeepSpeed's hooks off (zero3.gathered). Call on every process."""
-        if zero3.is_partitioned(self.policy):
-            return zero3.gathered(self.policy)
-        return gathered(self.policy, self.config.rollout.fsdp_generation == "whole")
+    def gathered(self, model: torch.nn.Module | None = None):
+        """A context within which a sharded policy (or `model`: the teacher, sharded like it) is
+        gathered on every process as generation gathers it: FSDP2 (rollout.fsdp_generation: whole, or
+        its root and first blocks: sharding.gathered), ZeRO-3 whole with DeepSpeed's hooks off
+        (zero3.gathered). Call on every process."""
+        model = self.policy if model is None else model
+        if zero3.is_partitioned(model):
+            return zero3.gathered(model)
+        return gathered(model, self.config.rollout.fsdp_generation == "whole")
 
     @property
     def gathers_by_layer(self) -> bool:
         """Within `gathered`, FSDP2 still gathers the other blocks at each forward: every process must
         run the same forwards (rollout.fsdp_generation=layers)."""
-        return is_sharded(self.policy) and self.config.rollout.fsdp_generation != "whole"
+        return self.layer_gathered(self.policy)
+
+    def layer_gathered(self, model: torch.nn.Module) -> bool:
+        """`gathers_by_layer` for `model`."""
+        return is_sharded(model) and self.config.rollout.fsdp_generation != "whole"
 
     def restorable_optimizer(self):
         """The optimizer as a checkpoint's state goes back into it: whole (one process, DDP), or the
@@ -431,15 +437,32 @@ class TrainingSession:
         last = steps_done == self.config.train.steps
         if not settings.every or (steps_done % settings.every and not last):
             return {}
+        return self.evaluate(self.policy, steps_done, task)
+
+    def evaluate_teacher(self, task: Task) -> dict[str, float]:
+        """The distillation teacher's held-out accuracy, once, at the start of a run that evaluates
+        (eval.every > 0; not again on resume): {"step": 0, "eval/<split>/teacher/<metric>": value}
+        on each eval split's fixed held-out set, the same greedy evaluation as the policy's (no blind
+        check), its results in run_dir/evals/step_000000_<split>_teacher.json. Sharded under FSDP2,
+        the teacher is gathered for it as the policy is for its own; whole under ZeRO-3. {} on the
+        other processes, or without a teacher."""
+        if self.teacher is None or not self.config.eval.every or self.start_step:
+            return {}
+        metrics = self.evaluate(self.teacher.model, 0, task, "teacher")
+        return metrics | {"step": 0} if self.main else {}
+
+    def evaluate(self, model: torch.nn.Module, steps_done: int, task: Task, who: str = "") -> dict[str, float]:
+        """`model` (the policy, or the teacher: `who`) evaluated on every eval split (`_evaluate`);
+        call on every process."""
         metrics: dict[str, float] = {}
-        with self.gathered():  # sharded: every process gathers, the main one evaluates
-            if self.main or self.gathers_by_layer:  # gathered by layers: all run the forwards
-                metrics = self._evaluate(steps_done, task)
+        with self.gathered(model):  # sharded: every process gathers, the main one evaluates
+            if self.main or self.layer_gathered(model):  # gathered by layers: all run the forwards
+                metrics = self._evaluate(model, steps_done, task, who)
         self.accelerator.wait_for_everyone()
         return metrics if self.main else {}
 
-    def _evaluate(self, steps_done: int, task: Task) -> dict[str, float]:
-        """`maybe_evaluate`'s work (the main process writes the results)."""
+    def _evaluate(self, model: torch.nn.Module, steps_done: int, task: Task, who: str) -> dict[str, float]:
+        """`evaluate`'s work (the main process writes the results): eval/<split>/[<who>/]<metric>."""
         settings = self.config.eval
         metrics: dict[str, float] = {}
         max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
@@ -448,16 +471,16 @@ class TrainingSession:
                                      seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
                                      max_trajectory_tokens=rollout.max_trajectory_tokens,
                                      tool_image_side=rollout.tool_image_side, decode=rollout.decode,
-                                     blind_check=settings.blind_check, rewards=list(self.config.rewards))
+                                     blind_check=settings.blind_check and not who, rewards=list(self.config.rewards))
         for split in settings.splits:
             if split not in self.held_out:  # the same fixed set at every evaluation: make it once
                 self.held_out[split] = held_out_examples(task, split, settings.n)
             examples = self.held_out[split]
-            evaluation = evaluate(self.policy, self.processor, task, examples, eval_settings,
-                                  show_progress=False)
+            evaluation = evaluate(model, self.processor, task, examples, eval_settings, show_progress=False)
             if self.main:
-                save_evaluation(evaluation, self.run_dir / "evals", f"step_{steps_done:06d}_{split}.json")
-            metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/")
+                name = f"step_{steps_done:06d}_{split}{'_' + who if who else ''}.json"
+                save_evaluation(evaluation, self.run_dir / "evals", name)
+            metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/{who + '/' if who else ''}")
         return metrics
 
     def finish(self) -> Path:

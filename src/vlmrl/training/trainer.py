@@ -47,6 +47,8 @@ def train(config: Config, task: Task | None = None) -> Path:
         config.rollout.check_layout(session.world)
         run_preflight(session, task, "train")  # first batches, prompt lengths, memory: fail before step 1
         session.make_held_out(task)  # every held-out example made and encoded once: a bad one shows now
+        if teacher_accuracy := session.evaluate_teacher(task):  # distillation: the teacher's, as step 0
+            session.record(teacher_accuracy)
         scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                                config.train.logprob_chunk, config.train.block_attention)
         sampler = GroupSampler.for_run(session, task)
@@ -57,7 +59,7 @@ def train(config: Config, task: Task | None = None) -> Path:
                         total=config.train.steps, desc="train", unit="step", disable=not session.main,
                         dynamic_ncols=True)
         for step in progress:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             session.policy.eval()
             experience, next_cursor = collect_experience(sampler, step, cursor)
             session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
@@ -70,11 +72,11 @@ def train(config: Config, task: Task | None = None) -> Path:
             update = update_policy(session, scorer, experience)
             update["time/train"] = time.perf_counter() - update_started
             refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
-            metrics = step_metrics(experience, session.accelerator) | update
+            metrics = step_metrics(experience, session.accelerator, distilling=session.teacher is not None) | update
             metrics |= epoch_metric(task, cursor)
             metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
                         "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
-                        "seconds": time.perf_counter() - started}
+                        "seconds": time.perf_counter() - started, "time/cpu": time.process_time() - cpu_started}
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
             metrics |= observe(session, step + 1, experience)
             metrics |= fallback_metrics(session)
@@ -123,8 +125,10 @@ def log_rollouts(session: TrainingSession, step: int, experience: Experience) ->
         session.log.log_rollouts(step, rows)  # W&B's completions table (report/tracking.py)
 
 
-def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, float]:
-    """Means over all processes of every reward component, lengths and sampling counts."""
+def step_metrics(experience: Experience, accelerator: Accelerator, distilling: bool = False) -> dict[str, float]:
+    """Means over all processes of every reward component, lengths and sampling counts, and the
+    statistics of the task's group advantages: `advantage/*`, or `advantage/task/*` when
+    `distilling` (the update's per-token advantages are then `advantage/*`: policy_update.py)."""
     def mean(x: torch.Tensor) -> float:
         return float(accelerator.gather(x.float().to(accelerator.device)).nanmean())
 
@@ -144,8 +148,9 @@ def step_metrics(experience: Experience, accelerator: Accelerator) -> dict[str, 
     metrics["completion_length_max"] = float(accelerator.gather(rollout.lengths.to(accelerator.device)).max())
     metrics["truncated"] = mean(rollout.truncated)
     advantages = accelerator.gather(experience.advantages.to(accelerator.device))  # (N * processes,)
-    metrics |= {"advantage/abs_mean": float(advantages.abs().mean()), "advantage/std": float(advantages.std()),
-                "advantage/min": float(advantages.min()), "advantage/max": float(advantages.max())}
+    prefix = "advantage/task/" if distilling else "advantage/"
+    metrics |= {f"{prefix}abs_mean": float(advantages.abs().mean()), f"{prefix}std": float(advantages.std()),
+                f"{prefix}min": float(advantages.min()), f"{prefix}max": float(advantages.max())}
     counts = accelerator.reduce(torch.tensor([experience.groups_drawn, experience.groups_with_signal,
                                               experience.bad_rows_skipped], device=accelerator.device), "sum")
     metrics["groups_drawn"], metrics["groups_with_signal"] = int(counts[0]), int(counts[1])
