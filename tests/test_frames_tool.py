@@ -23,12 +23,14 @@ def greys(images) -> list[int]:
 
 def test_a_window_gives_up_to_four_frames_spread_from_its_first_to_its_last():
     context = ToolContext([], max_side=128, videos=[clip()])
-    text, *images = frames(context, 0.2, 0.9)  # frames 2..9: 8 frames, 4 of them at ranks 0, 2, 5, 7
-    assert greys(images) == [2, 4, 7, 9] and text == "frames at 0.2, 0.4, 0.7, 0.9 s"
-    assert all(image.size == (128, 128) for image in images) and len(images) == FRAMES_PER_CALL
-    text, *images = frames(context, 0.25, 0.45)
-    assert greys(images) == [3, 4] and text == "frames at 0.3, 0.4 s"
-    assert frames(context, 0.5, 0.5)[0] == "frames at 0.5 s"
+    text, video = frames(context, 0.2, 0.9)  # frames 2..9: 8 frames, 4 of them at ranks 0, 2, 5, 7
+    assert greys(video.frames) == [2, 4, 7, 9] and text == "frames at 0.2, 0.4, 0.7, 0.9 s"
+    assert video.timestamps == (0.2, 0.4, 0.7, 0.9)
+    assert all(image.size == (128, 128) for image in video.frames) and len(video.frames) == FRAMES_PER_CALL
+    text, video = frames(context, 0.25, 0.45)
+    assert greys(video.frames) == [3, 4] and text == "frames at 0.3, 0.4 s"
+    text, video = frames(context, 0.5, 0.5)
+    assert text == "frames at 0.5 s" and video.timestamps == (0.5,)
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -58,14 +60,17 @@ def test_the_tool_reads_the_originals_and_leaves_them_as_they_are():
     assert Example(prompt="?", videos=[shown]).video_originals == [shown]  # default: what the model sees
     context = ToolContext([], max_side=32, videos=example.video_originals)
     before = [frame.tobytes() for frame in original.frames]
-    _, *images = frames(context, 0.0, 0.3)
-    assert greys(images) == [0, 1, 2, 3] and images[0].size == (32, 32)
+    _, video = frames(context, 0.0, 0.3)
+    assert greys(video.frames) == [0, 1, 2, 3] and video.frames[0].size == (32, 32)
     assert [frame.tobytes() for frame in original.frames] == before
 
 
-def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(tiny_model_dir):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "idefics3"])
+def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(arch, tiny_model_factory):
     """A scripted model calls `frames` on a video prompt: the tool turn holds the window's frames at
-    tool_image_side; the trajectory's packed log-probs and gradients equal the plain path's."""
+    tool_image_side, as a video where the family takes video (Qwen2.5-VL), else as images (Idefics3,
+    whose prompt is then an image); the trajectory's packed log-probs and gradients equal the plain
+    path's."""
     import torch
 
     from vlmrl.config import load_config
@@ -74,7 +79,7 @@ def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(
     from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
     from vlmrl.training.logprobs import LogprobScorer
 
-    model, processor = load_policy(tiny_model_dir, device="cpu")
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     call = '<tool_call>\n{"name": "frames", "arguments": {"start": 0.3, "end": 0.6}}\n</tool_call>'
     turns = [[call, "<answer>right</answer>"], ["<answer>left</answer>"]]
     stop, pad, calls = stop_token_ids(processor, model)[0], processor.tokenizer.pad_token_id, [0]
@@ -86,7 +91,8 @@ def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(
         width = max(len(t) for t in texts)
         return torch.cat([kwargs["input_ids"], torch.tensor([t + [pad] * (width - len(t)) for t in texts])], dim=1)
 
-    example = Example(prompt="Which way?", answer="right", videos=[clip(2, side=28)], video_originals=[clip(10)])
+    shown = {"videos": [clip(2, side=28)]} if arch == "qwen2_5_vl" else {"images": [clip(1, side=28).frames[0]]}
+    example = Example(prompt="Which way?", answer="right", video_originals=[clip(10)], **shown)
     plain_generate, model.generate = model.generate, generate
     config = load_config(None, ["rollout.group_size=2", "rollout.max_new_tokens=40", "rollout.tools=[frames]",
                                 "rollout.tool_image_side=56"]).rollout
@@ -95,6 +101,12 @@ def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(
     tool = rollout.trajectories[0].turns[1]
     assert tool.role == "tool" and tool.error is None and "frames at 0.3, 0.4, 0.5, 0.6 s" in tool.text
     assert greys(tool.images) == [3, 4, 5, 6] and all(image.size == (56, 56) for image in tool.images)
+    segment = rollout.segments[0][1]
+    if arch == "qwen2_5_vl":  # one video of 4 frames: 2 temporal slots of 2 x 2 merged patches
+        assert len(segment.videos) == 1 and segment.images == []
+        assert segment.ids.count(processor.video_token_id) == 2 * 2 * 2
+    else:
+        assert segment.videos == [] and greys(segment.images) == [3, 4, 5, 6]
     results = {}
     for pack in (False, True):
         model.zero_grad()

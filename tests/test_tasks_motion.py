@@ -144,9 +144,9 @@ def test_a_bouncing_square_shown_in_two_frames_needs_the_frames_tool():
     call, answer = example.meta["reference_turns"]
     arguments = json.loads(call.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))["arguments"]
     assert arguments == {"start": 0, "end": 2.0} and answer == example.reference_completion
-    _, *looked = frames(ToolContext([], max_side=112, videos=example.video_originals), **arguments)
+    _, looked = frames(ToolContext([], max_side=112, videos=example.video_originals), **arguments)
     row = example.meta["paths"][0][3]  # the path's centre row
-    red = [[x for x in range(112) if image.getpixel((x, row)) != (255, 255, 255)] for image in looked]
+    red = [[x for x in range(112) if image.getpixel((x, row)) != (255, 255, 255)] for image in looked.frames]
     moved = red[-1][0] - red[0][0]  # the square's left edge: the window's last frame (the far end) minus its first
     assert (moved > 0) == (example.answer == "right") and abs(moved) == 56  # the whole travel, 0.5 of 112
     assert "reference_turns" not in get_task("motion").example(4).meta

@@ -17,6 +17,7 @@ from vlmrl.tasks import tools
 from vlmrl.tasks.tools import (
     BUILTIN_TOOLS,
     ERROR_KINDS,
+    MAX_VIDEO_FRAMES,
     ToolCall,
     ToolContext,
     ToolLimits,
@@ -502,8 +503,27 @@ def test_an_image_over_the_pixel_limit_is_not_returned(helpers, context):
 
 def test_a_return_value_that_is_not_text_or_images_is_reported_by_type(helpers, context):
     assert run_tool(call("number_tool"), resolve_tools(["tool_helpers:number_tool"]), context, ToolLimits()) == \
-        ToolResult(text="error: tool number_tool returned int; a tool returns text, a PIL image, or a list of those",
+        ToolResult(text="error: tool number_tool returned int; a tool returns text, a PIL image, "
+                   "a vlmrl.tasks.Video, or a list of those",
                    error="raised")
+
+
+def test_a_returned_video_comes_back_through_the_worker_with_its_frames_made_sane(helpers, context):
+    """Your own tool may return a vlmrl.tasks.Video: its frames are checked and padded as images are,
+    its times kept; past MAX_VIDEO_FRAMES frames, or with a frame over the pixel limit, the call is
+    "too_large"."""
+    tools = resolve_tools(["tool_helpers:clip_tool"])
+    result = run_tool(call("clip_tool", frames=3, side=40), tools, context, ToolLimits())
+    assert result.error is None and result.text == "a clip" and result.images == []
+    (video,) = result.videos
+    assert video.timestamps == (0.0, 0.1, 0.2) and [f.size for f in video.frames] == [(40, 28)] * 3
+    assert [f.getpixel((20, 14)) for f in video.frames] == [(0, 0, 0), (20, 20, 20), (40, 40, 40)]
+    assert run_tool(call("clip_tool", frames=MAX_VIDEO_FRAMES + 1, side=40), tools, context, ToolLimits()) == \
+        ToolResult(text=f"error: tool clip_tool returned a video of {MAX_VIDEO_FRAMES + 1} frames; the limit is "
+                        f"{MAX_VIDEO_FRAMES} frames", error="too_large")
+    assert run_tool(call("clip_tool", frames=2, side=100), tools, context, ToolLimits(max_image_pixels=4000)) == \
+        ToolResult(text="error: tool clip_tool returned a 100x50 image (5000 pixels); the limit is 4000 pixels",
+                   error="too_large")
 
 
 def test_long_text_is_cut_to_the_limit_with_a_marker(helpers, context):

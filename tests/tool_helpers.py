@@ -112,6 +112,15 @@ def huge_tool(context, width: int, height: int) -> Image.Image:
     return Image.new("RGB", (width, height))
 
 
+def clip_tool(context, frames: int, side: int) -> list:
+    """A line of text and a video of `frames` frames, side x side, 0.1 s apart, frame k a flat grey 20 * k
+    (from 2 x 1: padded to a sane shape on the way back)."""
+    from vlmrl.tasks import Video
+
+    pictures = [Image.new("RGB", (side, max(side // 2, 1)), (20 * k,) * 3) for k in range(frames)]
+    return ["a clip", Video(pictures, [k / 10 for k in range(frames)])]
+
+
 def long_text_tool(context, n: int) -> str:
     """n letters 'a'."""
     return "a" * n

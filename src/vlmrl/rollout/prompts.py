@@ -64,16 +64,29 @@ def model_inputs(batch) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS}
 
 
-def processor_inputs(processor, examples: list[Example], more_images: list[list] | None = None) -> dict:
-    """The media arguments of a processor call for `examples`: their images (each example's, then
-    `more_images[i]`: a trajectory's tool images) where any has one, and their videos with the frame
-    times (`video_metadata`) where any has one. VlmrlError when a video meets a processor that takes
-    none (its family has no video processor in vlmrl: `vlmrl models`)."""
+def processor_inputs(processor, examples: list[Example], more_images: list[list] | None = None,
+                     more_videos: list[list] | None = None) -> dict:
+    """The media arguments of a processor call for `examples`: each example's images, then
+    `more_images[i]` (a trajectory's tool images), and each example's videos, then `more_videos[i]`
+    (its tool videos); see `media_inputs`."""
     images = [list(ex.images) + list(more_images[i] if more_images else []) for i, ex in enumerate(examples)]
+    videos = [video for i, ex in enumerate(examples) for video in [*ex.videos, *(more_videos[i] if more_videos else [])]]
+    return media_inputs(processor, images, videos)
+
+
+def takes_video(processor) -> bool:
+    """Whether the model's processor takes videos (its family has a video processor in vlmrl)."""
+    return getattr(processor, "video_processor", None) is not None
+
+
+def media_inputs(processor, images: list[list], videos: list) -> dict:
+    """The media arguments of a processor call: `images` (one list per text) where any text has one,
+    and `videos` (in the order of the texts' video markers) with their frame times (`video_metadata`)
+    where there is one. VlmrlError when a video meets a processor that takes none (its family has no
+    video processor in vlmrl: `vlmrl models`)."""
     media = {"images": images} if any(images) else {}
-    videos = [video for ex in examples for video in ex.videos]
     if videos:
-        if getattr(processor, "video_processor", None) is None:
+        if not takes_video(processor):
             raise VlmrlError(f"an example has a video, and the model's processor ({type(processor).__name__}) "
                              "takes none: `vlmrl models` lists the families that take video")
         media["videos"] = [list(video.frames) for video in videos]

@@ -175,12 +175,13 @@ class Ongoing:
                               videos=self.example.video_originals)
         result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
         shown = tool_result_text(result, family_markers(processor))  # its text cannot add an image or end a turn
-        segment = tool_turn(processor, self.example, shown, result.images)
+        segment = tool_turn(processor, self.example, shown, result.images, result.videos)
         if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
             self.trajectory.cut = True  # the result does not fit in the token budget
             return False
         self.segments.append(segment)
-        self.trajectory.turns.append(Turn("tool", segment.text, list(result.images), error=result.error))
+        frames = [frame for video in result.videos for frame in video.frames]
+        self.trajectory.turns.append(Turn("tool", segment.text, frames + list(result.images), error=result.error))
         return True
 
 

@@ -2,14 +2,15 @@
 
 A trajectory after the prompt is a list of `Segment`s: the model's sampled tokens (scored and
 trained), and the text the chat template and a tool put between two model turns (context only:
-the end of the model's turn, the tool's result as a user turn with its images, the next
-generation prompt). A model turn is kept as the exact ids that were sampled, never re-tokenized;
+the end of the model's turn, the tool's result as a user turn with its images and videos, the next
+generation prompt; a tool's video is shown as a video where the family takes video, else as its
+frames, each an image). A model turn is kept as the exact ids that were sampled, never re-tokenized;
 a tool segment is tokenized alone by the processor (which expands its image placeholders), so the
 ids of a whole trajectory are the prompt's, then each segment's, in order.
 
 `encode_trajectories` turns a batch of them into the inputs of one forward (or of the next turn's
 `generate`): input_ids left-padded, and the pixel inputs of every image of every trajectory (the
-prompt's, then the tools', in order) from ONE processor call over the same texts, so the layout
+prompt's, then the tools', in order; videos likewise) from ONE processor call over the same texts, so the layout
 of pixel inputs is the processor's own for any family (no per-architecture code). Qwen-VL's 3-D
 rope positions are computed by the model from the ids and image grids, as for any prompt.
 
@@ -28,8 +29,8 @@ import torch
 from PIL import Image
 
 from vlmrl.models.token_inputs import per_token_keys
-from vlmrl.rollout.prompts import chat_messages, model_inputs, processor_inputs
-from vlmrl.tasks import Example
+from vlmrl.rollout.prompts import chat_messages, media_inputs, model_inputs, processor_inputs, takes_video
+from vlmrl.tasks import Example, Video
 
 SENTINEL = "\u2063vlmrl-turn-end\u2063"
 """Stands for the model's turn while the chat template renders what follows it."""
@@ -49,26 +50,33 @@ class Segment:
     """Context segments: the template text, image placeholders unexpanded (for the pixel call)."""
     images: list[Image.Image] = field(default_factory=list)
     """Context segments: the images shown in it, in order."""
+    videos: list[Video] = field(default_factory=list)
+    """Context segments: the videos shown in it, in order."""
     extras: dict[str, list[int]] = field(default_factory=dict)
     """Context segments: the processor's other per-token inputs (e.g. mm_token_type_ids); the
     model's tokens are text (0)."""
 
 
-def tool_turn(processor, example: Example, text: str, images: list[Image.Image]) -> Segment:
+def tool_turn(processor, example: Example, text: str, images: list[Image.Image],
+              videos: list[Video] = ()) -> Segment:
     """The context after a model turn that ended in a tool call: the end of that turn, the tool's
-    result (`text` and `images`, inside <tool_response> tags) as a user turn, and the prompt of the
-    next assistant turn, as the model's chat template writes them."""
-    images_content = [{"type": "image"} for _ in images]
-    result = {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, *images_content,
+    result (its videos, its `images`, then its `text`, inside <tool_response> tags) as a user turn,
+    and the prompt of the next assistant turn, as the model's chat template writes them. A family
+    that takes no video sees each video's frames as images, before the others."""
+    if not takes_video(processor):
+        images, videos = [frame for video in videos for frame in video.frames] + list(images), []
+    media = [{"type": "video"} for _ in videos] + [{"type": "image"} for _ in images]
+    result = {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, *media,
                                           {"type": "text", "text": f"{text}\n</tool_response>"}]}
     turn = {"role": "assistant", "content": [{"type": "text", "text": SENTINEL}]}
     full = processor.apply_chat_template(chat_messages(example) + [turn, result], add_generation_prompt=True,
                                          tokenize=False)
     segment = full[full.index(SENTINEL) + len(SENTINEL):]
-    encoded = model_inputs(processor(text=[segment], images=[list(images)] if images else None,
-                                     add_special_tokens=False, return_tensors="pt"))
+    encoded = model_inputs(processor(text=[segment], add_special_tokens=False, return_tensors="pt",
+                                     **media_inputs(processor, [list(images)], list(videos))))
     extras = {k: encoded[k][0].tolist() for k in per_token_keys(encoded) if k not in ("input_ids", "attention_mask")}
-    return Segment(ids=encoded["input_ids"][0].tolist(), model=False, text=segment, images=list(images), extras=extras)
+    return Segment(ids=encoded["input_ids"][0].tolist(), model=False, text=segment, images=list(images),
+                   videos=list(videos), extras=extras)
 
 
 def prompt_text(processor, example: Example) -> str:
@@ -99,18 +107,21 @@ def encode_trajectories(processor, examples: list[Example], segments: list[list[
 
 
 def pixel_inputs(processor, examples: list[Example], segments: list[list[Segment]]) -> dict[str, torch.Tensor]:
-    """The processor's pixel inputs (everything that does not run along the tokens) of every image of
-    each row: its example's, then its context segments', in order; one processor call, so the layout
-    is the processor's own for any family."""
+    """The processor's pixel inputs (everything that does not run along the tokens) of every image and
+    video of each row: its example's, then its context segments', in order; one processor call, so the
+    layout is the processor's own for any family."""
     texts = ["".join(s.text for s in row if not s.model) for row in segments]
     images = [[im for s in row for im in s.images] for row in segments]
-    return pixels_of(processor, examples, texts, images)
+    videos = [[video for s in row for video in s.videos] for row in segments]
+    return pixels_of(processor, examples, texts, images, videos)
 
 
-def pixels_of(processor, examples: list[Example], texts: list[str], images: list[list]) -> dict[str, torch.Tensor]:
-    """Pixel inputs of each example's prompt followed by `texts[i]` (context only) with `images[i]`."""
+def pixels_of(processor, examples: list[Example], texts: list[str], images: list[list],
+              videos: list[list] | None = None) -> dict[str, torch.Tensor]:
+    """Pixel inputs of each example's prompt followed by `texts[i]` (context only) with `images[i]`
+    and `videos[i]`."""
     encoded = model_inputs(processor(text=[prompt_text(processor, ex) + text for ex, text in zip(examples, texts)],
                                      return_tensors="pt", padding=True,
-                                     **processor_inputs(processor, examples, images)))
+                                     **processor_inputs(processor, examples, images, videos)))
     along = set(per_token_keys(encoded))
     return {k: v for k, v in encoded.items() if k not in along}

@@ -14,7 +14,6 @@ belongs to the requested split. No torch here.
 
 from __future__ import annotations
 
-import math
 import operator
 import random
 import typing
@@ -27,46 +26,13 @@ from vlmrl.data.order import stable_unit
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, build, closest, field_docs, type_name
 from vlmrl.imports import is_import_spec, load_object
+from vlmrl.tasks.video import Video
 
 if TYPE_CHECKING:
     from vlmrl.tasks.tools import Trajectory
 
 TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
-
-
-@dataclass(frozen=True, init=False)
-class Video:
-    """A video as the model sees it: frames sampled already, each with its time in seconds.
-
-    Every frame is an RGB image of the same size; times start at 0 or later and rise strictly. A
-    one-frame video is allowed (its frame rate is taken as 1 per second). Checked when made: a
-    `VlmrlError` in one line otherwise.
-    """
-
-    frames: tuple[Image.Image, ...]
-    timestamps: tuple[float, ...]
-
-    def __init__(self, frames, timestamps=None):
-        frames = tuple(frames)
-        times = tuple(float(t) for t in (timestamps if timestamps is not None else range(len(frames))))
-        check(len(frames) >= 1, "a video needs at least one frame")
-        check(len(times) == len(frames), f"a video of {len(frames)} frames needs as many timestamps, got {len(times)}")
-        check(all(math.isfinite(t) and t >= 0 for t in times), f"video timestamps must be finite and >= 0: {times}")
-        check(all(b > a for a, b in zip(times, times[1:])), f"video timestamps must rise strictly: {times}")
-        first = frames[0].size
-        for k, frame in enumerate(frames):
-            check(frame.size == first, f"video frame {k} is {frame.width}x{frame.height}; frame 0 is "
-                                       f"{first[0]}x{first[1]}: every frame of a video has the same size")
-        object.__setattr__(self, "frames", tuple(f if f.mode == "RGB" else f.convert("RGB") for f in frames))
-        object.__setattr__(self, "timestamps", times)
-
-    @property
-    def fps(self) -> float:
-        """The mean frame rate: (frames - 1) / (last time - first time); 1.0 for one frame."""
-        if len(self.frames) == 1:
-            return 1.0
-        return (len(self.frames) - 1) / (self.timestamps[-1] - self.timestamps[0])
 
 
 @dataclass(init=False)

@@ -18,10 +18,12 @@ Built in: `zoom` (alias `crop`): the region `box` of an example image, in the pi
 ORIGINAL image (`Example.originals`, the full-resolution images tools read), resized so that its
 longest side is `ToolContext.max_side` (small regions are enlarged: that is the point of zooming).
 `frames`: up to FRAMES_PER_CALL frames of a time window of an example's video at its full frame rate
-and resolution (`Example.video_originals`: the example may show fewer, smaller frames), for a
-model that wants to look again at a moment. Your own tools: any Python callable named by import path (`module:function`, known to the model
-as `function`), called as `function(context, **arguments)` and returning text, a PIL image, or a
-list of those. `resolve_tools` turns the configured names into the registry `run_tool` reads.
+and resolution (`Example.video_originals`: the example may show fewer, smaller frames), as a short
+video (a `vlmrl.tasks.Video`), for a model that wants to look again at a moment. Your own tools: any
+Python callable named by import path (`module:function`, known to the model as `function`), called
+as `function(context, **arguments)` and returning text, a PIL image, a `vlmrl.tasks.Video`, or a
+list of those. The rollout shows a returned video as a video where the model's family takes video,
+else as its frames, each an image (frames as images). `resolve_tools` turns the configured names into the registry `run_tool` reads.
 
 Where a tool runs: the built-in tools are trusted, total and quick (their cost is bounded by the
 image and `max_side`), so they run in this process on the example's images as they are (they only
@@ -60,6 +62,7 @@ from PIL import Image
 from vlmrl.errors import VlmrlError
 from vlmrl.data.images import to_rgb
 from vlmrl.imports import is_file_spec, load_module
+from vlmrl.tasks.video import Video
 from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -75,6 +78,8 @@ MIN_SIDE = 28
 MAX_ASPECT = 20
 """Largest long side / short side of a returned image; a thinner one is padded (black, centred) to
 it (Qwen2-VL's processor refuses 200 and more, and a 2 x 1000 strip is no picture for any model)."""
+MAX_VIDEO_FRAMES = 64
+"""Most frames of a video a tool returns; a longer one makes the call "too_large"."""
 
 
 @dataclass
@@ -89,10 +94,11 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    """What a tool gave back: text and/or images; `error` set (and explained in `text`) on failure."""
+    """What a tool gave back: text, images and/or videos; `error` set (and explained in `text`) on failure."""
 
     text: str = ""
     images: list[Image.Image] = field(default_factory=list)
+    videos: list[Video] = field(default_factory=list)
     error: str | None = None
     """None on success, else a short kind: "malformed", "unknown_tool", "bad_arguments", "raised",
     "timeout", "too_large"."""
@@ -146,6 +152,7 @@ class Turn:
     role: str  # "assistant" or "tool"
     text: str
     images: list[Image.Image] = field(default_factory=list)
+    """Tool turns: the images shown, a returned video's frames included (for the logs and the report)."""
     call: ToolCall | None = None  # assistant turns that end in a call: the parsed call
     error: str | None = None  # tool turns: ToolResult.error
 
@@ -320,8 +327,8 @@ def frames(context: ToolContext, start: float, end: float, video: int = 0) -> li
     """Look again at a time window: up to FRAMES_PER_CALL frames of video number `video` at its full
     frame rate and resolution (the original the example's video was sampled from), those whose times
     lie in [start, end] seconds, spread evenly from the first to the last of them, each resized
-    (LANCZOS, aspect kept) so that its longest side is `context.max_side`; first a line naming their
-    times. ValueError for a bad video number, a window that is not two numbers with start <= end,
+    (LANCZOS, aspect kept) so that its longest side is `context.max_side`, as a Video with their
+    times; first a line naming the times. ValueError for a bad video number, a window that is not two numbers with start <= end,
     or one that holds no frame."""
     count = len(context.videos)
     if isinstance(video, bool) or not isinstance(video, int) or not 0 <= video < max(count, 1) or not count:
@@ -341,7 +348,8 @@ def frames(context: ToolContext, start: float, end: float, video: int = 0) -> li
         inside = [inside[round(k * (len(inside) - 1) / (FRAMES_PER_CALL - 1))] for k in range(FRAMES_PER_CALL)]
     shown = [original.frames[k].convert("RGB") for k in inside]
     images = [frame.resize(fit_side(*frame.size, context.max_side), Image.Resampling.LANCZOS) for frame in shown]
-    return [f"frames at {', '.join(f'{original.timestamps[k]:g}' for k in inside)} s", *images]
+    times = [original.timestamps[k] for k in inside]
+    return [f"frames at {', '.join(f'{t:g}' for t in times)} s", Video(images, times)]
 
 
 BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoom_window": zoom_window,
@@ -469,37 +477,57 @@ def sane_image(image: Image.Image) -> Image.Image:
     return canvas
 
 
+def _returned_image(name: str, image: Image.Image, limits: ToolLimits) -> Image.Image | ToolResult:
+    """A returned image checked against the limit, decoded now (a lazily opened file that is truncated
+    fails here, not in the processor), RGB and of a sane shape (`sane_image`); or the failed result."""
+    width, height = image.size
+    if width * height > limits.max_image_pixels:
+        return _failed("too_large", f"tool {name} returned a {width}x{height} image ({width * height} "
+                                    f"pixels); the limit is {limits.max_image_pixels} pixels")
+    if width * height == 0:
+        return _failed("raised", f"tool {name} returned an empty {width}x{height} image")
+    width, height = sane_size(width, height)
+    if width * height > limits.max_image_pixels:  # a strip too long to pad within the limit
+        return _failed("too_large", f"tool {name} returned an image that is {width}x{height} pixels once "
+                                    f"padded to a sane shape; the limit is {limits.max_image_pixels} pixels")
+    try:
+        image.load()
+        return sane_image(image)
+    except Exception as error:  # a truncated or corrupt file, a mode with no RGB form
+        return _failed("raised", f"tool {name} returned an image that cannot be decoded: "
+                                 f"{type(error).__name__}: {error}")
+
+
+def _returned_video(name: str, video: Video, limits: ToolLimits) -> Video | ToolResult:
+    """A returned video: at most MAX_VIDEO_FRAMES frames, each checked as a returned image; or the
+    failed result."""
+    if len(video.frames) > MAX_VIDEO_FRAMES:
+        return _failed("too_large", f"tool {name} returned a video of {len(video.frames)} frames; the limit is "
+                                    f"{MAX_VIDEO_FRAMES} frames")
+    frames = [_returned_image(name, frame, limits) for frame in video.frames]
+    failed = next((frame for frame in frames if isinstance(frame, ToolResult)), None)
+    return failed if failed is not None else Video(frames, video.timestamps)
+
+
 def _returned(name: str, value: Any, limits: ToolLimits) -> ToolResult:
-    """A tool's return value as a normalised ToolResult: text valid and cut to the limit; images checked
-    against the limit, decoded now (a lazily opened file that is truncated fails here, not in the
-    processor), RGB and of a sane shape (`sane_image`)."""
+    """A tool's return value as a normalised ToolResult: text valid and cut to the limit; images and
+    each video's frames checked against the limits, decoded now, RGB and of a sane shape
+    (`_returned_image`)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    wrong = [item for item in items if not isinstance(item, (str, Image.Image))]
+    wrong = [item for item in items if not isinstance(item, (str, Image.Image, Video))]
     if wrong:
         return _failed("raised", f"tool {name} returned {type(wrong[0]).__name__}; a tool returns text, "
-                                 "a PIL image, or a list of those")
-    images = []
-    for image in (item for item in items if isinstance(item, Image.Image)):
-        width, height = image.size
-        if width * height > limits.max_image_pixels:
-            return _failed("too_large", f"tool {name} returned a {width}x{height} image ({width * height} "
-                                        f"pixels); the limit is {limits.max_image_pixels} pixels")
-        if width * height == 0:
-            return _failed("raised", f"tool {name} returned an empty {width}x{height} image")
-        width, height = sane_size(width, height)
-        if width * height > limits.max_image_pixels:  # a strip too long to pad within the limit
-            return _failed("too_large", f"tool {name} returned an image that is {width}x{height} pixels once "
-                                        f"padded to a sane shape; the limit is {limits.max_image_pixels} pixels")
-        try:
-            image.load()
-            images.append(sane_image(image))
-        except Exception as error:  # a truncated or corrupt file, a mode with no RGB form
-            return _failed("raised", f"tool {name} returned an image that cannot be decoded: "
-                                     f"{type(error).__name__}: {error}")
+                                 "a PIL image, a vlmrl.tasks.Video, or a list of those")
+    media = [_returned_image(name, item, limits) if isinstance(item, Image.Image) else _returned_video(name, item, limits)
+             for item in items if not isinstance(item, str)]
+    failed = next((item for item in media if isinstance(item, ToolResult)), None)
+    if failed is not None:
+        return failed
     text = valid_text("\n".join(item for item in items if isinstance(item, str)))
     if len(text) > limits.max_text_chars:
         text = text[:limits.max_text_chars] + TRUNCATED.format(n=len(text) - limits.max_text_chars)
-    return ToolResult(text=text, images=images)
+    return ToolResult(text=text, images=[m for m in media if isinstance(m, Image.Image)],
+                      videos=[m for m in media if isinstance(m, Video)])
 
 
 def call_tool(name: str, function: Callable[..., Any], context: ToolContext, arguments: dict[str, Any],
@@ -526,7 +554,7 @@ def run_tool(call: ToolCall, tools: dict[str, Callable[..., Any]], context: Tool
     any other in the tool worker (tool_worker.py), on copies of the context, killed at its timeout.
     Failures come back as a ToolResult with `error` set: "unknown_tool", "bad_arguments" (arguments that
     do not fit the signature, or a ValueError/TypeError from the tool), "raised" (any other exception, a
-    return value that is not text or images or cannot be decoded, a tool that cannot be sent to the
+    return value that is not text, images or videos or cannot be decoded, a tool that cannot be sent to the
     worker or that killed it), "timeout", "too_large"."""
     function = tools.get(call.name)
     if function is None:

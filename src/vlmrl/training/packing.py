@@ -202,18 +202,19 @@ def pack_groups(model, prompt: dict[str, torch.Tensor], completions: Completions
 # --------------------------------------------------------------------------- a group's first turn once
 
 
-def _row_tokens(segments: list[Segment], keys: list[str]) -> tuple[list[int], dict[str, list[int]], str, list]:
-    """A trajectory's ids, its other per-token inputs, its context texts and its images."""
+def _row_tokens(segments: list[Segment], keys: list[str]) -> tuple[list[int], dict[str, list[int]], str, list, list]:
+    """A trajectory's ids, its other per-token inputs, its context texts, its images and its videos."""
     ids = [i for s in segments for i in s.ids]
     extras = {k: [v for s in segments for v in s.extras.get(k, [0] * len(s.ids))] for k in keys}
-    return ids, extras, "".join(s.text for s in segments if not s.model), [im for s in segments for im in s.images]
+    return (ids, extras, "".join(s.text for s in segments if not s.model), [im for s in segments for im in s.images],
+            [video for s in segments for video in s.videos])
 
 
 def _slot_positions(model, processor, example: Example, prompt: dict, row: tuple) -> torch.Tensor:
     """Position ids (..., 1, n) of a trajectory's n tokens, as if it followed its prompt alone."""
-    ids, extras, text, images = row
+    ids, extras, text, images, videos = row
     alone = model_inputs(processor(text=[prompt_text(processor, example) + text], return_tensors="pt",
-                                   **processor_inputs(processor, [example], [images])))
+                                   **processor_inputs(processor, [example], [images], [videos])))
     inputs = {k: v for k, v in alone.items() if k not in per_token_keys(alone)}
     inputs["input_ids"] = torch.cat([prompt["input_ids"][0].cpu(), torch.tensor(ids, dtype=torch.long)])[None]
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
@@ -264,7 +265,7 @@ def pack_trajectories(model, processor, rows: list[Example], segments: list[list
 def _pack_inputs(processor, rows: list[Example], groups: list[list[int]], prompts: list[dict],
                  tokens: dict[int, tuple]) -> dict[str, torch.Tensor]:
     """input_ids and other per-token inputs of the packs (right-padded), and the pixel inputs of every
-    image: each pack's prompt's, then its trajectories', in order (one processor call)."""
+    image and video: each pack's prompt's, then its trajectories', in order (one processor call)."""
     packs = [prompt["input_ids"][0].tolist() + [i for r in g for i in tokens[r][0]] for prompt, g in zip(prompts, groups)]
     total = max(len(p) for p in packs)  # L
     pad = processor.tokenizer.pad_token_id
@@ -274,4 +275,5 @@ def _pack_inputs(processor, rows: list[Example], groups: list[list[int]], prompt
         inputs[key] = torch.tensor([v + [0] * (total - len(v)) for v in values])  # (U, L)
     texts = ["".join(tokens[r][2] for r in g) for g in groups]  # each pack's context, in order
     images = [[im for r in g for im in tokens[r][3]] for g in groups]
-    return inputs | pixels_of(processor, [rows[g[0]] for g in groups], texts, images)
+    videos = [[video for r in g for video in tokens[r][4]] for g in groups]
+    return inputs | pixels_of(processor, [rows[g[0]] for g in groups], texts, images, videos)
