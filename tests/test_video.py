@@ -182,6 +182,16 @@ def test_smolvlm_writes_each_frame_with_its_time_and_its_own_count(tiny_model_fa
         processor.tokenizer.decode(batch[0])
 
 
+def test_each_frames_time_reaches_the_family_whole():
+    """The family reads a frame's time as index / fps; 3 x (2/11) / (2/11) is 2.9999999999999996 in
+    floats, which SmolVLM's `Frame from MM:SS` would floor to 00:02: each index is moved up an ulp
+    until it divides back to the frame's time or just above (no float index gives 3 exactly here)."""
+    from vlmrl.models.video_processing import metadata
+
+    times = metadata(moving([0, 3, 11])).timestamps  # a mean rate of 2/11 frames a second
+    assert [int(t) for t in times] == [0, 3, 11] and max(abs(t - k) for t, k in zip(times, [0, 3, 11])) < 1e-12
+
+
 def test_smolvlm_puts_images_and_frames_in_one_stream_in_text_order(tiny_model_factory):
     """A row with a video before an image and a row with an image only: pixel_values (rows, stream,
     C, H, W) hold each row's frames and tiles in the order of its text, zeros after."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,17 @@ def metadata(video: Video):
     rate = video.fps
     return VideoMetadata(total_num_frames=len(video.frames), fps=rate, width=video.frames[0].width,
                          height=video.frames[0].height, duration=video.timestamps[-1],
-                         frames_indices=[t * rate for t in video.timestamps])
+                         frames_indices=[frame_index(t, rate) for t in video.timestamps])
+
+
+def frame_index(time: float, rate: float) -> float:
+    """`time` x `rate`, moved up an ulp at a time until dividing it back by the rate gives `time` or
+    just above: 3 x (2/11) / (2/11) is 2.9999999999999996 in floats, and SmolVLM floors each frame's
+    time to the second (`Frame from 00:02` for a frame at 3 s)."""
+    index = time * rate
+    while index / rate < time:
+        index = math.nextafter(index, math.inf)
+    return index
 
 
 class QwenVideoPil:
