@@ -63,7 +63,8 @@ def test_the_tool_reads_the_originals_and_leaves_them_as_they_are():
     assert [frame.tobytes() for frame in original.frames] == before
 
 
-def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(tiny_model_dir):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "smolvlm"])  # SmolVLM: the frames and the tool's images one stream
+def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(arch, tiny_model_factory):
     """A scripted model calls `frames` on a video prompt: the tool turn holds the window's frames at
     tool_image_side; the trajectory's packed log-probs and gradients equal the plain path's."""
     import torch
@@ -74,7 +75,7 @@ def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(
     from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
     from vlmrl.training.logprobs import LogprobScorer
 
-    model, processor = load_policy(tiny_model_dir, device="cpu")
+    model, processor = load_policy(tiny_model_factory(arch), device="cpu")
     call = '<tool_call>\n{"name": "frames", "arguments": {"start": 0.3, "end": 0.6}}\n</tool_call>'
     turns = [[call, "<answer>right</answer>"], ["<answer>left</answer>"]]
     stop, pad, calls = stop_token_ids(processor, model)[0], processor.tokenizer.pad_token_id, [0]

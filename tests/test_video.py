@@ -1,11 +1,13 @@
-"""Videos in prompts: the Qwen family's video math without torchvision, and the fast paths on video.
+"""Videos in prompts: each family's video math without torchvision, and the fast paths on video.
 
 The twin (models/video_processing.py) is checked against the family's own processing: a video of two
 equal frames is the image path's pixel values exactly (the Qwen image processor repeats an image over
 the temporal patch), each frame fills its own temporal slot, the patch layout is Qwen3-VL's own torch
 `patchify`, and the frame sizes follow each family's `smart_resize`. Frame times reach the prompt as
 Qwen3-VL's `<t seconds>` blocks and as Qwen2.5-VL's seconds per temporal grid in the M-RoPE temporal
-positions. On every family whose row of `support.FAMILIES` has video on, the shared prompt cache,
+positions. SmolVLM's frames are its image path's unsplit images exactly, laid out and padded as its
+own video processor does (run where it runs without torchvision), written with their times by its
+own processor code, and put with the images in one stream in text order. On every family whose row of `support.FAMILIES` has video on, the shared prompt cache,
 the packed passes and static decoding give the plain path's numbers on video prompts, and each
 video reaches the vision tower once per group.
 """
