@@ -262,17 +262,20 @@ class OneImageStream:
     """
 
     def replace_video_token(self, video_inputs: dict, video_idx: int, **kwargs) -> str:
+        """The family's text for video `video_idx`, from that video's own frames."""
         own = video_inputs["video_metadata"][video_idx].total_num_frames
         alone = {"pixel_values": video_inputs["pixel_values"][video_idx:video_idx + 1, :own],
                  "video_metadata": video_inputs["video_metadata"]}
         return super().replace_video_token(alone, video_idx, **kwargs)
 
     def _process_videos(self, videos, **kwargs):
+        """The family's, its pixel outputs renamed (`FRAMES`) so that the images' are not overwritten."""
         processed, replacements = super()._process_videos(videos, **kwargs)
         return {(FRAMES + key if key in FramesVideoPil.model_input_names else key): value
                 for key, value in processed.items()}, replacements
 
     def __call__(self, images=None, text=None, videos=None, **kwargs):
+        """The family's call; with videos, the images' tiles and the videos' frames in one stream."""
         if videos is None:
             return super().__call__(images=images, text=text, videos=videos, **kwargs)
         asked = kwargs.pop("return_text_replacement_offsets", False)
@@ -291,6 +294,8 @@ def one_stream(offsets: list[list[dict]], tiles, frames, image_token: str, per_i
     images), zero-padded: pixel_values (B, N, C, S, S), pixel_attention_mask (B, N, S, S)."""
     import torch
 
+    frames = tuple(torch.as_tensor(x) for x in frames)
+    tiles = tuple(torch.as_tensor(x) for x in tiles) if tiles is not None else None
     video, rows = 0, []
     for b, replaced in enumerate(offsets):
         tile, row = 0, []
