@@ -184,6 +184,26 @@ def test_smolvlm_writes_each_frame_with_its_time_and_its_own_count(tiny_model_fa
         processor.tokenizer.decode(batch[0])
 
 
+@pytest.mark.parametrize("saved, expected", [
+    ({}, (224, 112, None, None)),  # no video settings: the image processor's size and tile
+    ({"video_sampling": {"video_size": {"longest_edge": 448}, "max_frames": 8, "fps": 1}}, (448, 112, 8, 1)),
+    ({"size": {"longest_edge": 336}, "max_image_size": {"longest_edge": 56},
+      "video_sampling": {"video_size": {"longest_edge": 448}, "max_frames": 8, "fps": 1}}, (336, 56, 8, 1))])
+def test_smolvlm_reads_its_video_settings_as_its_video_processor_does(saved, expected, tiny_model_factory, tmp_path):
+    """`size` before `video_sampling.video_size` (the family's own __init__ puts `size` there), the
+    tile from `max_image_size`, the frame count and rate its chat template call reads."""
+    import json
+    import shutil
+
+    from vlmrl.models.loading import load_processor
+
+    folder = shutil.copytree(tiny_model_factory("smolvlm"), tmp_path / "model")
+    if saved:
+        (folder / "video_preprocessor_config.json").write_text(json.dumps(saved))
+    video = load_processor(str(folder)).video_processor
+    assert (video.longest_edge, video.tile, video.num_frames, video.fps) == expected
+
+
 def test_each_frames_time_reaches_the_family_whole():
     """The family reads a frame's time as index / fps; 3 x (2/11) / (2/11) is 2.9999999999999996 in
     floats, which SmolVLM's `Frame from MM:SS` would floor to 00:02: each index is moved up an ulp
