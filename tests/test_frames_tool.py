@@ -65,12 +65,12 @@ def test_the_tool_reads_the_originals_and_leaves_them_as_they_are():
     assert [frame.tobytes() for frame in original.frames] == before
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "idefics3"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "smolvlm", "idefics3"])
 def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(arch, tiny_model_factory):
     """A scripted model calls `frames` on a video prompt: the tool turn holds the window's frames at
-    tool_image_side, as a video where the family takes video (Qwen2.5-VL), else as images (Idefics3,
-    whose prompt is then an image); the trajectory's packed log-probs and gradients equal the plain
-    path's."""
+    tool_image_side, as a video where the family takes video (Qwen2.5-VL, SmolVLM: its video's frames
+    and the prompt's in one stream), else as images (Idefics3, whose prompt is then an image); the
+    trajectory's packed log-probs and gradients equal the plain path's."""
     import torch
 
     from vlmrl.config import load_config
@@ -91,7 +91,8 @@ def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(
         width = max(len(t) for t in texts)
         return torch.cat([kwargs["input_ids"], torch.tensor([t + [pad] * (width - len(t)) for t in texts])], dim=1)
 
-    shown = {"videos": [clip(2, side=28)]} if arch == "qwen2_5_vl" else {"images": [clip(1, side=28).frames[0]]}
+    video = arch != "idefics3"
+    shown = {"videos": [clip(2, side=28)]} if video else {"images": [clip(1, side=28).frames[0]]}
     example = Example(prompt="Which way?", answer="right", video_originals=[clip(10)], **shown)
     plain_generate, model.generate = model.generate, generate
     config = load_config(None, ["rollout.group_size=2", "rollout.max_new_tokens=40", "rollout.tools=[frames]",
@@ -102,10 +103,11 @@ def test_a_frames_call_in_a_rollout_shows_the_window_and_trains_packed_as_plain(
     assert tool.role == "tool" and tool.error is None and "frames at 0.3, 0.4, 0.5, 0.6 s" in tool.text
     assert greys(tool.images) == [3, 4, 5, 6] and all(image.size == (56, 56) for image in tool.images)
     segment = rollout.segments[0][1]
-    if arch == "qwen2_5_vl":  # one video of 4 frames: 2 temporal slots of 2 x 2 merged patches
+    if video:
         assert len(segment.videos) == 1 and segment.images == []
+    if arch == "qwen2_5_vl":  # one video of 4 frames: 2 temporal slots of 2 x 2 merged patches
         assert segment.ids.count(processor.video_token_id) == 2 * 2 * 2
-    else:
+    if not video:
         assert segment.videos == [] and greys(segment.images) == [3, 4, 5, 6]
     results = {}
     for pack in (False, True):

@@ -260,6 +260,22 @@ def test_a_special_token_in_the_question_is_an_error(tiny_model_dir):
         preflight(config, policy, processor, PlaceholderTask(), "train")
 
 
+def test_a_marker_that_places_an_image_is_no_special_token_but_one_left_over_is(tiny_model_factory):
+    """Idefics3's image token is `<image>`, the marker that places an image: one marker per image is
+    consumed (the image goes there); a second marker for one image stays in the question: refused."""
+    from PIL import Image
+
+    from vlmrl.safety.preflight import check_prompts
+
+    _, processor = load_policy(tiny_model_factory("idefics3"), device="cpu")
+    image = Image.new("RGB", (56, 56))
+    placed = Example(image=image, prompt="Is <image> dark?", answer="yes")
+    assert check_prompts(processor, [placed], [0], "train", 4096).image_tokens == 16
+    with pytest.raises(VlmrlError, match=r"question of train example 3 contains the special token '<image>'"):
+        check_prompts(processor, [Example(image=image, prompt="Is <image> like <image>?", answer="yes")], [3],
+                      "train", 4096)
+
+
 def test_an_unknown_eval_split_is_an_error_before_training(tiny_model_dir, letter_task):
     with pytest.raises(VlmrlError, match=r"eval.splits names 'ood', which task 'letters' does not have; "
                                          r"valid: train, test"):

@@ -1,11 +1,13 @@
-"""Videos in prompts: the Qwen family's video math without torchvision, and the fast paths on video.
+"""Videos in prompts: each family's video math without torchvision, and the fast paths on video.
 
 The twin (models/video_processing.py) is checked against the family's own processing: a video of two
 equal frames is the image path's pixel values exactly (the Qwen image processor repeats an image over
 the temporal patch), each frame fills its own temporal slot, the patch layout is Qwen3-VL's own torch
 `patchify`, and the frame sizes follow each family's `smart_resize`. Frame times reach the prompt as
 Qwen3-VL's `<t seconds>` blocks and as Qwen2.5-VL's seconds per temporal grid in the M-RoPE temporal
-positions. On every family whose row of `support.FAMILIES` has video on, the shared prompt cache,
+positions. SmolVLM's frames are its image path's unsplit images exactly, laid out and padded as its
+own video processor does (run where it runs without torchvision), written with their times by its
+own processor code, and put with the images in one stream in text order. On every family whose row of `support.FAMILIES` has video on, the shared prompt cache,
 the packed passes and static decoding give the plain path's numbers on video prompts, and each
 video reaches the vision tower once per group.
 """
@@ -124,6 +126,114 @@ def test_llava_onevision_counts_pooled_frames_and_a_newline(tiny_model_factory, 
     assert int((ids == processor.video_token_id).sum()) == 4 * 2 * 2 + 1  # 4x4 patches pooled to 2x2, per frame
 
 
+def smolvlm_images(longest: int = 224, tile: int = 112):
+    from transformers import SmolVLMImageProcessorPil
+
+    return SmolVLMImageProcessorPil(size={"longest_edge": longest}, max_image_size={"longest_edge": tile},
+                                    do_image_splitting=False)
+
+
+def test_smolvlm_frames_are_the_image_paths_unsplit_image():
+    """Each frame resized by the family's rule (longest edge, then the square tile), rescaled and
+    normalized: the image processor's unsplit image of the same picture, exactly."""
+    from vlmrl.models.video_processing import FramesVideoPil, metadata
+
+    frames = [noise(7, (84, 56)), noise(8, (84, 56))]  # 84 wide: 224 x 150 (even: 150), then 112 x 112
+    video = Video(frames, [0, 1])
+    out = FramesVideoPil(smolvlm_images(), 224, 112, {})([list(video.frames)], video_metadata=[metadata(video)])
+    assert out["pixel_values"].shape == (1, 2, 3, 112, 112)
+    for k, frame in enumerate(frames):
+        assert np.array_equal(out["pixel_values"][0, k], smolvlm_images()(images=[[frame]])["pixel_values"][0, 0])
+
+
+def test_smolvlm_layout_and_padding_are_the_familys_own():
+    """Against transformers' SmolVLMVideoProcessor, run where it runs without torchvision (no resize,
+    no normalization: both go through torchvision there): videos of 3 and 1 frames at the tile size
+    give the same (videos, frames, C, H, W) values, zero frames after the shorter, and the same mask."""
+    from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
+
+    from vlmrl.models.video_processing import FramesVideoPil, metadata
+
+    videos = [Video([noise(10 + k, (112, 112)) for k in range(n)]) for n in (3, 1)]
+    mine = FramesVideoPil(smolvlm_images(112), 112, 112, {})([list(v.frames) for v in videos],
+                                                             video_metadata=[metadata(v) for v in videos])
+    theirs = SmolVLMVideoProcessor(do_resize=False, do_convert_rgb=False, do_normalize=False)(
+        videos=[np.stack([np.asarray(f) for f in v.frames]) for v in videos], return_tensors="np")
+    assert mine["pixel_values"].shape == theirs["pixel_values"].shape == (2, 3, 3, 112, 112)
+    unnormalized = mine["pixel_values"] * 0.5 + 0.5  # IMAGENET_STANDARD mean and std, the family's
+    unnormalized[1, 1:] = 0  # the padding frames stay zero
+    assert np.abs(unnormalized - theirs["pixel_values"]).max() < 1e-6
+    assert np.array_equal(mine["pixel_values"][1, 1:], np.zeros((2, 3, 112, 112)))
+    assert np.array_equal(mine["pixel_attention_mask"], theirs["pixel_attention_mask"])
+
+
+def test_smolvlm_writes_each_frame_with_its_time_and_its_own_count(tiny_model_factory):
+    """The family's prompt for a video: the intro (frame count, duration), then per frame its
+    `Frame from MM:SS:` and 16 image tokens; a 3-frame video says three frames beside a 4-frame one."""
+    _, processor = load_policy(tiny_model_factory("smolvlm"), device="cpu")
+    long, short = (Example(prompt="Where?", videos=[moving(times)]) for times in ([0, 20, 40, 75], [0, 1, 2.5]))
+    batch = encode_prompts(processor, [long, short], torch.device("cpu"))["input_ids"]
+    alone = encode_prompts(processor, [short], torch.device("cpu"))["input_ids"][0]
+    assert torch.equal(batch[1][-len(alone):], alone)
+    text = processor.tokenizer.decode(alone).replace("<image>" * 16, "<16 image tokens>")
+    frame = "<fake_token_around_image><global-img><16 image tokens><fake_token_around_image>"
+    assert text == ("<|im_start|>User: You are provided the following series of three frames from a 0:00:02 "
+                    f"[H:MM:SS] video.\n\nFrame from 00:00:{frame}\nFrame from 00:01:{frame}\nFrame from 00:02:"
+                    f"{frame}\n\nWhere?<end_of_utterance>\nAssistant:")
+    assert "four frames from a 0:01:15" in processor.tokenizer.decode(batch[0]) and "Frame from 01:15:" in \
+        processor.tokenizer.decode(batch[0])
+
+
+@pytest.mark.parametrize("saved, expected", [
+    ({}, (224, 112, None, None)),  # no video settings: the image processor's size and tile
+    ({"video_sampling": {"video_size": {"longest_edge": 448}, "max_frames": 8, "fps": 1}}, (448, 112, 8, 1)),
+    ({"size": {"longest_edge": 336}, "max_image_size": {"longest_edge": 56},
+      "video_sampling": {"video_size": {"longest_edge": 448}, "max_frames": 8, "fps": 1}}, (336, 56, 8, 1))])
+def test_smolvlm_reads_its_video_settings_as_its_video_processor_does(saved, expected, tiny_model_factory, tmp_path):
+    """`size` before `video_sampling.video_size` (the family's own __init__ puts `size` there), the
+    tile from `max_image_size`, the frame count and rate its chat template call reads."""
+    import json
+    import shutil
+
+    from vlmrl.models.loading import load_processor
+
+    folder = shutil.copytree(tiny_model_factory("smolvlm"), tmp_path / "model")
+    if saved:
+        (folder / "video_preprocessor_config.json").write_text(json.dumps(saved))
+    video = load_processor(str(folder)).video_processor
+    assert (video.longest_edge, video.tile, video.num_frames, video.fps) == expected
+
+
+def test_each_frames_time_reaches_the_family_whole():
+    """The family reads a frame's time as index / fps; 3 x (2/11) / (2/11) is 2.9999999999999996 in
+    floats, which SmolVLM's `Frame from MM:SS` would floor to 00:02: each index is moved up an ulp
+    until it divides back to the frame's time or just above (no float index gives 3 exactly here)."""
+    from vlmrl.models.video_processing import metadata
+
+    times = metadata(moving([0, 3, 11])).timestamps  # a mean rate of 2/11 frames a second
+    assert [int(t) for t in times] == [0, 3, 11] and max(abs(t - k) for t, k in zip(times, [0, 3, 11])) < 1e-12
+
+
+def test_smolvlm_puts_images_and_frames_in_one_stream_in_text_order(tiny_model_factory):
+    """A row with a video before an image and a row with an image only: pixel_values (rows, stream,
+    C, H, W) hold each row's frames and tiles in the order of its text, zeros after."""
+    from vlmrl.models.video_processing import FramesVideoPil, metadata
+
+    _, processor = load_policy(tiny_model_factory("smolvlm"), device="cpu")
+    clip, blue = moving([0, 1, 2]), Image.new("RGB", (56, 84), (0, 0, 200))
+    rows = [Example(prompt="Is <video> like <image>?", images=[blue], videos=[clip]),
+            Example(prompt="Blue?", images=[blue])]
+    inputs = encode_prompts(processor, rows, torch.device("cpu"))
+    twin = FramesVideoPil(processor.image_processor, 224, 112, {})
+    frames = twin([list(clip.frames)], video_metadata=[metadata(clip)])
+    image = processor.image_processor(images=[[blue]], return_tensors="pt")["pixel_values"][0, 0]
+    assert inputs["pixel_values"].shape == (2, 4, 3, 112, 112)
+    assert torch.equal(inputs["pixel_values"][0, :3], torch.from_numpy(frames["pixel_values"][0]))
+    assert torch.equal(inputs["pixel_values"][0, 3], image) and torch.equal(inputs["pixel_values"][1, 0], image)
+    assert not inputs["pixel_values"][1, 1:].any()
+    assert inputs["pixel_attention_mask"][:, :, 0, 0].tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+
+
 def test_a_video_is_checked_when_made():
     red = Image.new("RGB", (32, 32), "red")
     assert Video([red, red, red], [0, 0.5, 1.0]).fps == 2.0 and Video([red]).fps == 1.0
@@ -234,15 +344,29 @@ def test_the_fast_paths_equal_the_plain_path_on_video_prompts(arch, tiny_model_f
     assert torch.nn.functional.cosine_similarity(results[False][1], results[True][1], dim=0) >= 0.9999
 
 
-def test_the_preflight_counts_video_tokens_and_refuses_a_video_past_the_limit(tiny_model_dir, video_examples):
-    _, processor = load_policy(tiny_model_dir, device="cpu")
+@pytest.mark.parametrize("arch, video_tokens", [("qwen2_5_vl", 8), ("smolvlm", 64)])
+def test_the_preflight_counts_video_tokens_and_refuses_a_video_past_the_limit(arch, video_tokens, tiny_model_factory,
+                                                                              video_examples):
+    """4 frames of 56x56: Qwen2.5-VL 2x2 merged tokens x 2 temporal grids; SmolVLM 4 frames x 16
+    image tokens (a 112-pixel tile, 14-pixel patches, 2x2 pixel shuffle)."""
+    _, processor = load_policy(tiny_model_factory(arch), device="cpu")
     check = check_prompts(processor, video_examples[:1], [0], "train", 4096)
-    assert (check.image_tokens, check.video_tokens) == (8, 8)  # 56x56 frames: 2x2 merged tokens x 2 grids
-    assert check.vision() == "0 image and 8 video tokens"
-    with pytest.raises(VlmrlError, match=r"prompt of train example 0 is \d+ tokens \(0 of them image tokens, 8 video "
-                                         r"tokens\) > rollout.max_prompt_length=20; image and video tokens are never "
-                                         r"truncated"):
+    assert (check.image_tokens, check.video_tokens) == (video_tokens, video_tokens)
+    assert check.vision() == f"0 image and {video_tokens} video tokens"
+    with pytest.raises(VlmrlError, match=rf"prompt of train example 0 is \d+ tokens \(0 of them image tokens, "
+                                         rf"{video_tokens} video tokens\) > rollout.max_prompt_length=20; image and "
+                                         r"video tokens are never truncated"):
         check_prompts(processor, video_examples[:1], [0], "train", 20)
+
+
+@pytest.mark.parametrize("arch, tokens", [("qwen2_5_vl", (6 + 18, 18)), ("smolvlm", (16 + 48, 48))])
+def test_the_preflight_tells_a_videos_tokens_from_an_images(arch, tokens, tiny_model_factory, video_examples):
+    """A 56x84 image and a 3-frame video of 84x84: Qwen2.5-VL 2x3 merged image tokens and 3x3 merged
+    tokens x 2 temporal grids (3 frames padded to 4); SmolVLM 16 image tokens the image (one 112-pixel
+    tile) and 3 x 16 the frames, image tokens all."""
+    _, processor = load_policy(tiny_model_factory(arch), device="cpu")
+    check = check_prompts(processor, video_examples[1:2], [1], "train", 4096)
+    assert (check.image_tokens, check.video_tokens) == tokens
 
 
 def test_a_video_on_a_family_without_video_is_one_line(tiny_model_factory, video_examples):
@@ -269,8 +393,11 @@ def test_a_trajectory_from_a_video_prompt_is_one_processor_call(arch, tiny_model
     text = prompt_text(processor, example) + first + turns[1].text
     expected = processor(text=[text], return_tensors="pt", **processor_inputs(processor, [example], [[crop]]))
     assert torch.equal(inputs["input_ids"][0], expected["input_ids"][0])
-    assert int((inputs["input_ids"] == processor.video_token_id).sum()) > 0
-    for key in ("pixel_values_videos", "video_grid_thw", "pixel_values", "mm_token_type_ids"):
+    vision = torch.tensor([processor.image_token_id, getattr(processor, "video_token_id", processor.image_token_id)])
+    tool_tokens = int(torch.isin(torch.tensor(turns[1].ids), vision).sum())
+    assert int(torch.isin(inputs["input_ids"], vision).sum()) > tool_tokens > 0  # the video's tokens, the crop's
+    assert set(expected) - {"input_ids", "attention_mask"} <= set(inputs)
+    for key in set(expected) - {"input_ids", "attention_mask"}:
         assert torch.equal(inputs[key], expected[key]), key
     with torch.no_grad():
         assert (model(**inputs).logits - model(**expected).logits).abs().max() < 1e-5

@@ -1,9 +1,10 @@
 """Processors for image+text work on machines without torchvision.
 
 In transformers 5.x many families' processors require a video processor, and every video processor
-needs torchvision, which has no CPU build here. vlmrl never feeds video, so it derives, from the
-family's own processor class, one whose constructor takes no video processor. The text and image
-handling is the family's own code, untouched; only the video slot is gone.
+needs torchvision, which has no CPU build here. vlmrl derives, from the family's own processor
+class, one whose constructor takes no video processor. The text and image handling is the family's
+own code, untouched; only the video slot is empty (video_processing.py fills it with a twin
+without torchvision for the families that take video in vlmrl).
 
 Two things make the derived class round-trip like the family's own:
 - its `__init__` has the family's own parameters, by name and default, minus the video processor:
@@ -18,8 +19,10 @@ Two things make the derived class round-trip like the family's own:
   drops the video slot.
 A family whose own constructor reads the video processor (MiniCPM-V 4.6 reads its `slice_mode`) still
 cannot be built without one. A family whose own `apply_chat_template` is there only to fill in video
-settings (SmolVLM's reads its video processor's frame count and rate) renders through
-`ProcessorMixin`'s, which is what it calls for images and text.
+settings (SmolVLM's reads its video processor's frame count and rate, and writes a conversation
+with a video by the family's default template) renders through `ProcessorMixin`'s, which is what it
+calls for images and text, until vlmrl puts its video twin in the slot (video_processing.py): then
+through the family's own.
 
 Some processor modules import a torchvision image processor's module for a helper function alone
 (Pixtral's imports `image_processing_pixtral` for `get_resize_output_image_size`).
@@ -62,10 +65,22 @@ def image_text_processor_class(base: type) -> type:
     body = {"__init__": _init_without_video(base), "__module__": __name__,
             "__doc__": f"{base.__name__} for images and text only."}
     if base.apply_chat_template is not ProcessorMixin.apply_chat_template:
-        body["apply_chat_template"] = ProcessorMixin.apply_chat_template  # the family's own reads the video slot
+        body["apply_chat_template"] = _template_once_video(base)  # the family's own reads the video slot
     cls = type(base.__name__, (base, WithoutVideo), body)
     cls.__qualname__ = f"image_text[{base.__name__}]"
     return cls
+
+
+def _template_once_video(base: type):
+    """An `apply_chat_template` that is the family's own once a video processor is in the video slot
+    (video_processing.py puts its twin there), else `ProcessorMixin`'s."""
+    from transformers import ProcessorMixin
+
+    def apply_chat_template(self, conversation, *args, **kwargs):
+        owner = base if getattr(self, VIDEO, None) is not None else ProcessorMixin
+        return owner.apply_chat_template(self, conversation, *args, **kwargs)
+
+    return apply_chat_template
 
 
 def _init_without_video(base: type):

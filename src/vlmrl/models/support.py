@@ -75,8 +75,9 @@ LINEAR_ATTENTION = FamilySupport(
 FAMILIES: dict[str, FamilySupport] = {
     "qwen2_5_vl": WITH_VIDEO,
     "qwen2_vl": WITH_VIDEO,
-    "idefics3": EXACT,
-    "smolvlm": EXACT,
+    "idefics3": FamilySupport(video="transformers gives this family no video (no video processor, no video text); "
+                                    "SmolVLM, of the same design, has it"),
+    "smolvlm": WITH_VIDEO,
     "qwen3_vl": WITH_VIDEO,
     "qwen3_vl_moe": WITH_VIDEO,
     "glm4v": EXACT,

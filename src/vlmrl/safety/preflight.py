@@ -60,7 +60,8 @@ from vlmrl.models.teacher_check import teacher_weight_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
 from vlmrl.models.video_processing import takes_video
-from vlmrl.rollout.prompts import encode_prompts, image_token_id
+from vlmrl.rollout.prompts import chat_messages, encode_prompts, image_token_id, processor_inputs
+from vlmrl.rollout.trajectories import prompt_text
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.safety.bad_rows import RowGuard, make_example
 from vlmrl.rewards.reward import build_rewards, describe
@@ -463,24 +464,31 @@ def first_batches(config: Config, task: Task, mode: str, world: int, start: int)
 
 def check_prompts(processor, examples: list[Example], indices: list[int], split: str, limit: int,
                   model_config=None) -> SplitCheck:
-    """Encode each example's prompt alone: no special token in the question, and within `limit`;
-    count its image tokens (the model config's image token: Gemma 3's processor names its BOI) and
-    video tokens."""
+    """Encode each example's prompt alone: no special token in the question (the `<image>` and
+    `<video>` markers that place its images and videos aside: a family whose image token is `<image>`
+    reads them), and within `limit`; count its image tokens (the model config's image token: Gemma 3's
+    processor names its BOI) and, of them, its videos' vision tokens."""
     specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
     try:
         image_id = image_token_id(processor, model_config)
     except VlmrlError:
         image_id = None  # counted as 0 image tokens
     video_id = getattr(processor, "video_token_id", None) if takes_video(processor) else None
+    vision = torch.tensor([token for token in (image_id, video_id) if token is not None], dtype=torch.long)
     best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
     for idx, example in zip(indices, examples):
-        written = [token for token in specials if token in example.prompt]
+        question = "".join(part["text"] for message in chat_messages(example) for part in message["content"]
+                           if part["type"] == "text")  # the `<image>`/`<video>` markers it places are gone
+        written = [token for token in specials if token in question]
         if written:
             raise VlmrlError(f"the question of {split} example {idx} contains the special token {written[0]!r}: "
                              "image tokens would no longer match image features; remove it from the data")
-        ids = encoded_prompt(processor, example, split, idx)  # (P,)
-        n_image, n_video = (int((ids == token).sum()) if token is not None else 0 for token in (image_id, video_id))
-        check = SplitCheck(split, len(examples), len(ids), n_image + n_video, idx, n_video)
+        ids, videos = encoded_prompt(processor, example, split, idx)  # (P,), the videos' texts
+        n_vision = int(torch.isin(ids, vision).sum())
+        n_video = sum(int(torch.isin(torch.tensor(processor.tokenizer(text, add_special_tokens=False).input_ids),
+                                     vision).sum()) for text in videos)
+        n_image = n_vision - n_video
+        check = SplitCheck(split, len(examples), len(ids), n_vision, idx, n_video)
         if len(ids) > limit:
             of_them = f"{n_image} of them image tokens" + (f", {n_video} video tokens" if n_video else "")
             raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({of_them}) "
@@ -492,10 +500,17 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
     return best
 
 
-def encoded_prompt(processor, example: Example, split: str, idx: int) -> torch.Tensor:
-    """The prompt's token ids (P,); the processor's own error in one line, with where it happened."""
+def encoded_prompt(processor, example: Example, split: str, idx: int) -> tuple[torch.Tensor, list[str]]:
+    """The prompt's token ids (P,) and the text its processor wrote for each video (the family's own
+    replacement of a video placeholder: its vision tokens are the video's, whichever token it uses,
+    SmolVLM's frames being image tokens); the processor's own error in one line, with where it happened."""
     try:
-        return encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]
+        if not example.videos:
+            return encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0], []
+        batch = processor(text=[prompt_text(processor, example)], return_tensors="pt",
+                          return_text_replacement_offsets=True, **processor_inputs(processor, [example]))
+        return batch["input_ids"][0], [part["replacement"] for part in batch["text_replacement_offsets"][0]
+                                       if part["type"] == "video"]
     except VlmrlError:
         raise
     except Exception as error:  # noqa: BLE001 - the processor's own message, with where it happened
