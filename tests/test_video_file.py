@@ -124,3 +124,35 @@ def test_a_dataset_row_s_video_files_become_its_videos_and_a_bad_one_is_a_bad_ro
     assert list(guard.bad) == [2] and "cannot read video file" in guard.bad[2]
     with pytest.raises(VlmrlError, match="max_frames must be an integer >= 1"):
         get_task("dataset", path=str(tmp_path / "train.jsonl"), max_frames=0)
+
+
+def test_a_video_row_past_max_prompt_length_mid_run_is_a_bad_row_never_cut(tmp_path, tiny_model_dir, capfd):
+    """Row 5's video has 8 frames (16 video tokens, a prompt of 76) where the others' 2 give 4 (64): past
+    a limit of 70 that the preflight's first batch keeps, it stops the run at step 3 in one line with a
+    checkpoint, or is replaced and counted (on_bad_row=skip); it used to be trained on whole."""
+    import json
+
+    from vlmrl.cli import main
+    from vlmrl.report.tracking import read_metrics
+
+    write(tmp_path / "short.mkv", [0, 1000])
+    write(tmp_path / "long.mkv", [1000 * k for k in range(8)])
+    rows = [{"question": f"Which way {i}? <video>", "answer": "left", "video": "long.mkv" if i == 5 else "short.mkv"}
+            for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["train", "task.name=dataset", f"task.params.path={tmp_path / 'train.jsonl'}", "task.params.test_fraction=0",
+            "task.params.shuffle=false", "task.params.video_fps=1", "task.params.max_frames=8",
+            f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "rollout.prompts_per_step=2",
+            "rollout.group_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_length=70", "train.steps=4",
+            "train.micro_batch_size=4", "train.save_every=0"]
+    assert main([*args, f"output_dir={tmp_path / 'a'}"]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 1
+    assert ("error: bad data at step 3: the prompt of train example 5 (row 5 of split 'train'), image none, video of "
+            "8 frames 32x32 is 76 tokens (0 of them image tokens, 16 video tokens) > rollout.max_prompt_length=70: "
+            "image and video tokens are never cut; stopped with a checkpoint of step 2 in "
+            f"{tmp_path / 'a' / 'checkpoints' / 'step_000002'}") in err
+    assert main([*args, f"output_dir={tmp_path / 'b'}", "task.params.on_bad_row=skip"]) == 0
+    err = capfd.readouterr().err
+    assert err.count("warning: skipped a bad row (on_bad_row=skip): the prompt of train example 5") == 1
+    assert [row.get("bad_rows_skipped", 0) for row in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 0, 1, 0]

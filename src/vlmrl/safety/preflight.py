@@ -59,8 +59,7 @@ from vlmrl.models.support import (
 from vlmrl.models.teacher_check import teacher_weight_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
-from vlmrl.models.video_processing import takes_video
-from vlmrl.rollout.prompts import encode_prompts, image_token_id
+from vlmrl.rollout.prompts import encode_prompts, length_problem, vision_tokens
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.safety.bad_rows import RowGuard, make_example
 from vlmrl.rewards.reward import build_rewards, describe
@@ -257,7 +256,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
-    rows = RowGuard(task, processor)
+    rows = RowGuard(task, processor, limit=limit)
     for split, indices in first_batches(config, task, mode, world, start).items():
         if split == "train" and rows.skips:  # on_bad_row=skip: a bad example replaced, as in the run
             indices, examples = rows.checked(indices)
@@ -467,11 +466,6 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
     count its image tokens (the model config's image token: Gemma 3's processor names its BOI) and
     video tokens."""
     specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
-    try:
-        image_id = image_token_id(processor, model_config)
-    except VlmrlError:
-        image_id = None  # counted as 0 image tokens
-    video_id = getattr(processor, "video_token_id", None) if takes_video(processor) else None
     best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
     for idx, example in zip(indices, examples):
         written = [token for token in specials if token in example.prompt]
@@ -479,14 +473,13 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
             raise VlmrlError(f"the question of {split} example {idx} contains the special token {written[0]!r}: "
                              "image tokens would no longer match image features; remove it from the data")
         ids = encoded_prompt(processor, example, split, idx)  # (P,)
-        n_image, n_video = (int((ids == token).sum()) if token is not None else 0 for token in (image_id, video_id))
+        n_image, n_video = vision_tokens(processor, ids, model_config)
         check = SplitCheck(split, len(examples), len(ids), n_image + n_video, idx, n_video)
-        if len(ids) > limit:
-            of_them = f"{n_image} of them image tokens" + (f", {n_video} video tokens" if n_video else "")
-            raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({of_them}) "
-                             f"> rollout.max_prompt_length={limit}; image and video tokens are never truncated: "
-                             "use smaller images (the task's max_pixels or max_image_side, or the processor's "
-                             "max_pixels), fewer or smaller video frames, or raise rollout.max_prompt_length")
+        if problem := length_problem(processor, ids, limit, model_config):
+            raise VlmrlError(f"the prompt of {split} example {idx} {problem}; image and video tokens are never "
+                             "truncated: use smaller images (the task's max_pixels or max_image_side, or the "
+                             "processor's max_pixels), fewer or smaller video frames, or raise "
+                             "rollout.max_prompt_length")
         if len(ids) > best.longest:
             best = check
     return best

@@ -91,7 +91,7 @@ def sft(config: Config, task: Task | None = None) -> Path:
                                config.train.block_attention)
         toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
         warned = False  # about reference calls that all failed: once a run
-        rows = RowGuard(task, session.processor)
+        rows = RowGuard(task, session.processor, limit=config.rollout.max_prompt_length)
 
         progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                         total=config.train.steps, desc="sft", unit="step", disable=not session.main,
