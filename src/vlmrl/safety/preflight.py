@@ -59,6 +59,7 @@ from vlmrl.models.support import (
 from vlmrl.models.teacher_check import teacher_weight_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
+from vlmrl.models.video_processing import takes_video
 from vlmrl.rollout.prompts import encode_prompts, length_problem, vision_tokens
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.safety.bad_rows import RowGuard, make_example
@@ -253,6 +254,10 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     """
     if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
         raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
+    if getattr(task, "video_rows", 0) and not takes_video(processor):  # a video past the first batch, before step 1
+        rows = f"{task.video_rows} rows of the data hold" if task.video_rows > 1 else "1 row of the data holds"
+        raise VlmrlError(f"{rows} a video, and the model's processor "
+                         f"({type(processor).__name__}) takes none: `vlmrl models` lists the families that take video")
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
