@@ -84,6 +84,23 @@ def test_a_truncated_file_is_one_line(tmp_path):
         read_video(path)
 
 
+def test_a_file_with_a_video_stream_and_no_frame_or_with_no_video_stream_is_one_line(tmp_path):
+    with av.open(str(tmp_path / "zero.mkv"), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        container.start_encoding()  # the header, then no frame
+    with pytest.raises(VlmrlError, match=r"^cannot read video file '.*zero.mkv': \[Errno \d+\] End of file"):
+        read_video(tmp_path / "zero.mkv")
+    with av.open(str(tmp_path / "sound.mkv"), "w") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 8000, 0
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            container.mux(packet)
+    with pytest.raises(VlmrlError, match=r"^file '.*sound.mkv' holds no video stream$"):
+        read_video(tmp_path / "sound.mkv")
+
+
 @pytest.mark.parametrize("fps, max_frames, message", [
     (0, None, "fps must be > 0"), (-1.5, None, "fps must be > 0"),
     (None, 0, "max_frames must be an integer >= 1"), (None, 2.5, "max_frames must be an integer >= 1")])
