@@ -10,7 +10,8 @@ batch still short is filled with set-aside groups, which carry no policy gradien
 computed over the whole batch of all processes (grpo.group_advantages), then each keeps its rows.
 With `rollout.tools`, each completion is a multi-turn trajectory in which the model calls visual
 tools (tool_rollout.py); the rest of the step is the same. A bad example met mid-run (one the task
-cannot make, or whose image the processor refuses) follows the task's on_bad_row (safety/bad_rows.py).
+cannot make, whose image the processor refuses, or whose prompt is longer than
+rollout.max_prompt_length) follows the task's on_bad_row (safety/bad_rows.py).
 """
 
 from __future__ import annotations
