@@ -37,6 +37,16 @@ Each figure is printed for both sides and as the ratio vlmrl / TRL. `--results F
 the table in Markdown with date, machine and command; `--json FILE` writes the same figures by row
 and side (gpu_check.py's table reads them).
 
+`--video` runs the motion task's video prompts (`--frames` frames of `--image` pixels, the bench's
+reward) on three sides: TRL with each video's frames as images (TRL 1.16's GRPOTrainer takes no video:
+its dataset columns are prompt, image and images, and it reads only image parts from a prompt, so
+frames as images are what a TRL user can feed it), vlmrl on the same prompts as video (each video
+encoded once per group; the Qwen family's temporal patch puts two frames in one patch), and vlmrl on
+the same frames as images, which separates the two effects: vlmrl (frames) / TRL is the saving of
+encoding once per group, vlmrl (video) / vlmrl (frames) that of giving the frames as a video. The
+table adds each step's CPU seconds (user + sys of the process, resource.getrusage) beside its wall
+seconds; the header gives the load average.
+
 `--vlmrl-only` runs vlmrl's steps alone and prints its column: a variant of vlmrl's own step
 (`--dense-attention`, `--vision-loop`, `--fused-kernels`, `--no-checkpointing`) measured against
 the TRL column of a full run in the same setting, without paying for TRL's steps again (minutes
@@ -56,6 +66,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shlex
 import statistics
 import sys
@@ -105,6 +116,12 @@ class CircleParams(TaskParams):
     """Image side in pixels."""
 
 
+def bench_score(example: Example, completion: str) -> dict[str, float]:
+    """The bench's reward as a task's score (every bench task scores so)."""
+    value = reward_of(completion)
+    return {"total": value, "accuracy": float(value == 1.0)}
+
+
 class CircleTask(Task):
     """Example idx: circle_image(idx) and QUESTION, for vlmrl's trainer (the TRL dataset holds the same)."""
 
@@ -116,8 +133,56 @@ class CircleTask(Task):
         return Example(image=circle_image(idx, self.params.image), prompt=QUESTION, answer=str(1 + idx % 5))
 
     def score(self, example: Example, completion: str) -> dict[str, float]:
-        value = reward_of(completion)
-        return {"total": value, "accuracy": float(value == 1.0)}
+        return bench_score(example, completion)
+
+
+@dataclasses.dataclass
+class MotionParams(TaskParams):
+    frames: int = 4
+    """Frames per video."""
+    image: int = 112
+    """Frame side in pixels."""
+    as_images: bool = False
+    """Each video's frames given as images (what TRL can take) instead of the video."""
+
+
+def frames_as_images(example: Example) -> Example:
+    """`example` with each video's frames as images, in order, before the question (its `<video>`
+    markers dropped): the prompt a TRL user builds from a video."""
+    frames = [frame for video in example.videos for frame in video.frames]
+    return Example(prompt=example.prompt.replace("<video>", ""), answer=example.answer, images=frames,
+                   meta=example.meta, reference_completion=example.reference_completion)
+
+
+class MotionTask(Task):
+    """The motion task's example idx (a video of --frames frames at --image pixels), with the bench's
+    reward; with `as_images`, its frames as images."""
+
+    name = "bench_motion"
+    description = "Benchmark prompts: the motion task's videos, or their frames as images."
+    Params = MotionParams
+
+    def __init__(self, params: MotionParams | None = None) -> None:
+        from vlmrl.tasks import get_task
+
+        super().__init__(params)
+        self.motion = get_task("motion", frames=self.params.frames, image_size=self.params.image)
+
+    def _example(self, idx: int, split: str) -> Example:
+        example = self.motion.example(idx, split)
+        return frames_as_images(example) if self.params.as_images else example
+
+    def score(self, example: Example, completion: str) -> dict[str, float]:
+        return bench_score(example, completion)
+
+
+def bench_task(args, as_images: bool = False) -> tuple[str, str]:
+    """(task.name, task.params) of the prompts vlmrl's side trains on: circles, or with --video the
+    motion task's videos (or their frames as images)."""
+    if args.video:
+        return ("bench_vs_trl:MotionTask",
+                f"{{frames: {args.frames}, image: {args.image}, as_images: {str(as_images).lower()}}}")
+    return "bench_vs_trl:CircleTask", f"{{image: {args.image}}}"
 
 
 def qwen25vl_3b_folder(out: Path, image: int, text_layers: int = 36, vision_depth: int = 32) -> str:
@@ -216,10 +281,15 @@ class Timer:
 
 @dataclasses.dataclass
 class Side:
-    """One trainer's per-step measurements."""
+    """One trainer's per-step measurements. A side named "TRL..." runs each prompt and image G times
+    in its training phase (its FLOPs count them so); the first side is what the others are divided by."""
 
     name: str
     steps: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def repeats_prompts(self) -> bool:
+        return self.name.startswith("TRL")
 
     def median(self, key: str, skip: int) -> float:
         return statistics.median(s[key] for s in self.steps[skip:])
@@ -251,18 +321,24 @@ class StepWork:
         return self.prompts * self.group * (self.prompt_tokens + self.completion)
 
 
-def step_work(args, session) -> StepWork:
-    """The training phase's work in the benchmark's setting (every prompt has the same length)."""
+def step_work(args, session, example: Example) -> StepWork:
+    """The training phase's work in the benchmark's setting (every prompt is as long as `example`'s)."""
     from vlmrl.models.loading import is_vision_parameter
     from vlmrl.rollout.prompts import encode_prompts
 
     named = list(session.policy.named_parameters())
     vision = sum(p.numel() for n, p in named if is_vision_parameter(n))
-    encoded = encode_prompts(session.processor, [Example(circle_image(0, args.image), QUESTION, "1")],
-                             torch.device("cpu"))
+    encoded = encode_prompts(session.processor, [example], torch.device("cpu"))
+    patches = sum(int(encoded[key].shape[0]) for key in ("pixel_values", "pixel_values_videos") if key in encoded)
     return StepWork(text_params=sum(p.numel() for _, p in named) - vision, vision_params=vision,
-                    prompt_tokens=int(encoded["attention_mask"].sum()), patches=int(encoded["pixel_values"].shape[0]),
+                    prompt_tokens=int(encoded["attention_mask"].sum()), patches=patches,
                     prompts=args.prompts, group=args.group, completion=args.tokens, forwards=int(args.beta > 0))
+
+
+def cpu_seconds() -> float:
+    """User + sys CPU seconds of this process so far (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def peak_tflops(args) -> float | None:
@@ -324,8 +400,9 @@ def sync(device: torch.device) -> None:
 # --------------------------------------------------------------------------- the two trainers
 
 
-def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side):
-    """A function that runs one vlmrl training step and records it in `side`."""
+def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side, as_images: bool = False):
+    """A function that runs one vlmrl training step and records it in `side` (with --video: on the
+    videos, or with `as_images` on their frames as images)."""
     from vlmrl.config import load_config
     from vlmrl.models.loading import counting_vision_rows
     from vlmrl.rollout.decoding import kept_cache_held
@@ -337,11 +414,12 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
     from vlmrl.training.policy_update import update_policy
     from vlmrl.training.session import TrainingSession
 
+    task_name, task_params = bench_task(args, as_images)
     config = load_config(None, [
         f"model.name_or_path={model_dir}", f"model.device={args.device}", f"model.dtype={args.dtype}",
         f"model.gradient_checkpointing={str(args.checkpointing).lower()}",
         f"model.attn_implementation={args.attn}",
-        "task.name=bench_vs_trl:CircleTask", f"task.params={{image: {args.image}}}", f"output_dir={out_dir}",
+        f"task.name={task_name}", f"task.params={task_params}", f"output_dir={out_dir}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.generation_batch_size={args.prompts}",
         f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.tokens}",
         f"rollout.share_prompt_cache={str(not args.vlmrl_plain).lower()}", f"rollout.decode={args.decode}",
@@ -377,7 +455,7 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
             held = kept_cache_held(policy) / 2 ** 20  # allocated before the window: its rise would miss it
             memory.start()
             sync(session.accelerator.device)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds()
             policy.eval()
             with torch.profiler.record_function("vlmrl: generation and rewards"):  # named in --profile
                 experience, state["cursor"] = collect_experience(sampler, state["step"], state["cursor"])
@@ -386,11 +464,11 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
             with torch.profiler.record_function("vlmrl: training phase"):
                 update = update_policy(session, scorer, experience)
             sync(session.accelerator.device)
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
             peak = memory.stop() + held
         state["step"] += 1
         lengths = experience.rollout.lengths
-        side.steps.append({"step": seconds, "generate": generate.seconds, "reward": score.seconds,
+        side.steps.append({"step": seconds, "cpu": cpu, "generate": generate.seconds, "reward": score.seconds,
                            "train": seconds - generate.seconds - score.seconds, "memory": peak,
                            "vision_rows": sum(rows) + (sum(ref_rows) if len(towers) > 1 else 0),
                            "completion_tokens": float(lengths.float().mean()), "loss": update["loss"]})
@@ -419,6 +497,19 @@ def profile_step(step, side: Side, path: Path, device: torch.device) -> None:
     print(f"profile: {path}")
 
 
+def trl_columns(args, n: int) -> dict[str, list]:
+    """TRL's dataset: `n` conversational prompts with their image (circles), or with --video the motion
+    task's first `n` videos, each as its frames in an `images` column with one image part per frame."""
+    if not args.video:
+        return {"prompt": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]] * n,
+                "image": [circle_image(i, args.image) for i in range(n)]}
+    task = MotionTask(MotionParams(frames=args.frames, image=args.image, as_images=True))
+    examples = [task.example(i) for i in range(n)]
+    return {"prompt": [[{"role": "user", "content": [{"type": "image"}] * len(ex.images)
+                         + [{"type": "text", "text": ex.prompt}]}] for ex in examples],
+            "images": [ex.images for ex in examples]}
+
+
 def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: Side, after_step):
     """TRL's GRPOTrainer on the same model and prompts; `after_step()` runs after each of its steps
     and returns True when the run should stop there."""
@@ -430,11 +521,7 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
     from vlmrl.models.loading import counting_vision_rows
 
     datasets.disable_progress_bars()
-    n = args.prompts * (args.warmup + args.steps)
-    dataset = datasets.Dataset.from_dict({
-        "prompt": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]] * n,
-        "image": [circle_image(i, args.image) for i in range(n)],
-    })
+    dataset = datasets.Dataset.from_dict(trl_columns(args, args.prompts * (args.warmup + args.steps)))
 
     def reward(prompts, completions, **kwargs) -> list[float]:
         return [reward_of(c[0]["content"] if isinstance(c, list) else c) for c in completions]
@@ -468,15 +555,15 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
             self.rows = [h.__enter__() for h in self.hooks]
             memory.start()
             sync(device)
-            self.start = time.perf_counter()
+            self.start, self.cpu = time.perf_counter(), cpu_seconds()
 
         def on_step_end(self, _args, _state, control, **__):
             sync(device)
-            seconds = time.perf_counter() - self.start
+            seconds, cpu = time.perf_counter() - self.start, cpu_seconds() - self.cpu
             peak = memory.stop()
             for h in self.hooks:
                 h.__exit__(None, None, None)
-            side.steps.append({"step": seconds, "generate": generate.seconds, "reward": score.seconds,
+            side.steps.append({"step": seconds, "cpu": cpu, "generate": generate.seconds, "reward": score.seconds,
                                "train": seconds - generate.seconds - score.seconds, "memory": peak,
                                "vision_rows": sum(sum(r) for r in self.rows), "completion_tokens": float("nan"),
                                "loss": float("nan")})
@@ -490,16 +577,20 @@ def trl_trainer(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side: S
 # --------------------------------------------------------------------------- report
 
 
-def table(args, sides: list[Side], work: StepWork, measured: int) -> list[str]:
-    """The Markdown table of `sides` (TRL then vlmrl, or vlmrl alone), with the ratio vlmrl / TRL."""
+def table(args, sides: list[Side], work: StepWork | dict[str, StepWork], measured: int) -> list[str]:
+    """The Markdown table of `sides` (TRL then vlmrl, or vlmrl alone; with --video TRL then vlmrl's two),
+    with each later side divided by the first. `work`: one for every side, or each side's by name."""
     skip, names = args.warmup, [side.name for side in sides]
+    works = work if isinstance(work, dict) else {name: work for name in names}
     seconds = {side.name: side.median("train", skip) for side in sides}
-    flops = {name: work.flops(work.group if name == "TRL" else 1) for name in names}  # vlmrl: each prompt once
+    flops = {side.name: works[side.name].flops(works[side.name].group if side.repeats_prompts else 1)
+             for side in sides}  # vlmrl: each prompt once per group
     rate = {name: flops[name] / seconds[name] / 1e12 for name in names}  # TFLOP/s
-    tokens = {name: work.easyr1_tokens / seconds[name] for name in names}
+    tokens = {name: works[name].easyr1_tokens / seconds[name] for name in names}
+    timed = [("step (s)", "step")] + ([("step CPU (s)", "cpu")] if all("cpu" in s.steps[-1] for s in sides) else [])
     rows = [(label, "{:.0f}" if key in ("vision_rows", "memory") else "{:.3f}",
              {side.name: side.median(key, skip) for side in sides})
-            for label, key in [("vision rows / step", "vision_rows"), ("step (s)", "step"),
+            for label, key in [("vision rows / step", "vision_rows"), *timed,
                                ("generation (s)", "generate"), ("training phase (s)", "train"),
                                ("peak memory (MiB)", "memory")]]
     rows += [("training model FLOPs (TFLOP)", "{:.3g}", {n: flops[n] / 1e12 for n in names}),
@@ -512,13 +603,13 @@ def table(args, sides: list[Side], work: StepWork, measured: int) -> list[str]:
     rows.append(("tokens/s per GPU (EasyR1 count, training)", "{:.0f}", tokens))
     if getattr(args, "json", None):
         Path(args.json).write_text(json.dumps({label: values for label, _, values in rows}, indent=1))
-    both = len(sides) == 2
+    base, others = names[0], names[1:]
     lines = [f"| per step (median of {measured} after {skip} warm-up) | " + " | ".join(names)
-             + (" | vlmrl / TRL |" if both else " |"), "|---|" + "---:|" * (len(names) + both)]
+             + "".join(f" | {name} / {base}" for name in others) + " |",
+             "|---|" + "---:|" * (len(names) + len(others))]
     for label, fmt, values in rows:
         cells = [fmt.format(values[n]) for n in names]
-        if both:
-            cells.append(f"{values['vlmrl'] / values['TRL']:.3f}" if values["TRL"] > 0 else "n/a")
+        cells += [f"{values[n] / values[base]:.3f}" if values[base] > 0 else "n/a" for n in others]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
@@ -547,7 +638,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step (B)")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
-    parser.add_argument("--image", type=int, default=448, help="image side in pixels (448: 256 image tokens)")
+    parser.add_argument("--image", type=int, default=448,
+                        help="image side in pixels (448: 256 image tokens); with --video, each frame's side")
+    parser.add_argument("--video", action="store_true",
+                        help="the motion task's videos: TRL on their frames as images, vlmrl on the videos and "
+                             "on the frames as images")
+    parser.add_argument("--frames", type=int, default=4, help="with --video: frames per video")
     parser.add_argument("--tokens", type=int, default=32, help="completion length (min = max new tokens)")
     parser.add_argument("--micro", type=int, default=16, help="completions per forward/backward (both sides)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -596,6 +692,8 @@ def main() -> None:
         os.execv(sys.executable, [sys.executable] + sys.argv)
     if (args.prompts * args.group) % args.micro:
         parser.error("--micro must divide prompts x group")
+    if args.video and (args.vlmrl_only or args.arch_3b or args.model):
+        parser.error("--video runs the tiny model's three sides (not with --vlmrl-only, --arch-3b or --model)")
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -607,14 +705,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = bench_model(args, Path(tmp) / "model")
         memory = MemoryPeak(torch.device(args.device))
-        trl, ours = Side("TRL"), Side("vlmrl")
+        trl, ours, frames = (Side("TRL (frames)"), Side("vlmrl (video)"), Side("vlmrl (frames)")) if args.video \
+            else (Side("TRL"), Side("vlmrl"), None)
         step, session = vlmrl_stepper(args, model_dir, Path(tmp) / "vlmrl", memory, ours)
-        work = step_work(args, session)
+        steps, work = [step], {ours.name: step_work(args, session, session_example(session))}
+        if frames is not None:  # the same frames as images: encoding once per group apart from the video's own saving
+            frames_step, frames_session = vlmrl_stepper(args, model_dir, Path(tmp) / "frames", memory, frames, True)
+            steps.append(frames_step)
+            work[frames.name] = work[trl.name] = step_work(args, frames_session, session_example(frames_session))
+        else:
+            work[trl.name] = work[ours.name]
         started = time.perf_counter()
 
-        def step_then_stop() -> bool:  # one vlmrl step; True when no new step should start
-            step()
-            measured = min(len(side.steps) for side in ([ours] if args.vlmrl_only else [trl, ours])) - args.warmup
+        def step_then_stop() -> bool:  # one step of each vlmrl side; True when no new step should start
+            for one in steps:
+                one()
+            sides = [ours] if args.vlmrl_only else [trl, ours]
+            measured = min(len(side.steps) for side in sides) - args.warmup
             return args.time_budget > 0 and measured >= 1 and time.perf_counter() - launched > args.time_budget
 
         if args.vlmrl_only:
@@ -624,23 +731,35 @@ def main() -> None:
         else:
             trl_trainer(args, model_dir, Path(tmp) / "trl", memory, trl, step_then_stop).train()
         speedups = speed_line(session.config, session.policy)  # what was taken: an asked-for kernel may fall back
-        sides = [ours] if args.vlmrl_only else [trl, ours]
+        sides = [ours] if args.vlmrl_only else [trl, ours] + ([frames] if frames is not None else [])
         publish(report(args, sides, work, time.perf_counter() - started, speedups), args.results)
         if args.profile:  # after the figures are out: a run stopped at a time limit keeps them
             profile_step(step, ours, Path(args.profile), torch.device(args.device))
         session.close()
+        if frames is not None:
+            frames_session.close()
         memory.running = False
 
 
-def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) -> list[str]:
+def session_example(session) -> Example:
+    """The first train example of a vlmrl side's task (every example of a bench task is as long)."""
+    from vlmrl.tasks import get_task
+
+    return get_task(session.config.task.name, **session.config.task.params).example(0)
+
+
+def report(args, sides: list[Side], work: StepWork | dict[str, StepWork], wall: float, speedups: str) -> list[str]:
     """The run's Markdown: a header with date, machine, command and settings, then the table."""
     measured = {len(side.steps) - args.warmup for side in sides}
     assert len(measured) == 1 and 1 <= min(measured) <= args.steps, [len(s.steps) for s in sides]
     measured = measured.pop()
     tokens = sides[-1].median("completion_tokens", args.warmup)
+    video = getattr(args, "video", False)
+    prompts = (f"the motion task's videos of {args.frames} frames of {args.image}x{args.image} (TRL: the frames as "
+               "images)" if video else f"{args.image}x{args.image} images")
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_vs_trl.py"] + sys.argv[1:])
     header = [f"## {datetime.date.today().isoformat()}: {args.prompts} prompts x G={args.group}, "
-              f"{args.image}x{args.image} images, {args.tokens} completion tokens, {args.dtype}, "
+              f"{prompts}, {args.tokens} completion tokens, {args.dtype}, "
               f"gradient checkpointing {'on' if args.checkpointing else 'off'}, beta {args.beta}",
               "", f"- machine: {machine()}", f"- command: `{command}`",
               f"- model: {model_name(args)} (random weights); "
@@ -651,7 +770,8 @@ def report(args, sides: list[Side], work: StepWork, wall: float, speedups: str) 
               f"vlmrl fused kernels {'on' if args.fused_kernels else 'off'}; "
               + (f"vlmrl bf16 updates {'rounded to nearest' if args.round_to_nearest else 'stochastically rounded'}; "
                  if args.dtype == "bfloat16" else "") +
-              f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; wall {wall:.0f} s"
+              f"vlmrl decode {args.decode}; vlmrl completion length {tokens:.0f}; wall {wall:.0f} s; "
+              f"load average {os.getloadavg()[0]:.1f} at the end"
               + ("; vlmrl alone (no TRL steps)" if args.vlmrl_only else "")
               + (f"; stopped by --time-budget after {measured} of {args.steps} measured steps"
                  if measured < args.steps else ""),

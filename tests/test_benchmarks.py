@@ -2,13 +2,15 @@
 
 The figures a GPU session takes once are only as good as this code: the gradient cosine summed one
 tensor at a time equals the cosine of the concatenation; the attention-call counter counts SDPA
-calls; a run stopped by --time-budget reports the steps it measured and says so; and the
+calls; a run stopped by --time-budget reports the steps it measured and says so; the --video table
+divides each vlmrl side by TRL's and counts each side's own work; and the
 cryptogram probe's ridge classifier scores what it should.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -59,6 +61,32 @@ def test_a_run_stopped_by_the_time_budget_reports_the_steps_it_measured():
     assert "| per step (median of 2 after 1 warm-up) | TRL | vlmrl | vlmrl / TRL |" in text
     assert "| training phase (s) | 5.000 | 1.500 | 0.300 |" in text  # medians of (4, 6) and (1, 2)
     assert "- vlmrl speedups taken: block attention" in text
+
+
+def test_the_video_table_divides_each_vlmrl_side_by_trl_and_counts_each_sides_own_work():
+    """bench_vs_trl.py --video: TRL on frames as images (each prompt G times), vlmrl on the video and on
+    the frames (each prompt once per group), each side's FLOPs from its own prompt tokens and patches."""
+    args = argparse.Namespace(prompts=1, group=2, image=112, tokens=4, dtype="float32", checkpointing=True,
+                              beta=0.0, model=None, arch_3b=False, size="tiny", micro=2, vlmrl_plain=False,
+                              dense_attention=False, vision_loop=False, fused_kernels=False, round_to_nearest=False,
+                              decode="auto", vlmrl_only=False, warmup=1, steps=2, device="cpu", peak_tflops=None,
+                              video=True, frames=4)
+    step = {"step": 2.0, "generate": 1.0, "reward": 0.0, "train": 1.0, "memory": 10.0, "vision_rows": 4,
+            "completion_tokens": 4.0, "loss": 0.0}
+    sides = [Side("TRL (frames)", [dict(step, cpu=c) for c in (9.0, 4.0, 6.0)]),
+             Side("vlmrl (video)", [dict(step, cpu=c) for c in (3.0, 1.0, 1.0)]),
+             Side("vlmrl (frames)", [dict(step, cpu=c) for c in (3.0, 2.0, 1.0)])]
+    frames = StepWork(text_params=10, vision_params=5, prompt_tokens=3, patches=2, prompts=1, group=2, completion=4,
+                      forwards=0)
+    video = dataclasses.replace(frames, prompt_tokens=2, patches=1)
+    text = "\n".join(report(args, sides, {"TRL (frames)": frames, "vlmrl (frames)": frames, "vlmrl (video)": video},
+                            wall=12.0, speedups="block attention"))
+    assert "the motion task's videos of 4 frames of 112x112 (TRL: the frames as images)" in text
+    assert ("| per step (median of 2 after 1 warm-up) | TRL (frames) | vlmrl (video) | vlmrl (frames) | "
+            "vlmrl (video) / TRL (frames) | vlmrl (frames) / TRL (frames) |") in text
+    assert "| step CPU (s) | 5.000 | 1.000 | 1.500 | 0.200 | 0.300 |" in text
+    # 6 x (10 x tokens + 5 x patches): TRL 2 x 3 + 2 x 4 tokens, 2 x 2 patches; vlmrl 3 + 8 and 2; video 2 + 8 and 1
+    assert "| training model FLOPs (TFLOP) | 9.6e-10 | 6.3e-10 | 7.2e-10 | 0.656 | 0.750 |" in text
 
 
 def test_the_probe_scores_a_separable_set_fully_and_a_constant_feature_at_chance():

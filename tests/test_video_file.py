@@ -84,6 +84,23 @@ def test_a_truncated_file_is_one_line(tmp_path):
         read_video(path)
 
 
+def test_a_file_with_a_video_stream_and_no_frame_or_with_no_video_stream_is_one_line(tmp_path):
+    with av.open(str(tmp_path / "zero.mkv"), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        container.start_encoding()  # the header, then no frame
+    with pytest.raises(VlmrlError, match=r"^cannot read video file '.*zero.mkv': \[Errno \d+\] End of file"):
+        read_video(tmp_path / "zero.mkv")
+    with av.open(str(tmp_path / "sound.mkv"), "w") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 8000, 0
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            container.mux(packet)
+    with pytest.raises(VlmrlError, match=r"^file '.*sound.mkv' holds no video stream$"):
+        read_video(tmp_path / "sound.mkv")
+
+
 @pytest.mark.parametrize("fps, max_frames, message", [
     (0, None, "fps must be > 0"), (-1.5, None, "fps must be > 0"),
     (None, 0, "max_frames must be an integer >= 1"), (None, 2.5, "max_frames must be an integer >= 1")])
@@ -124,3 +141,108 @@ def test_a_dataset_row_s_video_files_become_its_videos_and_a_bad_one_is_a_bad_ro
     assert list(guard.bad) == [2] and "cannot read video file" in guard.bad[2]
     with pytest.raises(VlmrlError, match="max_frames must be an integer >= 1"):
         get_task("dataset", path=str(tmp_path / "train.jsonl"), max_frames=0)
+    with pytest.raises(VlmrlError, match=r"fps must be > 0 \(or none: every frame\), got 0"):
+        get_task("dataset", path=str(tmp_path / "train.jsonl"), video_fps=0)
+
+
+def test_a_video_row_past_max_prompt_length_mid_run_is_a_bad_row_never_cut(tmp_path, tiny_model_dir, capfd):
+    """Row 5's video has 8 frames (16 video tokens, a prompt of 76) where the others' 2 give 4 (64): past
+    a limit of 70 that the preflight's first batch keeps, it stops the run at step 3 in one line with a
+    checkpoint, or is replaced and counted (on_bad_row=skip); it used to be trained on whole."""
+    import json
+
+    from vlmrl.cli import main
+    from vlmrl.report.tracking import read_metrics
+
+    write(tmp_path / "short.mkv", [0, 1000])
+    write(tmp_path / "long.mkv", [1000 * k for k in range(8)])
+    rows = [{"question": f"Which way {i}? <video>", "answer": "left", "video": "long.mkv" if i == 5 else "short.mkv"}
+            for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["train", "task.name=dataset", f"task.params.path={tmp_path / 'train.jsonl'}", "task.params.test_fraction=0",
+            "task.params.shuffle=false", "task.params.video_fps=1", "task.params.max_frames=8",
+            f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "rollout.prompts_per_step=2",
+            "rollout.group_size=2", "rollout.max_new_tokens=4", "rollout.max_prompt_length=70", "train.steps=4",
+            "train.micro_batch_size=4", "train.save_every=0"]
+    assert main([*args, f"output_dir={tmp_path / 'a'}"]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 1
+    assert ("error: bad data at step 3: the prompt of train example 5 (row 5 of split 'train'), image none, video of "
+            "8 frames 32x32 is 76 tokens (0 of them image tokens, 16 video tokens) > rollout.max_prompt_length=70: "
+            "image and video tokens are never cut; stopped with a checkpoint of step 2 in "
+            f"{tmp_path / 'a' / 'checkpoints' / 'step_000002'}") in err
+    assert main([*args, f"output_dir={tmp_path / 'b'}", "task.params.on_bad_row=skip"]) == 0
+    err = capfd.readouterr().err
+    assert err.count("warning: skipped a bad row (on_bad_row=skip): the prompt of train example 5") == 1
+    assert [row.get("bad_rows_skipped", 0) for row in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 0, 1, 0]
+
+
+def test_a_file_cut_short_or_damaged_after_its_first_frames_is_one_line(tmp_path):
+    """FFmpeg decodes what a cut or damaged file still has and stops without an error: 7 of 40 frames
+    used to become a 7-frame video. The file's own declared end (4.0 s) tells it."""
+    data = open(write(tmp_path / "whole.mkv", [100 * k for k in range(40)]), "rb").read()
+    (tmp_path / "cut.mkv").write_bytes(data[:int(len(data) * 0.3)])
+    with pytest.raises(VlmrlError, match=r"video file '.*cut.mkv' is cut short or damaged: its frames end at 0.60 s "
+                                         r"of the 4.00 s it declares$"):
+        read_video(tmp_path / "cut.mkv")
+    damaged = bytearray(data)
+    damaged[len(data) // 2:len(data) // 2 + 200] = bytes(200)  # 200 zero bytes in the middle
+    (tmp_path / "damaged.mkv").write_bytes(bytes(damaged))
+    with pytest.raises(VlmrlError, match=r"'.*damaged.mkv' is cut short or damaged: its frames end at 2.20 s of the "
+                                         r"4.00 s"):
+        read_video(tmp_path / "damaged.mkv")
+    assert len(read_video(tmp_path / "whole.mkv").frames) == 40
+
+
+def test_a_10000_frame_file_is_read_for_the_frames_kept(tmp_path):
+    video = read_video(write(tmp_path / "long.mkv", [100 * k for k in range(10000)]), fps=1, max_frames=8)
+    # 1000 s at 10 a second; one a second keeps frames at 0, 1, ..., 999 s; 8 of those at round(k * 999 / 7)
+    assert video.timestamps == pytest.approx((0.0, 143.0, 285.0, 428.0, 571.0, 714.0, 856.0, 999.0))
+    assert greys(video) == [round(40 * 10 * t % 256 / 40) for t in video.timestamps] == [0, 3, 2, 5, 1, 4, 3, 6]
+
+
+def test_a_resolution_change_in_a_file_is_one_line_naming_it(tmp_path):
+    """Three MJPEG frames, the third 16x32: each JPEG packet carries its own size."""
+    path = tmp_path / "sizes.mkv"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mjpeg", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuvj420p"
+        for k, (width, height) in enumerate([(32, 32), (32, 32), (16, 32)]):
+            encoder = av.CodecContext.create("mjpeg", "w")
+            encoder.width, encoder.height, encoder.pix_fmt = width, height, "yuvj420p"
+            encoder.time_base = fractions.Fraction(1, 1000)
+            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 40 * k, np.uint8), format="rgb24")
+            frame = frame.reformat(format="yuvj420p")
+            frame.pts, frame.time_base = 100 * k, fractions.Fraction(1, 1000)
+            for packet in [*encoder.encode(frame), *encoder.encode()]:
+                packet.stream, packet.pts, packet.dts = stream, 100 * k, 100 * k
+                packet.time_base = fractions.Fraction(1, 1000)
+                container.mux(packet)
+    with pytest.raises(VlmrlError, match=r"^video file '.*sizes.mkv': video frame 2 is 16x32; frame 0 is 32x32"):
+        read_video(path)
+
+
+def test_a_video_row_past_the_first_batch_on_a_family_without_video_stops_before_step_1(tmp_path, tiny_model_factory,
+                                                                                       capfd):
+    """Row 5 alone has a video: idefics3 takes none. It used to stop at step 3 (one line, the two steps
+    lost); the preflight now counts the data's video rows."""
+    import json
+
+    from PIL import Image
+
+    from vlmrl.cli import main
+
+    write(tmp_path / "clip.mkv", [0, 1000])
+    Image.new("RGB", (32, 32), "white").save(tmp_path / "a.png")
+    rows = [{"question": f"Which way {i}?", "answer": "left", "image": "a.png", "video": ["clip.mkv"] if i == 5 else []}
+            for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", "task.name=dataset", f"task.params.path={tmp_path / 'train.jsonl'}",
+                 "task.params.test_fraction=0", f"model.name_or_path={tiny_model_factory('idefics3')}",
+                 "model.device=cpu", f"output_dir={tmp_path / 'run'}", "rollout.prompts_per_step=2",
+                 "rollout.group_size=2", "rollout.max_new_tokens=4", "train.steps=4"]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 1
+    assert ("error: 1 row of the data holds a video, and the model's processor (Idefics3Processor) takes none: "
+            "`vlmrl models` lists the families that take video") in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()

@@ -273,6 +273,10 @@ class GenerationSettings:
     dynamic elsewhere. All give the same tokens; the first compiled call per shape pays the
     compilation, and the compiled path keeps its cache allocated between steps (the preflight counts
     it). A run's evaluations decode the same way."""
+    max_prompt_length: int | None = None
+    """Longest prompt in tokens, image and video tokens included: a batch holding a longer one raises
+    `PromptTooLong` and nothing is generated (rollout/prompts.py; the trainer then treats the row as
+    bad, safety/bad_rows.py); None: no limit. Rollouts take rollout.max_prompt_length below."""
 
     def validate(self) -> None:
         require((self.decode in DECODES, f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}"),
@@ -291,10 +295,12 @@ class RolloutConfig(GenerationSettings):
     prompts_per_step: int = 8
     """Prompts (images + questions) per optimizer step, over all processes."""
     max_prompt_length: int = 4096
-    """Longest prompt in tokens, image tokens included. Checked before step 1 on the first batch
-    of every split the run uses (`vlmrl check` shows the longest); a longer prompt stops the run
+    """Longest prompt in tokens, image and video tokens included. Checked before step 1 on the first
+    batch of every split the run uses (`vlmrl check` shows the longest); a longer prompt stops the run
     there, since image tokens are never truncated (fewer image tokens than image features is the
-    classic crash). Lower the image resolution rather than raising this blindly."""
+    classic crash). A longer prompt met later (a train row, a held-out row) is a bad row
+    (task.params.on_bad_row: stop with a checkpoint, or skip it). Lower the image resolution rather
+    than raising this blindly."""
     generation_batch_size: int = 8
     """Prompts per generate call, at most one process's share of prompts_per_step, which it must
     divide. Each call is seeded from (seed, step, first prompt), so samples do not depend on the

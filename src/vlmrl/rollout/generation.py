@@ -107,19 +107,20 @@ def generation_inputs(model, processor, examples: list[Example], settings: Gener
     device = next(model.parameters()).device
     group = settings.group_size
     if settings.share_prompt_cache and group > 1:
-        prompt = encode_prompts(processor, examples, device)
+        prompt = encode_prompts(processor, examples, device, settings.max_prompt_length)
         reason = shared_prefill_unsupported(model) or (
             None if last_prompt_token_is_text(model, processor, prompt) else "a prompt ends with an image token")
         if reason is None:
             return first_use(model, "shared_prefill", lambda: prefill_once(model, prompt, group),  # (N, P), cache
-                             lambda: repeated_prompts(processor, examples, group, device))
+                             lambda: repeated_prompts(processor, examples, settings, device))
         warn_once(f"vlmrl: shared prompt cache off ({reason}); every prompt is repeated {group} times")
-    return repeated_prompts(processor, examples, group, device)
+    return repeated_prompts(processor, examples, settings, device)
 
 
-def repeated_prompts(processor, examples: list[Example], group: int, device: torch.device) -> dict:
-    """The plain way: every prompt encoded `group` times, (B*G, P)."""
-    return encode_prompts(processor, [example for example in examples for _ in range(group)], device)
+def repeated_prompts(processor, examples: list[Example], settings: GenerationSettings, device: torch.device) -> dict:
+    """The plain way: every prompt encoded `settings.group_size` times, (B*G, P)."""
+    return encode_prompts(processor, [example for example in examples for _ in range(settings.group_size)], device,
+                          settings.max_prompt_length)
 
 
 def sample(model, processor, inputs: dict, settings: GenerationSettings,

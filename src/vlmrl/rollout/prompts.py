@@ -7,6 +7,11 @@ preflight and the attention maps all build their prompts here, so they see the s
 Processor outputs that are not model inputs (`NOT_MODEL_INPUTS`: PaliGemma's processor always
 returns `labels`, with which the forward computes a loss against the prompt) are dropped by
 `model_inputs`, which every processor call that feeds the model goes through.
+
+Image and video tokens are never cut: a prompt longer than a limit (`rollout.max_prompt_length`) is
+a bad row, never trained on cut nor past the limit. `encode_prompts` with a `limit` raises
+`PromptTooLong` for a batch holding one (the caller then finds which row, safety/bad_rows.py), and
+`length_problem` says how long a prompt is and how many of its tokens are image and video tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vlmrl.errors import VlmrlError
-from vlmrl.models.video_processing import metadata
+from vlmrl.models.video_processing import metadata, takes_video
 from vlmrl.tasks import Example
 
 
@@ -74,11 +79,6 @@ def processor_inputs(processor, examples: list[Example], more_images: list[list]
     return media_inputs(processor, images, videos)
 
 
-def takes_video(processor) -> bool:
-    """Whether the model's processor takes videos (its family has a video processor in vlmrl)."""
-    return getattr(processor, "video_processor", None) is not None
-
-
 def media_inputs(processor, images: list[list], videos: list) -> dict:
     """The media arguments of a processor call: `images` (one list per text) where any text has one,
     and `videos` (in the order of the texts' video markers) with their frame times (`video_metadata`)
@@ -94,13 +94,56 @@ def media_inputs(processor, images: list[list], videos: list) -> dict:
     return media
 
 
-def encode_prompts(processor, examples: list[Example], device: torch.device) -> dict[str, torch.Tensor]:
+class PromptTooLong(ValueError):
+    """A batch holds a prompt longer than the limit `encode_prompts` was given. Not a user's message:
+    the trainer encodes the batch's examples alone to name the bad row (safety/bad_rows.py)."""
+
+
+def encode_prompts(processor, examples: list[Example], device: torch.device,
+                   limit: int | None = None) -> dict[str, torch.Tensor]:
     """Processor inputs (input_ids, attention_mask, pixel values, grids...) for a batch of examples,
-    left-padded, each ending with the generation prompt; no `NOT_MODEL_INPUTS`."""
+    left-padded, each ending with the generation prompt; no `NOT_MODEL_INPUTS`. With `limit`,
+    `PromptTooLong` when a prompt is longer (nothing is ever cut)."""
     texts = [processor.apply_chat_template(chat_messages(ex), add_generation_prompt=True, tokenize=False)
              for ex in examples]
     batch = processor(text=texts, return_tensors="pt", padding=True, **processor_inputs(processor, examples))
+    if limit is not None:
+        lengths = batch["attention_mask"].sum(-1)  # (B,)
+        if int(lengths.max()) > limit:
+            raise PromptTooLong(f"a prompt of {int(lengths.max())} tokens > max_prompt_length={limit}")
     return {k: v.to(device) for k, v in model_inputs(batch).items()}
+
+
+def vision_tokens(processor, ids: torch.Tensor, model_config=None, video_texts: list[str] | None = None
+                  ) -> tuple[int, int]:
+    """(image tokens, video tokens) among a prompt's ids (P,): the model config's image token (Gemma 3's
+    processor names its BOI) and the processor's video token; 0 for a kind the model has no token of.
+    With `video_texts` (the text the family wrote for each video), a video's tokens are the vision
+    tokens of its text, whichever token it uses (SmolVLM's frames are image tokens)."""
+    try:
+        image_id = image_token_id(processor, model_config)
+    except VlmrlError:
+        image_id = None
+    video_id = getattr(processor, "video_token_id", None) if takes_video(processor) else None
+    vision = torch.tensor([token for token in (image_id, video_id) if token is not None], dtype=torch.long)
+    n_vision = int(torch.isin(ids, vision).sum())
+    if video_texts is None:
+        n_video = int((ids == video_id).sum()) if video_id is not None else 0
+    else:
+        n_video = sum(int(torch.isin(torch.tensor(processor.tokenizer(text, add_special_tokens=False).input_ids),
+                                     vision).sum()) for text in video_texts)
+    return n_vision - n_video, n_video
+
+
+def length_problem(processor, ids: torch.Tensor, limit: int, model_config=None,
+                   video_texts: list[str] | None = None) -> str | None:
+    """`is 72 tokens (16 of them image tokens) > rollout.max_prompt_length=64` for a prompt's ids (P,)
+    longer than `limit` (the video tokens named when it has some: `vision_tokens`); None within it."""
+    if len(ids) <= limit:
+        return None
+    n_image, n_video = vision_tokens(processor, ids, model_config, video_texts)
+    of_them = f"{n_image} of them image tokens" + (f", {n_video} video tokens" if n_video else "")
+    return f"is {len(ids)} tokens ({of_them}) > rollout.max_prompt_length={limit}"
 
 
 def image_token_id(processor, model_config=None) -> int:

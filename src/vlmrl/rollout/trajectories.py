@@ -29,7 +29,8 @@ import torch
 from PIL import Image
 
 from vlmrl.models.token_inputs import per_token_keys
-from vlmrl.rollout.prompts import chat_messages, media_inputs, model_inputs, processor_inputs, takes_video
+from vlmrl.models.video_processing import takes_video
+from vlmrl.rollout.prompts import chat_messages, media_inputs, model_inputs, processor_inputs
 from vlmrl.tasks import Example, Video
 
 SENTINEL = "\u2063vlmrl-turn-end\u2063"

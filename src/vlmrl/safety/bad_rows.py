@@ -1,5 +1,6 @@
-"""Bad data met mid-run: a train example the task cannot make, or whose image the model's processor
-cannot encode, found after the preflight (which makes and encodes only the first batch).
+"""Bad data met mid-run: a train example the task cannot make, whose image the model's processor
+cannot encode, or whose prompt is longer than `rollout.max_prompt_length`, found after the preflight
+(which makes and encodes only the first batch).
 
 Without this, a bad image at row 50 of a data file (one the loader could not catch: an image
 with `check_images=false`, or one that decodes but that the processor refuses, such as a 2 x 1000
@@ -17,8 +18,13 @@ a bad held-out example stops the run before it starts, or is replaced, never met
 Task errors are caught when an example is made. In RL, processor errors are found lazily: a batch
 whose encoding fails (before anything is computed) has each of its examples encoded alone, so the
 happy path costs nothing; a failure that no single example reproduces is not the data's and keeps
-its traceback. SFT cannot redo an update once a micro-batch has run, so it encodes each data-file
-row alone the first time it is drawn (procedural examples, drawn by vlmrl's own tasks, are not).
+its traceback. A prompt past `rollout.max_prompt_length` (a larger image, a longer video, a longer
+question than the first batch's) is found the same way: the rollout's encoding raises `PromptTooLong`
+(rollout/prompts.py) and the row is bad, never trained on cut nor past the limit; it used to be
+trained on whole, past the limit the preflight's memory estimate counted on, with nothing said. SFT
+cannot redo an update once a micro-batch has run, so it encodes each data-file row alone the first
+time it is drawn, its length checked too (procedural examples, drawn by vlmrl's own tasks, are not:
+that would be one more processor call every step, 47 ms for 16 motion videos on this CPU).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vlmrl.errors import VlmrlError, one_line, warn
-from vlmrl.rollout.prompts import encode_prompts
+from vlmrl.rollout.prompts import encode_prompts, length_problem
 from vlmrl.tasks import Example, Task
 
 MAX_REPLACEMENTS = 100
@@ -56,13 +62,17 @@ def describe(example: Example, idx: int, split: str) -> str:
     return f"{split} example {idx}{where}, image {images or 'none'}{videos}"
 
 
-def encoding_problem(processor, example: Example) -> str | None:
-    """Why the processor cannot encode `example` alone (its own error, one line), or None."""
+def row_problem(processor, example: Example, idx: int, split: str, limit: int | None = None) -> str | None:
+    """Why example `idx` of `split` is a bad row for this model, one line: the processor cannot encode
+    it alone (its own error), or its prompt is longer than `limit` tokens; None for a good one."""
     try:
-        encode_prompts(processor, [example], torch.device("cpu"))
+        ids = encode_prompts(processor, [example], torch.device("cpu"))["input_ids"][0]  # (P,)
     except Exception as error:  # noqa: BLE001 - the processor's own message is what is wrong
-        return f"{type(error).__name__}: {one_line(error)}"
-    return None
+        return (f"the processor cannot encode {describe(example, idx, split)}: "
+                f"{type(error).__name__}: {one_line(error)}")
+    problem = length_problem(processor, ids, limit) if limit is not None else None
+    return f"the prompt of {describe(example, idx, split)} {problem}: image and video tokens are never cut" \
+        if problem else None
 
 
 @dataclass
@@ -72,6 +82,8 @@ class RowGuard:
     task: Task
     processor: object
     split: str = "train"
+    limit: int | None = None
+    """rollout.max_prompt_length: a longer prompt is a bad row (None: no limit)."""
     bad: dict[int, str] = field(default_factory=dict)
     """Example index -> what is wrong with it: every bad example met so far on this process."""
     screened: dict = field(default_factory=dict)
@@ -102,35 +114,40 @@ class RowGuard:
         data file (meta "row") the first time it is drawn (SFT, whose update cannot be redone once a
         micro-batch has run: one extra processor call per row, in the first epoch only)."""
         used, examples = self.draw(indices)
-        problems = [self._screened(example) if data_rows_only else encoding_problem(self.processor, example)
-                    for example in examples]
+        problems = [self._screened(example, idx) if data_rows_only else self._problem(example, idx)
+                    for idx, example in zip(used, examples)]
         if not any(problems):
             return used, examples
-        for idx, example, problem in zip(used, examples, problems):
+        for idx, problem in zip(used, problems):
             if problem:
-                self._mark(idx, f"the processor cannot encode {describe(example, idx, self.split)}: {problem}")
+                self._mark(idx, problem)
         return self.draw(used)
 
     def after_encoding_failure(self, indices: list[int], examples: list[Example],
                                error: Exception) -> tuple[list[int], list[Example]]:
         """A batch failed to encode with `error`: encode each example alone; those that fail are bad
-        rows and are replaced. Re-raises `error` when every example encodes alone (not the data's fault)."""
-        problems = {i: encoding_problem(self.processor, example) for i, example in zip(indices, examples)}
+        rows and are replaced, as are those longer than `limit` (`error` is then `PromptTooLong`).
+        Re-raises `error` when every example is good alone (not the data's fault)."""
+        problems = {idx: self._problem(example, idx) for idx, example in zip(indices, examples)}
         if not any(problems.values()):
             raise error
-        for (idx, example), problem in zip(zip(indices, examples), problems.values()):
+        for idx, problem in problems.items():
             if problem:
-                self._mark(idx, f"the processor cannot encode {describe(example, idx, self.split)}: {problem}")
+                self._mark(idx, problem)
         return self.draw(indices)
 
-    def _screened(self, example: Example) -> str | None:
-        """Why the processor cannot encode `example`, a data-file row, encoded the first time its row
-        is drawn and remembered after (None for a good row, and for an example that is no data row)."""
+    def _problem(self, example: Example, idx: int) -> str | None:
+        """What is wrong with example `idx` alone (`row_problem`), or None."""
+        return row_problem(self.processor, example, idx, self.split, self.limit)
+
+    def _screened(self, example: Example, idx: int) -> str | None:
+        """What is wrong with `example`, a data-file row, encoded the first time its row is drawn and
+        remembered after (None for a good row, and for an example that is no data row)."""
         if "row" not in example.meta:
             return None
         key = (example.meta.get("source_split"), example.meta["row"])
         if key not in self.screened:
-            self.screened[key] = encoding_problem(self.processor, example)
+            self.screened[key] = self._problem(example, idx)
         return self.screened[key]
 
     def _made(self, idx: int) -> Example | None:
@@ -152,10 +169,10 @@ class RowGuard:
             made = self._made(idx)
             if made is None:
                 continue
-            problem = encoding_problem(self.processor, made)
+            problem = self._problem(made, idx)
             if problem is None:
                 return idx, made
-            self._mark(idx, f"the processor cannot encode {describe(made, idx, self.split)}: {problem}")
+            self._mark(idx, problem)
         raise VlmrlError(f"{MAX_REPLACEMENTS} {self.split} examples in a row after example {bad_idx} are bad "
                          f"(first: {self.bad[bad_idx]}); fix the data")
 

@@ -60,7 +60,7 @@ from vlmrl.models.teacher_check import teacher_weight_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
 from vlmrl.models.video_processing import takes_video
-from vlmrl.rollout.prompts import chat_messages, encode_prompts, image_token_id, processor_inputs
+from vlmrl.rollout.prompts import chat_messages, encode_prompts, length_problem, processor_inputs, vision_tokens
 from vlmrl.rollout.trajectories import prompt_text
 from vlmrl.safety.activation_memory import ActivationCosts, embedding_gradients, measure_activation_costs
 from vlmrl.safety.bad_rows import RowGuard, make_example
@@ -255,10 +255,14 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     """
     if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
         raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
+    if getattr(task, "video_rows", 0) and not takes_video(processor):  # a video past the first batch, before step 1
+        rows = f"{task.video_rows} rows of the data hold" if task.video_rows > 1 else "1 row of the data holds"
+        raise VlmrlError(f"{rows} a video, and the model's processor "
+                         f"({type(processor).__name__}) takes none: `vlmrl models` lists the families that take video")
     limit = config.rollout.max_prompt_length
     checks = []
     completion = config.rollout.max_new_tokens
-    rows = RowGuard(task, processor)
+    rows = RowGuard(task, processor, limit=limit)
     for split, indices in first_batches(config, task, mode, world, start).items():
         if split == "train" and rows.skips:  # on_bad_row=skip: a bad example replaced, as in the run
             indices, examples = rows.checked(indices)
@@ -469,12 +473,6 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
     reads them), and within `limit`; count its image tokens (the model config's image token: Gemma 3's
     processor names its BOI) and, of them, its videos' vision tokens."""
     specials = [token.content for token in processor.tokenizer.added_tokens_decoder.values() if token.special]
-    try:
-        image_id = image_token_id(processor, model_config)
-    except VlmrlError:
-        image_id = None  # counted as 0 image tokens
-    video_id = getattr(processor, "video_token_id", None) if takes_video(processor) else None
-    vision = torch.tensor([token for token in (image_id, video_id) if token is not None], dtype=torch.long)
     best = SplitCheck(split, len(examples), 0, 0, indices[0] if indices else 0)
     for idx, example in zip(indices, examples):
         question = "".join(part["text"] for message in chat_messages(example) for part in message["content"]
@@ -484,17 +482,13 @@ def check_prompts(processor, examples: list[Example], indices: list[int], split:
             raise VlmrlError(f"the question of {split} example {idx} contains the special token {written[0]!r}: "
                              "image tokens would no longer match image features; remove it from the data")
         ids, videos = encoded_prompt(processor, example, split, idx)  # (P,), the videos' texts
-        n_vision = int(torch.isin(ids, vision).sum())
-        n_video = sum(int(torch.isin(torch.tensor(processor.tokenizer(text, add_special_tokens=False).input_ids),
-                                     vision).sum()) for text in videos)
-        n_image = n_vision - n_video
-        check = SplitCheck(split, len(examples), len(ids), n_vision, idx, n_video)
-        if len(ids) > limit:
-            of_them = f"{n_image} of them image tokens" + (f", {n_video} video tokens" if n_video else "")
-            raise VlmrlError(f"the prompt of {split} example {idx} is {len(ids)} tokens ({of_them}) "
-                             f"> rollout.max_prompt_length={limit}; image and video tokens are never truncated: "
-                             "use smaller images (the task's max_pixels or max_image_side, or the processor's "
-                             "max_pixels), fewer or smaller video frames, or raise rollout.max_prompt_length")
+        n_image, n_video = vision_tokens(processor, ids, model_config, videos)
+        check = SplitCheck(split, len(examples), len(ids), n_image + n_video, idx, n_video)
+        if problem := length_problem(processor, ids, limit, model_config, videos):
+            raise VlmrlError(f"the prompt of {split} example {idx} {problem}; image and video tokens are never "
+                             "truncated: use smaller images (the task's max_pixels or max_image_side, or the "
+                             "processor's max_pixels), fewer or smaller video frames, or raise "
+                             "rollout.max_prompt_length")
         if len(ids) > best.longest:
             best = check
     return best

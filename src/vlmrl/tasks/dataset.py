@@ -355,6 +355,13 @@ class DatasetTask(Task):
         return self._data.bad_rows
 
     @property
+    def video_rows(self) -> int:
+        """How many of the rows served (every split) hold a video file: the model must take video
+        (the preflight refuses one that does not before step 1, whichever rows its first batch drew)."""
+        data = self._data
+        return sum(bool(data.videos[data.source_of[split]][row]) for split, rows in data.served.items() for row in rows)
+
+    @property
     def splits(self) -> tuple[str, ...]:
         served = self._data.served
         return tuple(["train"] + (["test"] if "test" in served else []) +

@@ -7,7 +7,12 @@ from the first to the last (a 10000-frame file is decoded once for its times and
 kept, never held whole). What a file can get wrong is one line (`VlmrlError`), never a traceback:
 a missing file, one that is not a video or is cut short before its first frame, a file with no
 frames, a frame of another size than the first (a resolution change), and an `fps` or `max_frames`
-that is not positive. A file with one frame is a one-frame video. No torch.
+that is not positive. A file cut short or damaged after its first frames (FFmpeg decodes what it
+can and stops without an error) is one line too, found against what the file declares: frames that
+end more than `CUT_SLACK_S` (and two frame intervals) before its video's declared end (the stream's
+duration, else the container's when the video is its only stream; not the frame count, which an
+mp4's edit list may put above the frames shown); it used to become a shorter video, silently. A file with one frame is a
+one-frame video. No torch.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ from pathlib import Path
 
 from vlmrl.errors import VlmrlError, one_line
 from vlmrl.tasks.base import Video
+
+CUT_SLACK_S = 0.5
+"""Seconds the decoded frames may end before the video's declared end (or two mean frame intervals,
+whichever is more) before the file counts as cut short: the declared end is the last frame's time
+plus its own duration, which a variable frame rate (a still held at the end) can make long. A file
+cut within its last half second decodes to the frames it still has."""
 
 
 def check_sampling(fps: float | None, max_frames: int | None) -> None:
@@ -58,12 +69,37 @@ def read_video(path: str | Path, fps: float | None = None, max_frames: int | Non
         times = [frame.time for frame in _frames(av, path)]
         if not times:
             raise VlmrlError(f"video file {str(path)!r} has no frames")
+        if cut := cut_short(times, declared_end(av, path)):
+            raise VlmrlError(f"video file {str(path)!r} is cut short or damaged: {cut}")
         keep = set(sampled([t - times[0] for t in times], fps, max_frames))
         frames = [frame.to_image().convert("RGB") for i, frame in enumerate(_frames(av, path)) if i in keep]
     except (av.FFmpegError, OSError, ValueError) as error:
         raise VlmrlError(f"cannot read video file {str(path)!r}: {one_line(error)}") from error
     chosen = sorted(keep)
-    return Video(frames, [times[i] - times[0] for i in chosen])
+    try:
+        return Video(frames, [times[i] - times[0] for i in chosen])
+    except VlmrlError as error:  # a frame of another size (a resolution change): say which file
+        raise VlmrlError(f"video file {str(path)!r}: {error}") from error
+
+
+def declared_end(av, path: Path) -> float | None:
+    """When the file says its first video stream ends, in seconds: the stream's duration, else the
+    container's when the video is its only stream; None when it says neither."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        if stream.duration is not None and stream.time_base is not None:
+            return float(((stream.start_time or 0) + stream.duration) * stream.time_base)
+        if container.duration is not None and len(container.streams) == 1:
+            return ((container.start_time or 0) + container.duration) / av.time_base
+        return None
+
+
+def cut_short(times: list[float], end: float | None) -> str | None:
+    """Why decoded frames at `times` (seconds, rising) fall short of the `end` a file declares, or None."""
+    interval = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+    if end is not None and end - times[-1] > max(CUT_SLACK_S, 2 * interval):
+        return f"its frames end at {times[-1]:.2f} s of the {end:.2f} s it declares"
+    return None
 
 
 def _frames(av, path: Path):

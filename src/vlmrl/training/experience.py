@@ -10,7 +10,8 @@ batch still short is filled with set-aside groups, which carry no policy gradien
 computed over the whole batch of all processes (grpo.group_advantages), then each keeps its rows.
 With `rollout.tools`, each completion is a multi-turn trajectory in which the model calls visual
 tools (tool_rollout.py); the rest of the step is the same. A bad example met mid-run (one the task
-cannot make, or whose image the processor refuses) follows the task's on_bad_row (safety/bad_rows.py).
+cannot make, whose image the processor refuses, or whose prompt is longer than
+rollout.max_prompt_length) follows the task's on_bad_row (safety/bad_rows.py).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class GroupSampler:
     def for_run(cls, session, task: Task) -> GroupSampler:
         """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
         settings = session.config.rollout
-        return cls(session, task, RowGuard(task, session.processor), build_rewards(session.config.rewards, task),
+        return cls(session, task, RowGuard(task, session.processor, limit=settings.max_prompt_length), build_rewards(session.config.rewards, task),
                    ToolBox.from_config(settings) if settings.tools else None)
 
     def generate(self, examples: list[Example], seed: int) -> Rollout:

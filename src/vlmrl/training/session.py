@@ -349,7 +349,7 @@ class TrainingSession:
         settings, stop = self.config.eval, None
         if self.main and settings.every:
             for split in settings.splits:
-                guard = RowGuard(task, self.processor, split)
+                guard = RowGuard(task, self.processor, split, self.config.rollout.max_prompt_length)
                 _, self.held_out[split] = guard.checked(list(range(held_out_count(task, split, settings.n))))
                 stop = stop or guard.stop
         if self.any_process(stop is not None):

@@ -17,9 +17,10 @@ Each step then logs the tools' statistics as GRPO does (`tools/calls`, `tools/in
 `tools/turns`, `tools/cut`), and a step whose every reference call failed (a tool missing from
 `rollout.tools`, a tool that raises) says so once, on one line: the model would learn from errors.
 
-A train example the task cannot make, or a data-file row whose image the processor refuses, met
-past the preflight's first batch follows the task's on_bad_row as in `vlmrl train`
-(safety/bad_rows.py): each data-file row is encoded alone the first time it is drawn.
+A train example the task cannot make, or a data-file row whose image the processor refuses or whose
+prompt is longer than rollout.max_prompt_length, met past the preflight's first batch follows the
+task's on_bad_row as in `vlmrl train` (safety/bad_rows.py): each data-file row is encoded alone the
+first time it is drawn.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def sft(config: Config, task: Task | None = None) -> Path:
                                config.train.block_attention)
         toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
         warned = False  # about reference calls that all failed: once a run
-        rows = RowGuard(task, session.processor)
+        rows = RowGuard(task, session.processor, limit=config.rollout.max_prompt_length)
 
         progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
                         total=config.train.steps, desc="sft", unit="step", disable=not session.main,
