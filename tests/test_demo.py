@@ -88,6 +88,21 @@ def test_a_demo_with_tools_also_answers_with_the_tools_disabled(tmp_path, monkey
         assert (tmp_path / "demo" / phase / "eval_no_tools.json").exists()
 
 
+def test_the_video_tool_demo_checks_time_and_the_tool(tmp_path, monkeypatch, capsys):
+    """The preset's setting at one step: video prompts that need the `frames` tool, answered with it
+    and without it, and the checks in time on test."""
+    monkeypatch.setitem(demo.PRESETS, "smoke_video_tool", one_step_preset("video-tool"))
+    summary = demo.run_demo(str(tmp_path / "demo"), "smoke_video_tool")
+    rows = [line.split("  ")[1].strip() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  test")]
+    assert rows[-6:] == ["test, tools disabled", "test, blank image", "test, shuffled image", "test, single frame",
+                         "test, shuffled frames", "test, reversed frames"]
+    for phase in ("sft", "grpo"):
+        assert set(summary[phase]["test"]["blind"]) == {"blank", "shuffled", "single_frame", "shuffled_frames",
+                                                       "reversed_frames"}
+        assert summary[phase]["no_tools"]["n"] == 2
+
+
 def test_the_cryptogram_demo_measures_attention_on_each_letters_cell(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(demo.PRESETS, "smoke_cells", one_step_preset("cryptogram", attention_n=2))
     summary = demo.run_demo(str(tmp_path / "demo"), "smoke_cells")

@@ -480,6 +480,27 @@ def test_time_controls_reorder_the_frames_and_keep_the_slots_times():
                                                           for f in blank.frames)
 
 
+def test_the_checks_in_time_reach_the_full_video_the_tools_read():
+    """A task may show fewer frames than its full video (the motion task's `view_frames`): each check
+    changes the full video that the `frames` tool reads by its own frames, not by the view's."""
+    from PIL import Image
+
+    from vlmrl.evaluation.evaluate import shuffled_order, time_controls
+    from vlmrl.tasks import Example, Video
+
+    full = [Image.new("RGB", (8, 8), (20 * k, 0, 0)) for k in range(9)]
+    times = [k / 2 for k in range(9)]
+    example = Example(prompt="?", answer="right", videos=[Video([full[0], full[8]], [0, 4.0])],
+                      video_originals=[Video(full, times)])
+    controls = time_controls([example], seed=3)
+    single = controls["single_frame"][0]
+    assert single.videos[0].frames == (full[0],) and single.video_originals[0].frames == (full[4],)
+    assert single.video_originals[0].timestamps == (2.0,)
+    assert controls["reversed_frames"][0].video_originals[0].frames == tuple(full[::-1])
+    shuffled = controls["shuffled_frames"][0].video_originals[0]
+    assert shuffled.frames == tuple(full[j] for j in shuffled_order(9, "3:0:0")) and shuffled.timestamps == tuple(times)
+
+
 def test_summarize_and_the_table_show_the_checks_in_time():
     results = summarize("motion", [{"accuracy": 1.0}, {"accuracy": 1.0}], [5, 5], [False, False],
                         blank_correct=[0, 1], shuffled_correct=[1, 0],

@@ -172,13 +172,14 @@ TIME_CONTROLS = ("single_frame", "shuffled_frames", "reversed_frames")
 
 def with_frames(examples: list[Example], reorder) -> list[Example]:
     """Each example with every video's frames replaced by `reorder(frames, times, key)` -> (frames,
-    times); key: "i:k" for video k of example i. The tools read the same videos (`video_originals`):
-    a `frames` call cannot see past the check."""
-    def redo(video: Video, key: str) -> Video:
-        return Video(*reorder(list(video.frames), list(video.timestamps), key))
+    times); key: "i:k" for video k of example i. The videos the tools read (`video_originals`, the
+    full videos a task may show fewer frames of) get the same check, each by its own frames: a
+    `frames` call cannot see past the check."""
+    def redo(videos: list[Video], i: int) -> list[Video]:
+        return [Video(*reorder(list(video.frames), list(video.timestamps), f"{i}:{k}")) for k, video in enumerate(videos)]
 
-    changed = [[redo(video, f"{i}:{k}") for k, video in enumerate(ex.videos)] for i, ex in enumerate(examples)]
-    return [replace(ex, videos=videos, video_originals=videos) for ex, videos in zip(examples, changed)]
+    return [replace(ex, videos=redo(ex.videos, i), video_originals=redo(ex.video_originals, i))
+            for i, ex in enumerate(examples)]
 
 
 def time_controls(examples: list[Example], seed: int) -> dict[str, list[Example]]:
