@@ -90,8 +90,8 @@ class GroupSampler:
     def for_run(cls, session, task: Task) -> GroupSampler:
         """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
         settings = session.config.rollout
-        return cls(session, task, RowGuard(task, session.processor, limit=settings.max_prompt_length), build_rewards(session.config.rewards, task),
-                   ToolBox.from_config(settings) if settings.tools else None)
+        return cls(session, task, RowGuard(task, session.processor, limit=settings.max_prompt_length),
+                   build_rewards(session.config.rewards, task), ToolBox.from_config(settings) if settings.tools else None)
 
     def generate(self, examples: list[Example], seed: int) -> Rollout:
         """G completions (or trajectories) of each example, rows grouped by example."""
