@@ -176,7 +176,8 @@ PRESETS = {
     # shown 2 of the 9 frames, the first and the last, which are the same picture: only the `frames`
     # tool (a second's window of the full video) shows which way it went first (tools disabled: 25%).
     # - the tool returns its window as a short video, which the family encodes as it does a prompt's
-    #   (the first window, 0 to 2 s: 4 frames, 2 temporal patches of 16 merged tokens);
+    #   (the first window, 0 to 2 s: 4 frames, 2 temporal patches of 16 merged tokens; the same frames
+    #   as 4 images learn at the same pace with twice the vision tokens);
     # - SFT on the reference trajectories (the call `frames(0, 2.0)`, then the answer) breaks out later
     #   than the 4-frame demo: 20% at step 50, 19-30% at 100, 41-48% at 150, 73% at 200 and 100% at
     #   250 and 300 (64 held-out videos; with a 200-step schedule it ended at 52%), so 300 steps;
