@@ -280,3 +280,22 @@ def test_max_new_tokens_past_the_model_s_context_is_one_line(command, tiny_model
                         "(max_position_embeddings in its config.json): set it to at most 4096\n"), err
     assert "Traceback" not in err
     assert not (tmp_path / "eval.json").exists()
+
+
+@pytest.mark.parametrize("world, rank, leaves", [("2", "1", True), ("2", "0", False), ("1", "0", False),
+                                                 (None, None, False)])
+def test_only_another_process_of_a_launch_leaves_without_teardown(world, rank, leaves, monkeypatch, capsys):
+    """A finished command on a process other than the main one of a multi-process launch exits 0 at
+    once (os._exit: gloo's teardown aborted such processes); the main one and a lone one return 0."""
+    import os
+
+    for name, value in (("WORLD_SIZE", world), ("RANK", rank)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    left = []
+    monkeypatch.setattr(os, "_exit", lambda code: left.append(code))
+    assert main(["tasks", "list"]) == 0
+    assert left == ([0] if leaves else [])
+    assert "shapes" in capsys.readouterr().out
