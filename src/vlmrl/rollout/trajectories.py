@@ -9,9 +9,9 @@ a tool segment is tokenized alone by the processor (which expands its image plac
 ids of a whole trajectory are the prompt's, then each segment's, in order.
 
 `encode_trajectories` turns a batch of them into the inputs of one forward (or of the next turn's
-`generate`): input_ids left-padded, and the pixel inputs of every image of every trajectory (the
-prompt's, then the tools', in order; videos likewise) from ONE processor call over the same texts, so the layout
-of pixel inputs is the processor's own for any family (no per-architecture code). Qwen-VL's 3-D
+`generate`): input_ids left-padded, and the pixel inputs of every image and video of every
+trajectory (the prompt's, then the tools', in order) from ONE processor call over the same texts,
+so the layout of pixel inputs is the processor's own for any family (no per-architecture code). Qwen-VL's 3-D
 rope positions are computed by the model from the ids and image grids, as for any prompt.
 
 `pack_trajectories` (training/packing.py) computes each prompt (and its images) once per group in
