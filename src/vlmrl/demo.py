@@ -78,6 +78,8 @@ class DemoPreset:
 #   cosine schedule, so it keeps what it gained instead of drifting off at full learning rate.
 DAPO_STYLE = ["rollout.temperature=1.0", "algorithm.beta=0", "algorithm.aggregation=token",
               "algorithm.eps_high=0.28"]
+GRPO_8X8 = ["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE]
+"""Every preset's GRPO phase: 8 prompts x 8 completions a step, DAPO-style."""
 """The RL settings every preset shares: sampling at temperature 1, no KL, token-level loss, clip-higher."""
 PRESETS = {
     "shapes": DemoPreset(
@@ -87,7 +89,7 @@ PRESETS = {
         sft=["sft.batch_size=32", "train.steps=150", "train.lr=1e-3", "train.warmup_steps=30",
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=50", "eval.every=50",
              "eval.n=64"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
+        grpo=[*GRPO_8X8,
               "train.steps=60", "train.lr=1e-4", "train.warmup_steps=10", "train.schedule=cosine",
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=200"],
@@ -122,7 +124,7 @@ PRESETS = {
         sft=["sft.batch_size=32", "train.steps=500", "train.lr=1e-3", "train.warmup_steps=30",
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=100", "eval.every=100",
              "eval.n=64"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
+        grpo=[*GRPO_8X8,
               "train.steps=60", "train.lr=2e-5", "train.warmup_steps=10", "train.schedule=cosine",
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=100"],
@@ -150,7 +152,7 @@ PRESETS = {
                 "rollout.max_trajectory_tokens=192"],
         sft=["sft.batch_size=32", "train.steps=100", "train.lr=1e-3", "train.warmup_steps=20",
              "train.micro_batch_size=32", "train.save_every=50", "eval.every=50", "eval.n=32"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
+        grpo=[*GRPO_8X8,
               "train.steps=10", "train.lr=1e-4", "train.warmup_steps=3", "train.micro_batch_size=64",
               "train.save_every=5", "train.log_rollouts_every=5", "eval.every=10", "eval.n=32"],
         eval_n=200, max_new_tokens=48),
@@ -167,7 +169,7 @@ PRESETS = {
         sft=["sft.batch_size=32", "train.steps=200", "train.lr=1e-3", "train.warmup_steps=30",
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=50", "eval.every=50",
              "eval.n=64"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
+        grpo=[*GRPO_8X8,
               "train.steps=20", "train.lr=2e-5", "train.warmup_steps=5", "train.schedule=cosine",
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=64"],
@@ -189,7 +191,7 @@ PRESETS = {
         sft=["sft.batch_size=32", "train.steps=300", "train.lr=1e-3", "train.warmup_steps=30",
              "train.schedule=cosine", "train.micro_batch_size=32", "train.save_every=50", "eval.every=100",
              "eval.n=64"],
-        grpo=["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE,
+        grpo=[*GRPO_8X8,
               "train.steps=10", "train.lr=2e-5", "train.warmup_steps=3", "train.schedule=cosine",
               "train.micro_batch_size=64", "train.save_every=5", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=64"],
