@@ -4,7 +4,7 @@ GRPO and its variants (DAPO, Dr. GRPO, GSPO) on any Hugging Face image-text-to-t
 procedural visual reasoning tasks whose rewards resist hacking. See README.md and the `vlmrl` command.
 
 From Python (docs/python.md): `vlmrl.train(config, ...)`, `vlmrl.sft(config, ...)` and
-`vlmrl.evaluate(model, task, ...)`, imported on first use (vlmrl/training/api.py), so that
+`vlmrl.evaluate(model, task, ...)` with `vlmrl.EvalSettings`, imported on first use (vlmrl/training/api.py), so that
 `import vlmrl` and `vlmrl --help` load no torch.
 """
 
@@ -14,8 +14,10 @@ __version__ = "0.1.0"
 
 PYTHON_API = ("train", "sft", "evaluate", "RunResult", "EvalResult")
 """The names of vlmrl/training/api.py that `vlmrl` itself offers."""
+ELSEWHERE = {"EvalSettings": "vlmrl.evaluation.eval_settings"}
+"""Other names `vlmrl` offers, and the module each is imported from on first use (no torch for these)."""
 
-__all__ = [*PYTHON_API, "__version__"]
+__all__ = [*PYTHON_API, *ELSEWHERE, "__version__"]
 
 
 def __getattr__(name: str):
@@ -23,4 +25,6 @@ def __getattr__(name: str):
     modules that read `vlmrl.__version__` (report/) do not import the training stage through it."""
     if name in PYTHON_API:
         return getattr(importlib.import_module("vlmrl.training.api"), name)
+    if name in ELSEWHERE:
+        return getattr(importlib.import_module(ELSEWHERE[name]), name)
     raise AttributeError(f"module 'vlmrl' has no attribute {name!r}")

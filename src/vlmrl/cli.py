@@ -119,18 +119,24 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    """`vlmrl eval`: evaluate a model folder with the flags' settings, print the table, write JSON."""
+    """`vlmrl eval`: evaluate a model folder with the flags' settings, the rest from its run's config
+    when it is in a run folder (eval_settings.resolve_run_eval), print the table, write JSON."""
     from vlmrl.config import parse_override
+    from vlmrl.evaluation.eval_settings import resolve_run_eval
     from vlmrl.evaluation.evaluate import EvalSettings, format_table, run_eval
 
-    settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
-                            temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
-                            tools=list(args.tools), max_turns=args.max_turns,
-                            tool_image_side=args.tool_image_side, decode=args.decode,
-                            rewards=[parse_override(f"reward={item}")[1] for item in args.reward or []])
-    evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
-                                split=args.split, n=args.n, settings=settings, out_dir=args.out,
-                                dtype=args.dtype, device=args.device)
+    flags = {"max_new_tokens": args.max_new_tokens, "tools": args.tools, "max_turns": args.max_turns,
+             "tool_image_side": args.tool_image_side, "decode": args.decode,
+             "rewards": None if args.reward is None else [parse_override(f"reward={item}")[1] for item in args.reward]}
+    run = resolve_run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
+                           {name: value for name, value in flags.items() if value is not None})
+    if run.line():
+        print(run.line(), flush=True)
+    settings = EvalSettings(**eval_defaults() | {
+        "batch_size": args.batch_size, "k": args.k, "temperature": args.temperature, "blind_check": not args.no_blind,
+        "seed": args.seed} | run.values)
+    evaluation, path = run_eval(run.model, run.task, run.params, split=args.split, n=args.n, settings=settings,
+                                out_dir=args.out, dtype=args.dtype, device=args.device)
     print(format_table(evaluation.results))
     print(f"\nwrote {path}")
 
@@ -408,14 +414,23 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                     "accuracy by completion-length bucket, and a blind-image check (the same\n"
                     "questions with a blank and with another example's image; with videos also a\n"
                     "single frame, the frames shuffled and the frames reversed). Prints a table and\n"
-                    "writes the results, settings and every example's answers as JSON.",
-        epilog="examples:\n  vlmrl eval runs/a/final --task shapes\n"
+                    "writes the results, settings and every example's answers as JSON.\n\n"
+                    "A model in a run folder (RUN_DIR, RUN_DIR/final, RUN_DIR/checkpoints/step_N) is\n"
+                    "evaluated as the run ran: the task and its parameters (data, template, system,\n"
+                    "verifier), the rewards, and max_new_tokens (eval.max_new_tokens, else\n"
+                    "rollout.max_new_tokens), tools, max_turns, max_trajectory_tokens, tool_image_side\n"
+                    "and decode (rollout.*) come from its config.yaml; a flag given wins (KEY=VALUE\n"
+                    "items go on top of the run's task parameters).",
+        epilog="examples:\n  vlmrl eval runs/a                    # the run's final/, task, rewards, lengths\n"
+               "  vlmrl eval runs/a/final --task shapes\n"
                "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
                "  vlmrl eval runs/b/final --task cryptogram --k 0 --no-blind max_words=2\n"
                "  vlmrl eval runs/c/final --task dataset --reward accuracy --reward format path=data/bars.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    evaluate.add_argument("model", help="model folder, LoRA adapter folder (e.g. RUN_DIR/final) or hub id")
-    evaluate.add_argument("--task", required=True, help="task name (see `vlmrl tasks list`)")
+    evaluate.add_argument("model", help="model folder, LoRA adapter folder or hub id; or a run: RUN_DIR (its final/), "
+                                        "RUN_DIR/final or RUN_DIR/checkpoints/step_N")
+    evaluate.add_argument("--task", default=None,
+                          help="task name (see `vlmrl tasks list`; default: the run's, with its parameters)")
     evaluate.add_argument("--split", default="test", help="held-out split: test or ood (default test)")
     evaluate.add_argument("--n", type=int, default=64, help="examples 0..N-1 of the split (default 64)")
     evaluate.add_argument("--k", type=int, default=default["k"],
@@ -428,26 +443,27 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                           help="write DIR/eval.json (default MODEL/eval_<task>_<split>.json)")
     evaluate.add_argument("--batch-size", type=int, default=default["batch_size"],
                           help=f"completions per generate call (default {default['batch_size']})")
-    evaluate.add_argument("--max-new-tokens", type=int, default=default["max_new_tokens"],
-                          help=f"longest completion (default {default['max_new_tokens']})")
+    evaluate.add_argument("--max-new-tokens", type=int, default=None,
+                          help=f"longest completion (default: the run's, else {default['max_new_tokens']})")
     evaluate.add_argument("--seed", type=int, default=default["seed"],
                           help=f"seed of the samples and the image shuffle (default {default['seed']})")
-    evaluate.add_argument("--tools", nargs="*", default=default["tools"], metavar="TOOL",
-                          help="tools the model may call while answering: zoom, crop, module:function "
-                               "(default: none, single-turn answers)")
-    evaluate.add_argument("--max-turns", type=int, default=default["max_turns"],
-                          help=f"with --tools: most model turns per answer (default {default['max_turns']})")
-    evaluate.add_argument("--tool-image-side", type=int, default=default["tool_image_side"],
+    evaluate.add_argument("--tools", nargs="*", default=None, metavar="TOOL",
+                          help="tools the model may call while answering: zoom, crop, module:function; "
+                               "--tools alone: none (default: the run's, else none, single-turn answers)")
+    evaluate.add_argument("--max-turns", type=int, default=None,
+                          help=f"with --tools: most model turns per answer (default: the run's, else {default['max_turns']})")
+    evaluate.add_argument("--tool-image-side", type=int, default=None,
                           help="with --tools: longest side of a zoomed image in pixels, 28 to 1024 "
-                               f"(default {default['tool_image_side']})")
-    evaluate.add_argument("--decode", default=default["decode"], choices=DECODES,
+                               f"(default: the run's, else {default['tool_image_side']})")
+    evaluate.add_argument("--decode", default=None, choices=DECODES,
                           help="how generation decodes, as rollout.decode: a growing or a static KV cache, "
                                "the decode step compiled (auto: compiled on CUDA, dynamic elsewhere; "
-                               f"default {default['decode']})")
+                               f"default: the run's, else {default['decode']})")
     evaluate.add_argument("--reward", action="append", metavar="REWARD",
                           help="score with this reward (repeat for a list, as the config's rewards): a built-in, "
                                "task, module:function, file.py:function, a URL, or '{name: format, weight: 0.5}'; "
-                               "accuracy is the one that measures correctness (default: the task's own score)")
+                               "accuracy is the one that measures correctness (default: the run's rewards, else the task's "
+                               "own score)")
     evaluate.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default auto)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto)")
     evaluate.add_argument("params", nargs="*", metavar="KEY=VALUE", help="task parameters, e.g. max_words=2")

@@ -1,4 +1,6 @@
-"""How an evaluation runs: `EvalSettings`, the one place its defaults are written.
+"""How an evaluation runs: `EvalSettings`, the one place its defaults are written, and what an
+evaluation of a run's model takes from the run's config (`resolve_run_eval`: its task, rewards and
+generation settings, `TAKEN_FROM_RUN`, each given value winning).
 
 Apart from `vlmrl.evaluation.evaluate` (which imports torch) so that the `vlmrl eval` flags can take their
 defaults from these fields while `vlmrl --help` imports nothing heavy. `vlmrl.evaluation.evaluate` re-exports
@@ -8,10 +10,10 @@ it: `from vlmrl.evaluation.evaluate import EvalSettings` works as before.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
+from pathlib import Path
 from typing import Any
 
-from vlmrl.config import (MAX_GROUP_SIZE, MAX_ROWS, MAX_TOKENS, MAX_TURNS, TOOL_IMAGE_SIDES, at_most,
+from vlmrl.config import (MAX_GROUP_SIZE, MAX_ROWS, MAX_TOKENS, MAX_TURNS, TOOL_IMAGE_SIDES, at_most, load_config,
                           reward_entry, temperature_rule, tool_image_side_rule)
 from vlmrl.errors import require
 
@@ -83,3 +85,95 @@ class EvalSettings:
                   at_most("max turns", self.max_turns, MAX_TURNS),
                   at_most("max trajectory tokens", self.max_trajectory_tokens, MAX_TOKENS)]
         require(*checks)
+
+
+# ---------------------------------------------------------------- an evaluation of a run's model
+
+RUN_CONFIGS = ("config.resumed.yaml", "config.yaml")
+"""A run folder's configs, the latest first (safety/resume.py writes them)."""
+TAKEN_FROM_RUN = ("max_new_tokens", "tools", "max_turns", "max_trajectory_tokens", "tool_image_side", "decode",
+                  "rewards")
+"""The EvalSettings fields an evaluation of a run's model takes from the run's config (`run_values`);
+the task (name and parameters: data, template, system, verifier, ...) comes with them."""
+
+
+@dataclass
+class RunEval:
+    """What an evaluation of `model` runs on: the model folder, the task, its parameters and the
+    EvalSettings values given or taken from the run the model belongs to (`resolve_run_eval`)."""
+
+    model: str
+    """The model folder to load: a run folder's final/, else the path as given."""
+    task: Any
+    """A task name, or what the caller gave (a Task, a dataset)."""
+    params: dict[str, Any]
+    """The task's parameters."""
+    values: dict[str, Any]
+    """EvalSettings fields given or taken from the run (the others keep their defaults)."""
+    config_file: Path | None = None
+    """The run's config read, or None (the model is in no run folder)."""
+    taken: list[str] = field(default_factory=list)
+    """What was taken from the run: "task" and the names in TAKEN_FROM_RUN not given."""
+
+    def line(self) -> str:
+        """One line saying what came from the run ("" when nothing did)."""
+        if not self.taken:
+            return ""
+        parts = []
+        for name in self.taken:
+            if name == "task":
+                shown = ", ".join(f"{key}={value}" for key, value in self.params.items())
+                parts.append(f"task {self.task}" + (f" ({shown})" if shown else ""))
+            elif name == "rewards":
+                parts.append("rewards " + (", ".join(r.label or r.name for r in self.values["rewards"]) or
+                                           "the task's own score"))
+            else:
+                parts.append(f"{name} {self.values[name]}")
+        return f"from the run's {self.config_file}: model {self.model}; {'; '.join(parts)}"
+
+
+def run_config_of(model: str | Path) -> tuple[Path, Path] | None:
+    """(the run's latest config file, the model folder to load) when `model` is a run folder (its
+    final/), a run's final/ or one of its checkpoints/step_* folders; else None."""
+    path = Path(model).expanduser()
+    for folder, model_dir in ((path, path / "final" if (path / "final").is_dir() else path),
+                              (path.parent, path) if path.name == "final" else (None, None),
+                              (path.parent.parent, path) if path.parent.name == "checkpoints" else (None, None)):
+        if folder is None:
+            continue
+        found = next((folder / name for name in RUN_CONFIGS if (folder / name).is_file()), None)
+        if found is not None:
+            return found, model_dir
+    return None
+
+
+def run_values(config) -> dict[str, Any]:
+    """The TAKEN_FROM_RUN fields of a run's `Config`: its held-out evaluation's length (eval.max_new_tokens,
+    else rollout.max_new_tokens), its tools and decode path as rollout.* sets them, and its rewards."""
+    rollout = config.rollout
+    return {"max_new_tokens": config.eval.max_new_tokens or rollout.max_new_tokens, "tools": list(rollout.tools),
+            "max_turns": rollout.max_turns, "max_trajectory_tokens": rollout.max_trajectory_tokens,
+            "tool_image_side": rollout.tool_image_side, "decode": rollout.decode, "rewards": list(config.rewards)}
+
+
+def resolve_run_eval(model: str | Path, task: Any, params: dict[str, Any], given: dict[str, Any]) -> RunEval:
+    """What an evaluation of `model` runs on: `task` (None: the run's), `params` (on top of the run's
+    when the task is the run's, by name) and the EvalSettings values `given` win; the rest of
+    TAKEN_FROM_RUN comes from the run `model` belongs to (`run_config_of`; none: nothing is taken).
+    VlmrlError in one line when no task is given and there is no run to take one from."""
+    found = run_config_of(model)
+    if found is None:
+        require((task is not None, f"name a task (--task NAME): {str(model)!r} is not a vlmrl run folder, its final/ "
+                                   "or one of its checkpoints, whose config would name one"))
+        return RunEval(str(model), task, dict(params), dict(given))
+    config_file, model_dir = found
+    config = load_config(config_file)
+    run_params = {"seed": config.seed, **config.task.params}  # as the run built it (tasks/base.py run_task)
+    taken = [name for name in TAKEN_FROM_RUN if name not in given]
+    values = {name: value for name, value in run_values(config).items() if name in taken} | given
+    if task is None:
+        return RunEval(str(model_dir), config.task.name, run_params | dict(params), values, config_file,
+                       ["task", *taken])
+    if isinstance(task, str) and task == config.task.name:  # the run's task: its parameters, the given ones on top
+        return RunEval(str(model_dir), task, run_params | dict(params), values, config_file, ["task", *taken])
+    return RunEval(str(model_dir), task, dict(params), values, config_file, taken)

@@ -48,6 +48,7 @@ from vlmrl.evaluation.eval_settings import (
 )
 from vlmrl.rollout.generation import generate_groups
 from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, take_broken_rows
+from vlmrl.report.rollout_log import trace_of
 from vlmrl.rewards.checks import check_rewards
 from vlmrl.rewards.reward import Reward, evaluation_rewards
 from vlmrl.rollout.scoring import score_completions
@@ -442,12 +443,14 @@ def summarize(task_name: str, scores: list[dict[str, float]], lengths: list[int]
 
 def _records(examples: list[Example], passes: _Passes, samples_correct: list[int] | None,
              k: int) -> list[dict]:
-    """One JSON-ready record per example: question, gold answer, every answer the model gave."""
+    """One JSON-ready record per example: where it comes from (`trace_of`: split, idx, and for a data
+    file's row its row, source_split and id), question, gold answer, every answer the model gave."""
     records = []
     for i, example in enumerate(examples):
         real = passes.real
-        record = {"idx": example.meta.get("idx", i), "split": example.meta.get("split"),
-                  "prompt": example.prompt, "answer": example.answer, "completion": real.texts[i],
+        trace = trace_of(example)  # split, idx; a data file's row, source_split and id
+        record = {**trace, "idx": i if trace["idx"] is None else trace["idx"], "prompt": example.prompt,
+                  "answer": example.answer, "completion": real.texts[i],
                   "completion_tokens": real.lengths[i], "truncated": real.truncated[i],
                   "scores": real.scores[i]}
         if real.turns:
@@ -539,6 +542,7 @@ def run_eval(model_dir: str, task_name: str | Task, task_params: dict, split: st
     from vlmrl.models import load_policy
     from vlmrl.models.context import check_generation_length
     from vlmrl.models.loading import resolve_device
+    from vlmrl.models.support import tool_rollouts_unsupported
     from vlmrl.models.vision_attention import use_batched_vision_attention
     from vlmrl.tasks import get_task
 
@@ -553,6 +557,9 @@ def run_eval(model_dir: str, task_name: str | Task, task_params: dict, split: st
     model, processor = load_policy(model_dir, dtype=dtype, device=device)
     check_generation_length(model, "--max-new-tokens", settings.max_new_tokens)
     if settings.tools:
+        if (reason := tool_rollouts_unsupported(model)) is not None:  # as the preflight refuses rollout.tools
+            raise VlmrlError(f"tools {settings.tools}: tool rollouts are off for this model ({reason}); evaluate it "
+                             "without tools (--tools alone)")
         check_generation_length(model, "max_trajectory_tokens", settings.max_trajectory_tokens)
     use_batched_vision_attention(model, True)  # the same numbers, far fewer kernel launches
     evaluation = evaluate(model, processor, task, examples, settings)

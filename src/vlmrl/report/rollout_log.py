@@ -1,7 +1,8 @@
 """The rollout log: what the model wrote, for people to read (`vlmrl report` pages through it).
 
 Every `train.log_rollouts_every` steps the trainer writes `rollouts/step_XXXXXX.jsonl`, one row per
-completion: step, group (the prompt's index within the step), image (a path relative to
+completion: step, group (the prompt's index within the step), the example it came from (`trace_of`:
+split and idx, and for rows of a data file also row, source_split and the data's id), image (a path relative to
 `rollouts/`; the first image, else the first video) and images (all of the prompt's, in order), prompt, answer,
 completion, rewards (every component), advantage, truncated, length; for multi-turn rollouts with
 tools also turns: [{role, text, images}] (the model's turns and the tools' results, images stored
@@ -17,15 +18,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
 from vlmrl.disk import writing
 
 
+ID_COLUMNS = ("id", "uid", "idx")
+"""The data's own id column, the first of these a row has (exact names; a mapped column is not one):
+carried as `id` into rollout logs, eval records and the report's viewer."""
 PNG_MODES = ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA")
 """Image modes a PNG holds as they are; others are stored as RGB."""
+
+
+def trace_of(example) -> dict[str, Any]:
+    """Where an example comes from, to find it again: {split, idx} (`task.example(idx, split)` makes it
+    again), and for a row of a data file (the dataset task) row and source_split (the row of the
+    data's split it was read from) and id (the row's `ID_COLUMNS` value, when it has one)."""
+    meta = example.meta if isinstance(example.meta, Mapping) else {}
+    trace = {"split": meta.get("split"), "idx": meta.get("idx")}
+    if "row" in meta:
+        trace |= {"row": meta["row"], "source_split": meta.get("source_split")}
+    columns = meta.get("columns") if isinstance(meta.get("columns"), Mapping) else {}
+    name = next((name for name in ID_COLUMNS if columns.get(name) is not None), None)
+    if name is not None:
+        value = columns[name]
+        trace["id"] = value if isinstance(value, (str, int, float, bool)) else str(value)
+    return trace
 
 
 def store_image(folder: Path, image: Image.Image) -> str:
@@ -61,7 +83,7 @@ def rollout_rows(step: int, experience, group_size: int, first_group: int = 0) -
     `write_rollouts` stores them."""
     rollout, rewards, advantages = experience.rollout, experience.rewards, experience.advantages
     lengths = rollout.lengths
-    return [{"step": step, "group": first_group + i // group_size, "image": example.image,
+    return [{"step": step, "group": first_group + i // group_size, **trace_of(example), "image": example.image,
              "images": list(example.images), "videos": list(example.videos), "prompt": example.prompt,
              "answer": example.answer, "completion": text,
              "rewards": {name: None if values[i].isnan() else float(values[i]) for name, values in rewards.items()},

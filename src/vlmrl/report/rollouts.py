@@ -2,7 +2,8 @@
 
 The page embeds at most MAX_STEPS logged steps (evenly spaced; the first and last always among
 them) and at most MAX_GROUPS groups of each, so a long run's report stays small. Each
-distinct image is embedded once, as a data URI no larger than MAX_IMAGE_SIDE pixels a side.
+distinct image is embedded once, as a data URI no larger than MAX_IMAGE_SIDE pixels a side. Each
+group names the data row (and its id) or the generated example its prompt comes from (`source_of`).
 """
 
 from __future__ import annotations
@@ -98,9 +99,22 @@ def _group(rows: list[dict], run: RunDir, images: dict[str, str | None]) -> dict
             **_turns(row, run, images),
         })
     return {"image": key if key and images.get(key) else None, "image_name": key, "image_names": names,
-            "prompt": _text(first.get("prompt")), "answer": _text(first.get("answer")),
+            "source": source_of(first), "prompt": _text(first.get("prompt")), "answer": _text(first.get("answer")),
             "mean": sum(totals) / len(totals) if totals else None, "signal": signal,
             "completions": completions}
+
+
+def source_of(row: dict) -> str:
+    """Where a logged prompt comes from, in words: "row 12 of train · id q-0012" for a data file's row,
+    "example 7 of train" for a generated one; "" for a log written before rows were traced."""
+    parts = []
+    if row.get("row") is not None:
+        parts.append(f"row {_text(row['row'])} of {_text(row.get('source_split') or row.get('split'))}")
+    elif row.get("idx") is not None:
+        parts.append(f"example {_text(row['idx'])} of {_text(row.get('split'))}")
+    if row.get("id") is not None:
+        parts.append(f"id {_text(row['id'])}")
+    return " · ".join(parts)
 
 
 def _turns(row: dict, run: RunDir, images: dict[str, str | None]) -> dict:

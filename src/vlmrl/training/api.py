@@ -38,6 +38,7 @@ from vlmrl.config import (
     with_files_from,
 )
 from vlmrl.errors import VlmrlError, require
+from vlmrl.evaluation.eval_settings import TAKEN_FROM_RUN, resolve_run_eval
 from vlmrl.evaluation.evaluate import EvalSettings, run_eval
 from vlmrl.tasks import Task
 from vlmrl.tasks.base import build_params
@@ -91,26 +92,31 @@ def sft(config: ConfigSource = None, overrides: Mapping[str, Any] | Sequence[str
     return result_of(sft_loop.sft(config, task), config)
 
 
-def evaluate(model: str | Path | RunResult, task: str | Task | Any, *, params: Mapping[str, Any] | None = None,
+def evaluate(model: str | Path | RunResult, task: str | Task | Any = None, *, params: Mapping[str, Any] | None = None,
              split: str = "test", n: int = 64, settings: EvalSettings | None = None,
              out_dir: str | Path | None = None, rewards: Sequence[Any] | None = None) -> EvalResult:
-    """`vlmrl eval` from Python: `model` a model folder or a RunResult (its final model); `task` a task
-    name (built with `params`), a Task, or a `datasets.Dataset` / `DatasetDict` (the `dataset` task,
-    `params` its parameters). `settings` default to EvalSettings(): greedy accuracy and the reward
-    means; `EvalSettings(k=8, blind_check=True)` adds what `vlmrl eval` adds by default. Writes the
-    JSON where `vlmrl eval` does (out_dir/eval.json, else beside the model). `rewards` (as a config's
-    list; default: a RunResult's run's rewards, else the task's own score) score the answers."""
+    """`vlmrl eval` from Python: `model` a model folder, a run folder (or its final/, a checkpoint) or a
+    RunResult (its final model); `task` a task name (built with `params`), a Task, a `datasets.Dataset` /
+    `DatasetDict` (the `dataset` task, `params` its parameters), or None: the run's task and parameters.
+    `settings` default to EvalSettings(): greedy accuracy and the reward means; `EvalSettings(k=8,
+    blind_check=True)` adds what `vlmrl eval` adds by default. A model of a run takes the run's rewards,
+    max_new_tokens, tools and decode path (eval_settings.TAKEN_FROM_RUN) where `settings` leave them at
+    their defaults and `rewards` (as a config's list) is not given. Writes the JSON where `vlmrl eval`
+    does (out_dir/eval.json, else beside the model)."""
     folder = model.final_model if isinstance(model, RunResult) else model
-    if rewards is None and isinstance(model, RunResult):
-        rewards = model.config.rewards
+    default = EvalSettings()
+    given = {name: getattr(settings, name) for name in TAKEN_FROM_RUN  # the fields `settings` set
+             if settings is not None and getattr(settings, name) != getattr(default, name)}
     if rewards is not None:
-        settings = dataclasses.replace(settings or EvalSettings(), rewards=list(rewards))
+        given["rewards"] = list(rewards)
     params = dict(params or {})
-    if not isinstance(task, (str, Task)):
+    if task is not None and not isinstance(task, (str, Task)):
         task = dataset_task(task, params, seed=params.pop("seed", 0))
     elif isinstance(task, Task):
         require((not params, "give a Task's parameters when building it, or give its name with params="))
-    evaluation, path = run_eval(str(folder), task, params, split=split, n=n, settings=settings,
+    run = resolve_run_eval(folder, task, params, given)
+    evaluation, path = run_eval(run.model, run.task, run.params, split=split, n=n,
+                                settings=dataclasses.replace(settings or EvalSettings(), **run.values),
                                 out_dir=None if out_dir is None else str(out_dir))
     return EvalResult(summary=evaluation.results, examples=evaluation.records, path=Path(path))
 

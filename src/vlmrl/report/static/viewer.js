@@ -148,7 +148,7 @@
       }
     });
     var facts = el("dl");
-    [["prompt", group.prompt, ""], ["answer", group.answer, "answer"],
+    [["from", group.source || "not logged", ""], ["prompt", group.prompt, ""], ["answer", group.answer, "answer"],
      ["group", "mean reward " + fmt(group.mean) + " over " + group.completions.length + " completions", ""]]
       .forEach(function (fact) {
         facts.appendChild(el("dt", "", fact[0]));
