@@ -116,19 +116,23 @@ class RunEval:
     """What was taken from the run: "task" and the names in TAKEN_FROM_RUN not given."""
 
     def line(self) -> str:
-        """One line saying what came from the run ("" when nothing did)."""
+        """One line saying what came from the run ("" when nothing did): the task, the rewards, then the
+        generation settings (the tool settings only with tools)."""
         if not self.taken:
             return ""
+        with_tools = bool(self.values.get("tools"))
         parts = []
-        for name in self.taken:
+        for name in sorted(self.taken, key=["task", "rewards", *TAKEN_FROM_RUN].index):
+            value = self.values.get(name)
             if name == "task":
                 shown = ", ".join(f"{key}={value}" for key, value in self.params.items())
                 parts.append(f"task {self.task}" + (f" ({shown})" if shown else ""))
             elif name == "rewards":
-                parts.append("rewards " + (", ".join(r.label or r.name for r in self.values["rewards"]) or
-                                           "the task's own score"))
-            else:
-                parts.append(f"{name} {self.values[name]}")
+                parts.append("rewards " + (", ".join(r.label or r.name for r in value) or "the task's own score"))
+            elif name == "tools":
+                parts.append("tools " + (", ".join(value) or "none"))
+            elif with_tools or name not in ("max_turns", "max_trajectory_tokens", "tool_image_side"):
+                parts.append(f"{name} {value}")
         return f"from the run's {self.config_file}: model {self.model}; {'; '.join(parts)}"
 
 
