@@ -10,7 +10,7 @@ import pytest
 
 import vlmrl.evaluation.eval_settings
 import vlmrl.evaluation.evaluate
-from vlmrl.cli import EVAL_CLI_DEFAULTS, build_parser, main
+from vlmrl.cli import EVAL_CLI_DEFAULTS, build_parser, eval_defaults, main
 from vlmrl.config import EvalConfig
 from vlmrl.errors import VlmrlError
 from vlmrl.evaluation.eval_settings import EvalSettings
@@ -92,8 +92,11 @@ def test_help_imports_neither_torch_nor_transformers():
 def test_eval_flag_defaults_are_eval_settings_defaults():
     args = build_parser().parse_args(["eval", "runs/a/final", "--task", "shapes"])
     settings = EvalSettings()
-    assert (args.batch_size, args.max_new_tokens, args.temperature, args.seed) == (
+    assert (args.batch_size, eval_defaults()["max_new_tokens"], args.temperature, args.seed) == (
         settings.batch_size, settings.max_new_tokens, settings.temperature, settings.seed) == (32, 128, 1.0, 0)
+    # the flags a run fills (eval_settings.TAKEN_FROM_RUN): unset unless given, so that a flag given wins
+    assert (args.max_new_tokens, args.tools, args.max_turns, args.tool_image_side, args.decode, args.reward) == (
+        None,) * 6
     assert EVAL_CLI_DEFAULTS == {"k": 8, "blind_check": True}  # where `vlmrl eval` departs, on purpose
     assert (args.k, args.no_blind, args.n) == (8, False, 64) and (settings.k, settings.blind_check) == (0, False)
     assert EvalConfig().batch_size == settings.batch_size == 32
@@ -109,11 +112,11 @@ def test_eval_flag_defaults_are_read_not_written_twice(monkeypatch, capsys):
 
     monkeypatch.setattr(vlmrl.evaluation.eval_settings, "EvalSettings", Changed)
     args = build_parser().parse_args(["eval", "m", "--task", "shapes"])
-    assert (args.batch_size, args.max_new_tokens, args.seed, args.k) == (5, 7, 3, 8)
+    assert (args.batch_size, eval_defaults()["max_new_tokens"], args.seed, args.k) == (5, 7, 3, 8)
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "completions per generate call (default 5)" in out and "longest completion (default 7)" in out
+    assert "completions per generate call (default 5)" in out and "longest completion (default: the run's, else 7)" in out
     assert "image shuffle (default 3)" in out
 
 

@@ -402,14 +402,7 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
     config.set_defaults(func=_config)
 
 
-def _add_eval(commands: argparse._SubParsersAction) -> None:
-    """`vlmrl eval MODEL --task NAME [...] [KEY=VALUE ...]`; defaults from `eval_defaults()`."""
-    from vlmrl.config import DECODES
-
-    default = eval_defaults()
-    evaluate = commands.add_parser(
-        "eval", help="accuracy, pass@k, reward components, length buckets, blind-image check",
-        description="Evaluate a model folder on N held-out examples of a task: greedy accuracy,\n"
+EVAL_DESCRIPTION = ("Evaluate a model folder on N held-out examples of a task: greedy accuracy,\n"
                     "pass@k from K samples, the mean of every reward component, completion length,\n"
                     "accuracy by completion-length bucket, and a blind-image check (the same\n"
                     "questions with a blank and with another example's image; with videos also a\n"
@@ -420,7 +413,18 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
                     "verifier), the rewards, and max_new_tokens (eval.max_new_tokens, else\n"
                     "rollout.max_new_tokens), tools, max_turns, max_trajectory_tokens, tool_image_side\n"
                     "and decode (rollout.*) come from its config.yaml; a flag given wins (KEY=VALUE\n"
-                    "items go on top of the run's task parameters).",
+                    "items go on top of the run's task parameters).")
+"""`vlmrl eval --help`: what it measures, and what a run's model takes from the run."""
+
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    """`vlmrl eval MODEL --task NAME [...] [KEY=VALUE ...]`; defaults from `eval_defaults()`."""
+    from vlmrl.config import DECODES
+
+    default = eval_defaults()
+    evaluate = commands.add_parser(
+        "eval", help="accuracy, pass@k, reward components, length buckets, blind-image check",
+        description=EVAL_DESCRIPTION,
         epilog="examples:\n  vlmrl eval runs/a                    # the run's final/, task, rewards, lengths\n"
                "  vlmrl eval runs/a/final --task shapes\n"
                "  vlmrl eval runs/a/final --task shapes --split ood --n 128 --k 8 --out runs/a/eval_ood\n"
