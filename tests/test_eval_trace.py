@@ -156,7 +156,7 @@ def test_a_flag_wins_over_the_run(traced_run, tmp_path, capsys):
     assert settings["max_new_tokens"] == RUN_MAX_NEW_TOKENS
 
 
-def test_the_run_of_a_model_folder_is_found_from_the_run_its_final_or_a_checkpoint(tmp_path):
+def test_the_run_of_a_model_folder_is_found_from_the_run_its_final_or_a_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "final").mkdir(parents=True)
     (run / "checkpoints" / "step_000002").mkdir(parents=True)
@@ -170,6 +170,12 @@ def test_the_run_of_a_model_folder_is_found_from_the_run_its_final_or_a_checkpoi
     assert run_config_of(step) == (run / "config.resumed.yaml", step)  # the latest config
     resolved = resolve_run_eval(step, None, {}, {})
     assert (resolved.task, resolved.params, resolved.values["max_new_tokens"]) == ("shapes", {"seed": 0}, 9)
+    (run / "config.resumed.yaml").write_text("rollout:\n  max_new_tokenz: 9\n")  # a config vlmrl cannot read
+    with pytest.raises(VlmrlError, match=r"^the run's .*config.resumed.yaml cannot be read \(.*max_new_tokenz.*\): "
+                                         r"name the task \(--task NAME\) and its settings$"):
+        resolve_run_eval(step, None, {}, {})
+    assert resolve_run_eval(step, "shapes", {"max_count": 2}, {}).values == {}
+    assert "cannot be read" in capsys.readouterr().err
     assert run_config_of(tmp_path) is None
     with pytest.raises(VlmrlError, match=r"^name a task \(--task NAME\): .* is not a vlmrl run folder"):
         resolve_run_eval(tmp_path, None, {}, {})

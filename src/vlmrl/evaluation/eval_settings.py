@@ -15,7 +15,7 @@ from typing import Any
 
 from vlmrl.config import (MAX_GROUP_SIZE, MAX_ROWS, MAX_TOKENS, MAX_TURNS, TOOL_IMAGE_SIDES, at_most, load_config,
                           reward_entry, temperature_rule, tool_image_side_rule)
-from vlmrl.errors import require
+from vlmrl.errors import VlmrlError, require, warn
 
 MAX_LENGTH_BUCKETS = 100
 """Most completion-length buckets (quantiles of the greedy lengths): more than 100 leaves a handful of
@@ -164,14 +164,22 @@ def resolve_run_eval(model: str | Path, task: Any, params: dict[str, Any], given
     """What an evaluation of `model` runs on: `task` (None: the run's), `params` (on top of the run's
     when the task is the run's, by name) and the EvalSettings values `given` win; the rest of
     TAKEN_FROM_RUN comes from the run `model` belongs to (`run_config_of`; none: nothing is taken).
-    VlmrlError in one line when no task is given and there is no run to take one from."""
+    VlmrlError in one line when no task is given and there is no run (or no readable config) to take one
+    from; a run's config that cannot be read while a task is given is a warning, and nothing is taken."""
     found = run_config_of(model)
     if found is None:
         require((task is not None, f"name a task (--task NAME): {str(model)!r} is not a vlmrl run folder, its final/ "
                                    "or one of its checkpoints, whose config would name one"))
         return RunEval(str(model), task, dict(params), dict(given))
     config_file, model_dir = found
-    config = load_config(config_file)
+    try:
+        config = load_config(config_file)
+    except VlmrlError as error:
+        if task is None:
+            raise VlmrlError(f"the run's {config_file} cannot be read ({error}): name the task (--task NAME) and its "
+                             "settings") from error
+        warn(f"the run's {config_file} cannot be read ({error}); nothing is taken from it")
+        return RunEval(str(model_dir), task, dict(params), dict(given))
     run_params = {"seed": config.seed, **config.task.params}  # as the run built it (tasks/base.py run_task)
     taken = [name for name in TAKEN_FROM_RUN if name not in given]
     values = {name: value for name, value in run_values(config).items() if name in taken} | given
