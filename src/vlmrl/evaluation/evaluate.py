@@ -68,7 +68,8 @@ class Evaluation:
     results: dict
     """Summary numbers (keys in `summarize`'s docstring); JSON-ready."""
     records: list[dict]
-    """Per example: prompt, answer, greedy completion, its scores and length, samples, blind answers."""
+    """Per example: where it comes from (split, idx; a data row's row, source_split, id), prompt, answer,
+    greedy completion, its scores and length, samples, blind answers."""
     settings: dict = field(default_factory=dict)
     """Task name and parameters and the EvalSettings; callers add the model and split."""
 
@@ -537,7 +538,8 @@ def run_eval(model_dir: str, task_name: str | Task, task_params: dict, split: st
 
     `task_name` is a task's name (built with `task_params`) or a Task built in Python (`vlmrl.evaluate`).
     The file is out_dir/eval.json, or model_dir/eval_<task>_<split>.json without `out_dir`.
-    Task, split and settings are checked before the model loads.
+    Task, split and settings are checked before the model loads; tools on a family whose tool rollouts
+    are off (models/support.py) are refused in one line once it has, as the preflight refuses them.
     """
     from vlmrl.models import load_policy
     from vlmrl.models.context import check_generation_length
