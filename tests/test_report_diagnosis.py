@@ -136,6 +136,8 @@ def test_kl_too_small_to_move_or_a_penalty_that_holds():
     still = by_check(rows_with(kl=1e-5))["kl"]
     assert still.fired and "barely moved" in still.message and "train.lr" in still.levers
     assert not by_check(rows_with(steps=9, kl=1e-5))["kl"].fired  # too early to tell
+    no_gradient = by_check(rows_with(kl=1e-5, groups_with_signal=1))["kl"]  # not the lr: no signal to follow
+    assert no_gradient.verdict == "n/a" and "few groups carrying signal" in no_gradient.message
     held = by_check(rows_with(kl=2.0))["kl"]
     assert held.fired and "beta x KL = 0.08" in held.message and "algorithm.beta" in held.levers
     no_reference = by_check(rows_with(kl=0.0), {"algorithm": {"beta": 0}})["kl"]

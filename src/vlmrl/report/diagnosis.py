@@ -108,14 +108,19 @@ def percent(share: float) -> str:
 # --------------------------------------------------------------------------- the checks
 
 
-def check_signal(rows: list[dict], config: dict) -> list[Finding]:
-    """Groups whose completions' rewards differ: the only ones with a policy gradient."""
+def signal_share(rows: list[dict]) -> float | None:
+    """Groups with signal over groups drawn, summed over the last third of the steps; None: not logged."""
     window = [row for row in rows if is_number(row.get("groups_drawn")) and is_number(row.get("groups_with_signal"))]
     window = window[-max(1, math.ceil(len(window) * RECENT)):]
     drawn = sum(row["groups_drawn"] for row in window)
-    if not drawn:
+    return sum(row["groups_with_signal"] for row in window) / drawn if drawn else None
+
+
+def check_signal(rows: list[dict], config: dict) -> list[Finding]:
+    """Groups whose completions' rewards differ: the only ones with a policy gradient."""
+    share = signal_share(rows)
+    if share is None:
         return []
-    share = sum(row["groups_with_signal"] for row in window) / drawn
     group = setting(config, "rollout", "group_size", None)
     value = f"{percent(share)} of groups" + (f" (G={group})" if group else "")
     levers = ("rollout.group_size", "rollout.temperature", "algorithm.dynamic_sampling",
@@ -303,6 +308,11 @@ def check_kl(rows: list[dict], config: dict) -> list[Finding]:
         return [Finding("kl", title, f"{kl:.3g}", threshold, "n/a", "algorithm.beta=0: no reference, KL not measured",
                         levers)]
     steps = len(values_of(rows, "kl"))
+    signal = signal_share(rows)
+    if steps >= MIN_KL_STEPS and kl < MIN_KL and signal is not None and signal < MIN_GROUPS_WITH_SIGNAL:
+        message = (f"the policy has barely moved (KL {kl:.2g} after {steps} steps), as it must with few groups "
+                   "carrying signal: there is little gradient; see groups with signal first")
+        return [Finding("kl", title, f"{kl:.3g}", threshold, "n/a", message, levers)]
     if steps >= MIN_KL_STEPS and kl < MIN_KL:
         message = (f"the policy has barely moved from where it started (KL {kl:.2g} after {steps} steps): the "
                    "updates are too small to change what it samples; raise train.lr (or train longer)")
