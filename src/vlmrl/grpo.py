@@ -229,6 +229,32 @@ def combine_rewards(components: Tensor, weights: Tensor, group_size: int, *,
     return (torch.nan_to_num(values, nan=0.0) * weights.float()[:, None]).sum(dim=0)  # (N,)
 
 
+def advantage_alignment(components: Tensor, advantages: Tensor, group_size: int) -> Tensor:
+    """(K, 2) for each of K reward components (K, N): the sum, over the groups of `group_size`
+    contiguous rows whose advantages (N,) are not all equal, of the group's correlation between the
+    advantages and that component, and the number of those groups. Summable over processes; their
+    ratio is the mean within-group correlation: 1 when the advantage ranks every group's
+    completions exactly as that part does, 0 when the part is constant within each group (it
+    drives nothing), negative when it pulls against the advantage. A NaN (the reward does not
+    apply) counts as its group's mean."""
+    num_groups = _check_groups(advantages.numel(), group_size)
+    adv = advantages.detach().float().reshape(num_groups, group_size)  # (N/G, G)
+    adv = adv - adv.mean(dim=1, keepdim=True)  # (N/G, G) shaped advantages need not be centred
+    values = components.detach().float().reshape(components.shape[0], num_groups, group_size)  # (K, N/G, G)
+    present = ~torch.isnan(values)  # (K, N/G, G)
+    filled = torch.where(present, values, torch.zeros_like(values))  # (K, N/G, G)
+    mean = filled.sum(dim=2, keepdim=True) / present.sum(dim=2, keepdim=True).clamp(min=1)  # (K, N/G, 1)
+    centred = torch.where(present, values - mean, torch.zeros_like(values))  # (K, N/G, G)
+    adv_norm = adv.square().sum(dim=1).sqrt()  # (N/G,)
+    part_norm = centred.square().sum(dim=2).sqrt()  # (K, N/G)
+    signal = adv_norm > 1e-6  # (N/G,) groups whose advantages differ
+    cross = (centred * adv).sum(dim=2)  # (K, N/G)
+    correlation = torch.where(part_norm > 1e-6, cross / (part_norm * adv_norm).clamp(min=1e-12),
+                              torch.zeros_like(cross))  # (K, N/G)
+    correlation = torch.where(signal, correlation, torch.zeros_like(correlation))  # (K, N/G)
+    return torch.stack([correlation.sum(dim=1), signal.sum().float().expand(len(values))], dim=1)  # (K, 2)
+
+
 def cubic_shaping(advantages: Tensor, *, group_size: int | None = None) -> Tensor:
     """Cubic advantage shaping: A' = A**3, sign kept; outliers of a group weigh more.
 

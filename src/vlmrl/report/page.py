@@ -22,6 +22,7 @@ from pathlib import Path
 from vlmrl import __version__
 from vlmrl.disk import output_file, write_text
 from vlmrl.report.charts import build_charts, constant_metrics, final_value, is_accuracy_like, is_heldout_accuracy
+from vlmrl.report.diagnosis import diagnose
 from vlmrl.report.rollouts import MAX_GROUPS, MAX_STEPS, rollout_data
 from vlmrl.report.rundir import RunDir, read_run_dir
 from vlmrl.report.svg import render_chart
@@ -48,7 +49,8 @@ def render_page(run: RunDir) -> str:
     policy = (f"default-src 'none'; img-src data:; style-src '{csp_hash(style)}'; "
               f"script-src '{csp_hash(script)}'")
     viewer_data = json_for_script(rollout_data(run))  # first: it counts skipped lines for the footer
-    sections = [("metrics", "Metrics", _metrics_section(run)), ("rollouts", "Rollouts", _rollouts_section(run)),
+    sections = [("diagnosis", "Why not improving?", _diagnosis_section(run)),
+                ("metrics", "Metrics", _metrics_section(run)), ("rollouts", "Rollouts", _rollouts_section(run)),
                 ("evals", "Evaluation", _evals_section(run)), ("alarms", "Alarms", _alarms_section(run)),
                 ("config", "Config", _config_section(run))]  # (anchor, link text, HTML; "" when absent)
     nav = "".join(f'<a href="#{anchor}">{label}</a>' for anchor, label, html in sections if html)
@@ -172,6 +174,29 @@ def _metrics_section(run: RunDir) -> str:
     note = "faint: every step; solid: trailing mean" + ("; dashed red: alarms" if marks else "")
     return (f'<section id="metrics"><h2>Metrics <span class="note">{note}</span></h2>'
             f'<div class="charts">{body}</div>{still}</section>')
+
+
+def _diagnosis_section(run: RunDir) -> str:
+    """The "why is RL not improving" panel: each check of diagnosis.py with the run's value, its
+    threshold, the verdict and the settings to change; "" for a run that is not GRPO."""
+    findings = diagnose(run.metrics, run.config)
+    if not findings:
+        return ""
+    fired = [f for f in findings if f.fired]
+    if fired:
+        summary = f"{len(fired)} of {len(findings)} checks fired; the first is the likeliest reason."
+    else:
+        summary = ("No check fired: the batch carries a signal the update can use. If accuracy still stays "
+                   "flat, give it more steps, a higher train.lr, or more prompts per step (rollout.prompts_per_step).")
+    rows = "".join(
+        f'<tr class="{escape(f.verdict.replace("/", ""))}"><td class="verdict">{escape(f.verdict)}</td>'
+        f"<td>{escape(f.title)}</td><td class=\"num\">{escape(f.value)}</td><td>{escape(f.threshold)}</td>"
+        f"<td>{escape(f.message)}</td><td class=\"levers\">{'<br>'.join(escape(k) for k in f.levers)}</td></tr>"
+        for f in findings)
+    return (f'<section id="diagnosis"><h2>Why is RL not improving? <span class="note">checks of metrics.jsonl, '
+            f'last third of the steps; see docs/training.md</span></h2><p class="summary">{escape(summary)}</p>'
+            "<table><tr><th>verdict</th><th>check</th><th>value</th><th>threshold</th><th>diagnosis</th>"
+            f"<th>levers</th></tr>{rows}</table></section>")
 
 
 def _rollouts_section(run: RunDir) -> str:

@@ -1,7 +1,7 @@
 """`vlmrl tasks list` and `vlmrl tasks show`: look at the tasks before training on them.
 
 `format_task_list` describes each registered task and its parameters; `show_task` prints a few
-examples (prompt, answer, reference completion and the score it gets) and saves their images (every
+examples (the system turn when there is one, prompt, answer, reference completion and the score it gets) and saves their images (every
 image shown, and the full-resolution originals tools read when they differ) and their videos (as
 animated GIFs), so a person can check
 the images are legible and the rewards sensible.
@@ -58,7 +58,10 @@ def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 
     for i in range(n):
         example = task.example(i, split=split)
         scores = task.score(example, example.reference_completion)
-        lines += [f"\n=== example {i} ===", "prompt:", _indent(example.prompt), f"answer: {example.answer}"]
+        lines.append(f"\n=== example {i} ===")
+        if example.system:  # the system turn the model is shown before the prompt (the data's, or task system=)
+            lines += ["system:", _indent(example.system)]
+        lines += ["prompt:", _indent(example.prompt), f"answer: {example.answer}"]
         turns = example.meta.get("reference_turns")
         if isinstance(turns, list) and len(turns) > 1:
             lines.append("reference turns (a tool runs between them):")

@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm import tqdm
 
+from vlmrl import grpo
 from vlmrl.config import Config
 from vlmrl.evaluation.attention import completion_image_attention
 from vlmrl.models.fast_paths import FAST_PATHS, fallbacks
@@ -72,7 +73,8 @@ def train(config: Config, task: Task | None = None) -> Path:
             update = update_policy(session, scorer, experience)
             update["time/train"] = time.perf_counter() - update_started
             refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
-            metrics = step_metrics(experience, session.accelerator, distilling=session.teacher is not None) | update
+            metrics = step_metrics(experience, session.accelerator, config.rollout.group_size,
+                                   distilling=session.teacher is not None) | update
             metrics |= epoch_metric(task, cursor)
             metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
                         "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
@@ -125,10 +127,12 @@ def log_rollouts(session: TrainingSession, step: int, experience: Experience) ->
         session.log.log_rollouts(step, rows)  # W&B's completions table (report/tracking.py)
 
 
-def step_metrics(experience: Experience, accelerator: Accelerator, distilling: bool = False) -> dict[str, float]:
+def step_metrics(experience: Experience, accelerator: Accelerator, group_size: int,
+                 distilling: bool = False) -> dict[str, float]:
     """Means over all processes of every reward component, lengths and sampling counts, and the
     statistics of the task's group advantages: `advantage/*`, or `advantage/task/*` when
-    `distilling` (the update's per-token advantages are then `advantage/*`: policy_update.py)."""
+    `distilling` (the update's per-token advantages are then `advantage/*`: policy_update.py);
+    and what each reward part does to them (`reward_signal`)."""
     def mean(x: torch.Tensor) -> float:
         return float(accelerator.gather(x.float().to(accelerator.device)).nanmean())
 
@@ -162,4 +166,33 @@ def step_metrics(experience: Experience, accelerator: Accelerator, distilling: b
     metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))
     if getattr(rollout, "trajectories", None) is not None:  # multi-turn rollouts with tools
         metrics |= {f"tools/{name}": mean(values) for name, values in trajectory_statistics(rollout).items()}
+    return metrics | reward_signal(experience, accelerator, group_size)
+
+
+def reward_signal(experience: Experience, accelerator: Accelerator, group_size: int) -> dict[str, float]:
+    """What each reward part does to the learning signal, over all processes (the report's "why is
+    RL not improving" panel reads them): `advantage_corr/<part>`, the mean over the groups with
+    signal of the within-group correlation of the task's advantages with that part
+    (grpo.advantage_alignment; absent when no group has signal), and `paid_when_wrong/<part>`, the
+    share of all completions whose answer is wrong (accuracy < 0.5) and that the part still pays
+    (> 0), for every part but the accuracy."""
+    names = [name for name in experience.rewards if name != "total"]
+    if not names:
+        return {}
+    device = accelerator.device
+    stacked = torch.stack([experience.rewards[name].float() for name in names])  # (K, N)
+    sums = grpo.advantage_alignment(stacked, experience.advantages, group_size)  # (K, 2)
+    accuracy = experience.rewards.get("accuracy")
+    wrong = (accuracy < 0.5) if accuracy is not None else torch.zeros(stacked.shape[1], dtype=torch.bool)  # (N,)
+    paid = (stacked > 0) & wrong  # (K, N) NaN (not applicable) is not paid
+    counts = torch.cat([paid.sum(1).float(), torch.tensor([float(stacked.shape[1])])])  # (K + 1,)
+    sums = accelerator.reduce(sums.to(device), "sum").cpu()  # (K, 2)
+    counts = accelerator.reduce(counts.to(device), "sum").cpu()  # (K + 1,)
+    metrics = {}
+    for k, name in enumerate(names):
+        correlations, groups = sums[k].tolist()
+        if groups > 0:
+            metrics[f"advantage_corr/{name}"] = correlations / groups
+        if accuracy is not None and name != "accuracy":
+            metrics[f"paid_when_wrong/{name}"] = float(counts[k] / counts[-1].clamp(min=1))
     return metrics
