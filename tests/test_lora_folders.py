@@ -134,3 +134,35 @@ def test_a_folder_that_is_neither_says_what_it_is(adapter, tmp_path):
     (tmp_path / "notes" / "a.txt").write_text("x")
     with pytest.raises(VlmrlError, match=r"has neither config.json \(a model folder\) nor adapter_config.json .* a.txt"):
         load_policy(str(tmp_path / "notes"))
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_full_fine_tune_starts_from_an_adapter_folder(adapter, tmp_path, letter_task, command):
+    """The merged model trains whole, as a model folder does (peft's frozen base once crashed step 1)."""
+    from vlmrl.training.sft import sft
+    from vlmrl.training.trainer import train
+
+    folder, _ = adapter
+    config = load_config(None, [f"model.name_or_path={folder}", "model.device=cpu", "task.name=letter_task:LetterTask",
+                                f"output_dir={tmp_path / 'run'}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                                "rollout.max_new_tokens=8", "sft.batch_size=2", "train.micro_batch_size=16",
+                                "train.steps=1", "train.lr=1e-2", "eval.every=0"])
+    run = (train if command == "train" else sft)(config)
+    merged, _ = load_policy(str(folder), device="cpu")
+    trained, _ = load_policy(str(run / "final"), device="cpu")
+    before = merged.state_dict()
+    changed = [name for name, value in trained.state_dict().items() if not torch.equal(before[name], value)]
+    assert any("layers.0.self_attn.q_proj" in name for name in changed)  # the whole model trained
+
+
+def test_a_run_with_nothing_to_train_is_one_line_before_step_one(tiny_model_dir, letter_task):
+    from vlmrl.safety.preflight import preflight
+    from vlmrl.tasks import get_task
+
+    config = load_config(None, [f"model.name_or_path={tiny_model_dir}", "model.device=cpu",
+                                "task.name=letter_task:LetterTask", "rollout.prompts_per_step=2",
+                                "rollout.group_size=2", "rollout.max_new_tokens=4"])
+    policy, processor = load_policy(tiny_model_dir, device="cpu")
+    policy.requires_grad_(False)
+    with pytest.raises(VlmrlError, match=r"^no parameter of the model would train \(0 of 0.\d\dM trainable\)"):
+        preflight(config, policy, processor, get_task("letter_task:LetterTask"), "train")
