@@ -166,3 +166,48 @@ def test_a_run_with_nothing_to_train_is_one_line_before_step_one(tiny_model_dir,
     policy.requires_grad_(False)
     with pytest.raises(VlmrlError, match=r"^no parameter of the model would train \(0 of 0.\d\dM trainable\)"):
         preflight(config, policy, processor, get_task("letter_task:LetterTask"), "train")
+
+
+def test_an_adapter_whose_base_is_gone_says_so_and_how_to_point_it_again(adapter, tmp_path, capsys):
+    folder, _ = adapter
+    for base in (str(tmp_path / "gone" / "tiny-model"), "runs/tiny-model"):
+        copy = shutil.copytree(folder, tmp_path / f"adapter-{len(base)}")
+        settings = json.loads((copy / ADAPTER_CONFIG).read_text())
+        (copy / ADAPTER_CONFIG).write_text(json.dumps({**settings, BASE_KEY: base}))
+        with pytest.raises(VlmrlError) as caught:
+            load_policy(str(copy), device="cpu")
+        message = str(caught.value)
+        assert message.startswith(f"the base model of the LoRA adapter {str(copy)!r}, {base!r} ({BASE_KEY} in ")
+        assert "does not exist" in message and f"set {BASE_KEY} to where it is now" in message
+        assert "tiny-model runs" not in message and "\n" not in message  # not the offline model's build hint
+    assert main(["eval", str(copy), "--task", "shapes", "--n", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "eval")]) == 2
+    assert "the base model of the LoRA adapter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failing", ["model", "processor"])
+def test_a_merge_that_fills_the_disk_leaves_no_folder_that_looks_like_a_model(adapter, tmp_path, capsys, monkeypatch,
+                                                                              failing):
+    import errno
+
+    from transformers import PreTrainedModel, ProcessorMixin
+
+    owner = PreTrainedModel if failing == "model" else ProcessorMixin
+    real = owner.save_pretrained
+
+    def full_disk(self, folder, *args, **kwargs):  # half the files written, then the disk is full
+        if failing == "processor":
+            real(self, folder, *args, **kwargs)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "config.json").write_text("{}")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(owner, "save_pretrained", full_disk)
+    out = tmp_path / "merged"
+    assert main(["merge", str(adapter[0]), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: the disk is full: writing the merged model to {out} failed" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither OUT nor the partial folder
+    (tmp_path / "empty").mkdir()  # an OUT the user made stays, empty
+    assert main(["merge", str(adapter[0]), str(tmp_path / "empty")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and not any((tmp_path / "empty").iterdir())

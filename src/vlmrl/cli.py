@@ -65,10 +65,12 @@ def _data_write(args: argparse.Namespace) -> None:
 
 def _merge(args: argparse.Namespace) -> None:
     """`vlmrl merge ADAPTER OUT`: a LoRA adapter merged into its base, written as a model folder."""
-    from vlmrl.models.merge import merge_adapter_folder
+    from vlmrl.models.merge import merge_adapter_folder, plain_processor_note
 
     out = merge_adapter_folder(args.adapter, args.out, dtype=args.dtype)
     print(f"wrote {out}: the merged model, loadable with transformers' AutoModelForImageTextToText.from_pretrained")
+    if note := plain_processor_note(out):
+        print(f"note: {note}")
 
 
 def _compare(args: argparse.Namespace) -> None:

@@ -113,7 +113,7 @@ def check_teacher(config: Config) -> None:
         raise VlmrlError(f"algorithm.teacher={teacher} is the policy's own model (model.name_or_path): a student "
                          "distilled from itself gets no signal; name another model, e.g. a larger one of its family")
     try:
-        teacher_config = find_model_config(weights_source(teacher)) or {}
+        teacher_config = find_model_config(teacher) or {}  # an adapter: its base's (model_source.py)
     except VlmrlError as error:
         raise VlmrlError(f"algorithm.teacher: {error}") from None
     try:
