@@ -211,3 +211,74 @@ def test_a_merge_that_fills_the_disk_leaves_no_folder_that_looks_like_a_model(ad
     (tmp_path / "empty").mkdir()  # an OUT the user made stays, empty
     assert main(["merge", str(adapter[0]), str(tmp_path / "empty")]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and not any((tmp_path / "empty").iterdir())
+
+
+def documented_lines() -> list[str]:
+    """The Python blocks of models.md's "Loading a folder vlmrl wrote", as a user copies them."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    section = text.split("## Loading a folder vlmrl wrote\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+@pytest.fixture(params=["tiny-model", "final", "merged"])
+def written_folder(request, adapter, tiny_model_dir, tmp_path_factory, capsys):
+    """A folder vlmrl wrote (the offline model, a full run's final/, a merge), and what `vlmrl merge`
+    printed about it ("" for the others)."""
+    out = tmp_path_factory.mktemp("written") / request.param
+    printed = ""
+    if request.param == "tiny-model":
+        shutil.copytree(tiny_model_dir, out)
+    elif request.param == "final":
+        policy, processor = load_policy(tiny_model_dir, device="cpu")
+        save_model(out, policy, processor)  # what a full fine-tune writes to final/
+    else:
+        capsys.readouterr()
+        assert main(["merge", str(adapter[0]), str(out)]) == 0
+        printed = capsys.readouterr().out
+    return out, printed
+
+
+def test_the_documented_lines_load_and_use_a_folder_vlmrl_wrote(written_folder, tmp_path, monkeypatch, capsys,
+                                                                circle_image):
+    from transformers import AutoProcessor
+
+    from vlmrl.models.merge import plain_processor_note
+
+    folder, printed = written_folder
+    shutil.copytree(folder, tmp_path / "runs" / "shapes_lora" / "merged")
+    circle_image.save(tmp_path / "image.png")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(documented_lines()[0], scope)  # the lines as the docs give them
+    inputs, model, processor = scope["inputs"], scope["model"], scope["processor"]
+    grid = inputs["image_grid_thw"]
+    assert grid.shape == (1, 3) and inputs["pixel_values"].shape[0] == int(grid.prod())  # the image was processed
+    image_tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
+    assert image_tokens == int(grid.prod()) // processor.image_processor.merge_size ** 2 > 0
+    assert scope["out"].shape[1] > inputs["input_ids"].shape[1] and capsys.readouterr().out.startswith("[")
+    # what plain AutoProcessor does with the folder here, as the note (and `vlmrl merge`) says
+    try:
+        plain = AutoProcessor.from_pretrained(str(folder))
+        takes_images = getattr(plain, "image_processor", None) is not None
+    except OSError as error:
+        assert "video processor" in str(error)
+        takes_images = False
+    note = plain_processor_note(folder)
+    assert (note is None) == takes_images
+    if not takes_images:
+        assert "load_processor(" in note and "torchvision for its video processor" in note
+    if folder.name == "merged":
+        assert (f"note: {note}" in printed) == (note is not None)
+
+
+@pytest.mark.slow
+def test_the_documented_trl_lines_train_a_folder_vlmrl_wrote(adapter, tmp_path, monkeypatch, circle_image):
+    out = tmp_path / "runs" / "shapes_lora" / "merged"
+    assert main(["merge", str(adapter[0]), str(out)]) == 0
+    circle_image.save(tmp_path / "image.png")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(documented_lines()[1], scope)
+    assert scope["trainer"].state.global_step == 1

@@ -72,13 +72,13 @@ def plain_processor_note(folder: str | Path) -> str | None:
         processor = AutoProcessor.from_pretrained(str(folder))
         if getattr(processor, "image_processor", None) is not None:
             return None
-        why = f"it returns a {type(processor).__name__} that takes no image"
+        why = f"it returns a {type(processor).__name__}, which takes no image"
     except (OSError, ImportError, ValueError, AttributeError) as error:
-        why = first_line(error)
-    return (f"transformers' AutoProcessor cannot load this processor here ({why[:200]}): its family's processor "
-            "needs torchvision for its video processor. Load it with vlmrl.models.loading.load_processor(folder) "
-            "and pass it on (TRL: GRPOTrainer(..., processing_class=processor)); docs/models.md, "
-            "'Loading a folder vlmrl wrote'")
+        why = first_line(error).split(". ")[0]
+    video = ": the family's processor needs torchvision for its video processor" if "video" in why else ""
+    return (f"transformers' AutoProcessor cannot load the processor of {str(folder)!r} here ({why}){video}. "
+            f"Load it with vlmrl.models.loading.load_processor({str(folder)!r}) and pass it on (TRL: "
+            "GRPOTrainer(..., processing_class=processor)): docs/models.md, 'Loading a folder vlmrl wrote'")
 
 
 def base_dtype(config: dict | None) -> str:
