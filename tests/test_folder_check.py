@@ -244,3 +244,21 @@ def test_a_teachers_damaged_weights_are_one_line_in_check_and_train(tiny_model_d
         with pytest.raises(VlmrlError, match=f"^algorithm.teacher: .*{file} is truncated"):
             train(load_config(None, [*settings, f"algorithm.teacher={damaged}"]))
         assert not (tmp_path / "run").exists()
+
+
+def test_pickled_weights_alone_are_refused_unread_with_the_line_that_converts_them(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    import re
+
+    folder = copy_of(tiny_model_dir, tmp_path)
+    weights = load_file(folder / WEIGHTS)
+    torch.save(weights, folder / "pytorch_model.bin")
+    (folder / WEIGHTS).unlink()
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("a pickle was read"))
+        message = refusal(folder)
+    assert message.startswith(f"{str(folder)!r} holds its weights as pytorch_model.bin (PyTorch pickle) and no "
+                              "model.safetensors: vlmrl loads safetensors weights only")
+    exec(re.search(r'python -c "(.*)"$', message).group(1), {})  # the line the message gives, as given
+    model, _ = load_policy(str(folder), device="cpu")
+    assert torch.equal(model.state_dict()[LOADED_UP], weights[UP])
