@@ -96,11 +96,14 @@ def test_a_relative_base_is_found_from_the_adapter_folder(adapter, tiny_model_di
     torch.testing.assert_close(logits(model.eval()), adapted, rtol=1e-4, atol=1e-4)
 
 
-def test_eval_and_attention_take_an_adapter_folder(adapter, tmp_path, capsys):
+def test_eval_and_attention_take_an_adapter_folder(adapter, tiny_model_dir, tmp_path, capsys):
     folder, _ = adapter
     assert main(["eval", str(folder), "--task", "shapes", "--n", "2", "--k", "0", "--no-blind",
                  "--max-new-tokens", "2", "--device", "cpu", "--out", str(tmp_path / "eval")]) == 0
     assert (tmp_path / "eval" / "eval.json").is_file()
+    base = str(Path(tiny_model_dir).resolve())
+    assert capsys.readouterr().out.startswith(  # which base the adapter was merged into
+        f"{str(folder)!r} is a LoRA adapter: loading its base model {base!r} ({BASE_KEY} in its {ADAPTER_CONFIG})")
     assert main(["attention", str(folder), "--task", "shapes", "--max-new-tokens", "1", "--device", "cpu",
                  "--out", str(tmp_path / "attention")]) == 0
     assert (tmp_path / "attention" / "index.json").is_file()

@@ -124,12 +124,15 @@ def _eval(args: argparse.Namespace) -> None:
     """`vlmrl eval`: evaluate a model folder with the flags' settings, print the table, write JSON."""
     from vlmrl.config import parse_override
     from vlmrl.evaluation.evaluate import EvalSettings, format_table, run_eval
+    from vlmrl.models.adapter_folder import adapter_line
 
     settings = EvalSettings(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, k=args.k,
                             temperature=args.temperature, blind_check=not args.no_blind, seed=args.seed,
                             tools=list(args.tools), max_turns=args.max_turns,
                             tool_image_side=args.tool_image_side, decode=args.decode,
                             rewards=[parse_override(f"reward={item}")[1] for item in args.reward or []])
+    if line := adapter_line(args.model):
+        print(line, flush=True)
     evaluation, path = run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
                                 split=args.split, n=args.n, settings=settings, out_dir=args.out,
                                 dtype=args.dtype, device=args.device)
