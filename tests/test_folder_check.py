@@ -219,3 +219,46 @@ def test_a_config_of_other_widths_names_the_embedding_and_both_shapes(tiny_model
     config["text_config"]["vocab_size"] = 1024  # another Qwen2.5-VL's config.json
     (folder / "config.json").write_text(json.dumps(config))
     assert "is [512, 64] in model.safetensors but [1024, 64] by config.json" in refusal(folder)
+
+
+def test_a_teachers_damaged_weights_are_one_line_in_check_and_train(tiny_model_dir, tmp_path, capsys, letter_task):
+    """algorithm.teacher gets the policy's file check, before any model loads (else a SafetensorError
+    traceback where the preflight reads the headers for the teacher's size)."""
+    from vlmrl.config import load_config
+    from vlmrl.training.trainer import train
+
+    teacher = copy_of(tiny_model_dir, tmp_path, "teacher")
+    damage(teacher / WEIGHTS, "truncated")
+    lora_base, _ = load_policy(tiny_model_dir, device="cpu", lora=LoraConfig(enabled=True, r=2))
+    lora_base.save_pretrained(tmp_path / "adapter")
+    damage(tmp_path / "adapter" / "adapter_model.safetensors", "truncated")
+    settings = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+                "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "eval.every=0",
+                f"output_dir={tmp_path / 'run'}"]
+    for damaged, file in ((teacher, teacher / WEIGHTS), (tmp_path / "adapter", tmp_path / "adapter" / "adapter_model.safetensors")):
+        assert main(["check", *settings, f"algorithm.teacher={damaged}"]) == 2
+        out, err = capsys.readouterr()
+        line = [text for text in err.splitlines() if text.startswith("error:")]
+        assert len(line) == 1 and "Traceback" not in err and "preflight" not in out
+        assert line[0].startswith(f"error: algorithm.teacher: ") and f"{file} is truncated" in line[0]
+        with pytest.raises(VlmrlError, match=f"^algorithm.teacher: .*{file} is truncated"):
+            train(load_config(None, [*settings, f"algorithm.teacher={damaged}"]))
+        assert not (tmp_path / "run").exists()
+
+
+def test_pickled_weights_alone_are_refused_unread_with_the_line_that_converts_them(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    import re
+
+    folder = copy_of(tiny_model_dir, tmp_path)
+    weights = load_file(folder / WEIGHTS)
+    torch.save(weights, folder / "pytorch_model.bin")
+    (folder / WEIGHTS).unlink()
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("a pickle was read"))
+        message = refusal(folder)
+    assert message.startswith(f"{str(folder)!r} holds its weights as pytorch_model.bin (PyTorch pickle) and no "
+                              "model.safetensors: vlmrl loads safetensors weights only")
+    exec(re.search(r'python -c "(.*)"$', message).group(1), {})  # the line the message gives, as given
+    model, _ = load_policy(str(folder), device="cpu")
+    assert torch.equal(model.state_dict()[LOADED_UP], weights[UP])

@@ -96,11 +96,14 @@ def test_a_relative_base_is_found_from_the_adapter_folder(adapter, tiny_model_di
     torch.testing.assert_close(logits(model.eval()), adapted, rtol=1e-4, atol=1e-4)
 
 
-def test_eval_and_attention_take_an_adapter_folder(adapter, tmp_path, capsys):
+def test_eval_and_attention_take_an_adapter_folder(adapter, tiny_model_dir, tmp_path, capsys):
     folder, _ = adapter
     assert main(["eval", str(folder), "--task", "shapes", "--n", "2", "--k", "0", "--no-blind",
                  "--max-new-tokens", "2", "--device", "cpu", "--out", str(tmp_path / "eval")]) == 0
     assert (tmp_path / "eval" / "eval.json").is_file()
+    base = str(Path(tiny_model_dir).resolve())
+    assert capsys.readouterr().out.startswith(  # which base the adapter was merged into
+        f"{str(folder)!r} is a LoRA adapter: loading its base model {base!r} ({BASE_KEY} in its {ADAPTER_CONFIG})")
     assert main(["attention", str(folder), "--task", "shapes", "--max-new-tokens", "1", "--device", "cpu",
                  "--out", str(tmp_path / "attention")]) == 0
     assert (tmp_path / "attention" / "index.json").is_file()
@@ -134,3 +137,151 @@ def test_a_folder_that_is_neither_says_what_it_is(adapter, tmp_path):
     (tmp_path / "notes" / "a.txt").write_text("x")
     with pytest.raises(VlmrlError, match=r"has neither config.json \(a model folder\) nor adapter_config.json .* a.txt"):
         load_policy(str(tmp_path / "notes"))
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_full_fine_tune_starts_from_an_adapter_folder(adapter, tmp_path, letter_task, command):
+    """The merged model trains whole, as a model folder does (peft's frozen base once crashed step 1)."""
+    from vlmrl.training.sft import sft
+    from vlmrl.training.trainer import train
+
+    folder, _ = adapter
+    config = load_config(None, [f"model.name_or_path={folder}", "model.device=cpu", "task.name=letter_task:LetterTask",
+                                f"output_dir={tmp_path / 'run'}", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                                "rollout.max_new_tokens=8", "sft.batch_size=2", "train.micro_batch_size=16",
+                                "train.steps=1", "train.lr=1e-2", "eval.every=0"])
+    run = (train if command == "train" else sft)(config)
+    merged, _ = load_policy(str(folder), device="cpu")
+    trained, _ = load_policy(str(run / "final"), device="cpu")
+    before = merged.state_dict()
+    changed = [name for name, value in trained.state_dict().items() if not torch.equal(before[name], value)]
+    assert any("layers.0.self_attn.q_proj" in name for name in changed)  # the whole model trained
+
+
+def test_a_run_with_nothing_to_train_is_one_line_before_step_one(tiny_model_dir, letter_task):
+    from vlmrl.safety.preflight import preflight
+    from vlmrl.tasks import get_task
+
+    config = load_config(None, [f"model.name_or_path={tiny_model_dir}", "model.device=cpu",
+                                "task.name=letter_task:LetterTask", "rollout.prompts_per_step=2",
+                                "rollout.group_size=2", "rollout.max_new_tokens=4"])
+    policy, processor = load_policy(tiny_model_dir, device="cpu")
+    policy.requires_grad_(False)
+    with pytest.raises(VlmrlError, match=r"^no parameter of the model would train \(0 of 0.\d\dM trainable\)"):
+        preflight(config, policy, processor, get_task("letter_task:LetterTask"), "train")
+
+
+def test_an_adapter_whose_base_is_gone_says_so_and_how_to_point_it_again(adapter, tmp_path, capsys):
+    folder, _ = adapter
+    for base in (str(tmp_path / "gone" / "tiny-model"), "runs/tiny-model"):
+        copy = shutil.copytree(folder, tmp_path / f"adapter-{len(base)}")
+        settings = json.loads((copy / ADAPTER_CONFIG).read_text())
+        (copy / ADAPTER_CONFIG).write_text(json.dumps({**settings, BASE_KEY: base}))
+        with pytest.raises(VlmrlError) as caught:
+            load_policy(str(copy), device="cpu")
+        message = str(caught.value)
+        assert message.startswith(f"the base model of the LoRA adapter {str(copy)!r}, {base!r} ({BASE_KEY} in ")
+        assert "does not exist" in message and f"set {BASE_KEY} to where it is now" in message
+        assert "tiny-model runs" not in message and "\n" not in message  # not the offline model's build hint
+    assert main(["eval", str(copy), "--task", "shapes", "--n", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "eval")]) == 2
+    assert "the base model of the LoRA adapter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failing", ["model", "processor"])
+def test_a_merge_that_fills_the_disk_leaves_no_folder_that_looks_like_a_model(adapter, tmp_path, capsys, monkeypatch,
+                                                                              failing):
+    import errno
+
+    from transformers import PreTrainedModel, ProcessorMixin
+
+    owner = PreTrainedModel if failing == "model" else ProcessorMixin
+    real = owner.save_pretrained
+
+    def full_disk(self, folder, *args, **kwargs):  # half the files written, then the disk is full
+        if failing == "processor":
+            real(self, folder, *args, **kwargs)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "config.json").write_text("{}")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(owner, "save_pretrained", full_disk)
+    out = tmp_path / "merged"
+    assert main(["merge", str(adapter[0]), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: the disk is full: writing the merged model to {out} failed" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither OUT nor the partial folder
+    (tmp_path / "empty").mkdir()  # an OUT the user made stays, empty
+    assert main(["merge", str(adapter[0]), str(tmp_path / "empty")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and not any((tmp_path / "empty").iterdir())
+
+
+def documented_lines() -> list[str]:
+    """The Python blocks of models.md's "Loading a folder vlmrl wrote", as a user copies them."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    section = text.split("## Loading a folder vlmrl wrote\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+@pytest.fixture(params=["tiny-model", "final", "merged"])
+def written_folder(request, adapter, tiny_model_dir, tmp_path_factory, capsys):
+    """A folder vlmrl wrote (the offline model, a full run's final/, a merge), and what `vlmrl merge`
+    printed about it ("" for the others)."""
+    out = tmp_path_factory.mktemp("written") / request.param
+    printed = ""
+    if request.param == "tiny-model":
+        shutil.copytree(tiny_model_dir, out)
+    elif request.param == "final":
+        policy, processor = load_policy(tiny_model_dir, device="cpu")
+        save_model(out, policy, processor)  # what a full fine-tune writes to final/
+    else:
+        capsys.readouterr()
+        assert main(["merge", str(adapter[0]), str(out)]) == 0
+        printed = capsys.readouterr().out
+    return out, printed
+
+
+def test_the_documented_lines_load_and_use_a_folder_vlmrl_wrote(written_folder, tmp_path, monkeypatch, capsys,
+                                                                circle_image):
+    from transformers import AutoProcessor
+
+    from vlmrl.models.merge import plain_processor_note
+
+    folder, printed = written_folder
+    shutil.copytree(folder, tmp_path / "runs" / "shapes_lora" / "merged")
+    circle_image.save(tmp_path / "image.png")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(documented_lines()[0], scope)  # the lines as the docs give them
+    inputs, model, processor = scope["inputs"], scope["model"], scope["processor"]
+    grid = inputs["image_grid_thw"]
+    assert grid.shape == (1, 3) and inputs["pixel_values"].shape[0] == int(grid.prod())  # the image was processed
+    image_tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
+    assert image_tokens == int(grid.prod()) // processor.image_processor.merge_size ** 2 > 0
+    assert scope["out"].shape[1] > inputs["input_ids"].shape[1] and capsys.readouterr().out.startswith("[")
+    # what plain AutoProcessor does with the folder here, as the note (and `vlmrl merge`) says
+    try:
+        plain = AutoProcessor.from_pretrained(str(folder))
+        takes_images = getattr(plain, "image_processor", None) is not None
+    except OSError as error:
+        assert "video processor" in str(error)
+        takes_images = False
+    note = plain_processor_note(folder)
+    assert (note is None) == takes_images
+    if not takes_images:
+        assert "load_processor(" in note and "torchvision for its video processor" in note
+    if folder.name == "merged":
+        assert (f"note: {note}" in printed) == (note is not None)
+
+
+@pytest.mark.slow
+def test_the_documented_trl_lines_train_a_folder_vlmrl_wrote(adapter, tmp_path, monkeypatch, circle_image):
+    out = tmp_path / "runs" / "shapes_lora" / "merged"
+    assert main(["merge", str(adapter[0]), str(out)]) == 0
+    circle_image.save(tmp_path / "image.png")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(documented_lines()[1], scope)
+    assert scope["trainer"].state.global_step == 1

@@ -65,10 +65,12 @@ def _data_write(args: argparse.Namespace) -> None:
 
 def _merge(args: argparse.Namespace) -> None:
     """`vlmrl merge ADAPTER OUT`: a LoRA adapter merged into its base, written as a model folder."""
-    from vlmrl.models.merge import merge_adapter_folder
+    from vlmrl.models.merge import merge_adapter_folder, plain_processor_note
 
     out = merge_adapter_folder(args.adapter, args.out, dtype=args.dtype)
     print(f"wrote {out}: the merged model, loadable with transformers' AutoModelForImageTextToText.from_pretrained")
+    if note := plain_processor_note(out):
+        print(f"note: {note}")
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -124,6 +126,7 @@ def _eval(args: argparse.Namespace) -> None:
     from vlmrl.config import parse_override
     from vlmrl.evaluation.eval_settings import resolve_run_eval
     from vlmrl.evaluation.evaluate import EvalSettings, format_table, run_eval
+    from vlmrl.models.adapter_folder import adapter_line
 
     flags = {"max_new_tokens": args.max_new_tokens, "tools": args.tools, "max_turns": args.max_turns,
              "tool_image_side": args.tool_image_side, "decode": args.decode,
@@ -135,6 +138,8 @@ def _eval(args: argparse.Namespace) -> None:
     settings = EvalSettings(**eval_defaults() | {
         "batch_size": args.batch_size, "k": args.k, "temperature": args.temperature, "blind_check": not args.no_blind,
         "seed": args.seed} | run.values)
+    if line := adapter_line(run.model):
+        print(line, flush=True)
     evaluation, path = run_eval(run.model, run.task, run.params, split=args.split, n=args.n, settings=settings,
                                 out_dir=args.out, dtype=args.dtype, device=args.device)
     print(format_table(evaluation.results))

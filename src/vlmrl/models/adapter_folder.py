@@ -70,6 +70,16 @@ def adapter_base(folder: str | Path) -> str:
     return str(found.resolve())
 
 
+def adapter_line(name_or_path: str | Path) -> str | None:
+    """For a LoRA adapter folder, the line a command prints before it loads one: which base the
+    adapter is merged into (and from where adapter_config.json names it); None for anything else."""
+    if not is_adapter_folder(name_or_path):
+        return None
+    base = adapter_base(name_or_path)
+    return (f"{str(name_or_path)!r} is a LoRA adapter: loading its base model {base!r} ({BASE_KEY} in its "
+            f"{ADAPTER_CONFIG}) with the adapter merged in")
+
+
 def store_base_path(folder: str | Path) -> None:
     """Rewrite the base path of the adapter saved in `folder` (when there is one) as an absolute path,
     where it names a local folder, so that the adapter folder can be moved. A hub id stays."""

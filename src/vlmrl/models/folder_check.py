@@ -11,7 +11,8 @@ models in one folder fail deep in a forward. `loading.load_policy` calls, in ord
   the token the processor writes for an image;
 - `check_weight_files` (before the weights load; a local folder): each file the loader reads
   (model.safetensors, or every shard model.safetensors.index.json names) is a whole safetensors file,
-  and each shard holds the tensors the index places in it;
+  and each shard holds the tensors the index places in it; a folder with pickled weights alone
+  (pytorch_model.bin) is refused with the line that converts them, never unpickled;
 - `check_loaded_weights` (the weights loaded): transformers' own account of the load names no weight
   missing from the files, none the model has no place for, none of another shape. What transformers
   fills in on purpose is not in that account: a weight tied to another (the tiny builds' lm_head, tied
@@ -38,6 +39,8 @@ from vlmrl.models.model_source import first_line, saved_processor_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+PICKLED_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+"""Weights saved by torch.save (a pickle), one file or the index of its shards: refused, not loaded."""
 SHOWN = 3
 """How many tensor names a message lists before "and N more"."""
 FIX = "restore it from where the model came from, or save the model again"
@@ -101,7 +104,8 @@ def check_weight_files(name_or_path: str) -> None:
         return
     index = folder / INDEX_FILE
     if not index.is_file():
-        return  # no safetensors weights: the loader says so
+        check_pickled_weights(folder)
+        return  # no weights at all: the loader says so
     try:
         placed = json.loads(index.read_text())["weight_map"]
         shards = {str(file) for file in placed.values()}
@@ -114,6 +118,22 @@ def check_weight_files(name_or_path: str) -> None:
         if absent:
             raise VlmrlError(f"weight shard {folder / shard} lacks {len(absent)} tensors that {INDEX_FILE} places in "
                              f"it: {names(absent)}; {FIX}")
+
+
+def check_pickled_weights(folder: Path) -> None:
+    """VlmrlError for a folder whose weights are pickled (pytorch_model.bin, or the shards of its index)
+    and not in safetensors: vlmrl loads safetensors alone, since unpickling a file can run code in
+    it; the message names the file and the line that converts it, for the user to run on a file
+    they trust (transformers reads it with torch's weights-only unpickler)."""
+    found = next((name for name in PICKLED_FILES if (folder / name).is_file()), None)
+    if found is None:
+        return
+    where = str(folder)
+    convert = (f"python -c \"from transformers import AutoModelForImageTextToText as M; "
+               f"M.from_pretrained({where!r}, use_safetensors=False).save_pretrained({where!r})\"")
+    raise VlmrlError(f"{where!r} holds its weights as {found} (PyTorch pickle) and no {SINGLE_FILE}: vlmrl loads "
+                     "safetensors weights only, since unpickling a file can run code in it; if you trust the file, "
+                     f"convert it once (it writes {SINGLE_FILE} beside it): {convert}")
 
 
 def check_processor_family(name_or_path: str, config: dict | None) -> None:

@@ -291,7 +291,8 @@ def load_adapter_weights(model: torch.nn.Module, folder: Path) -> None:
 
 def merge_adapter(model: torch.nn.Module, folder: Path):
     """`model` with the LoRA adapter saved in `folder` merged into its weights (peft's
-    merge_and_unload), the adapter file checked as `load_adapter_weights` checks it. The merged model's
+    merge_and_unload), the adapter file checked as `load_adapter_weights` checks it. Every parameter of the
+    merged model trains, as a model folder's does (peft leaves the base's frozen). The merged model's
     name_or_path is the adapter folder: an adapter trained on top of it names that folder as its base."""
     from peft import PeftConfig, get_peft_model
 
@@ -309,6 +310,8 @@ def merge_adapter(model: torch.nn.Module, folder: Path):
         adapted = get_peft_model(model, peft_config)
     load_adapter_weights(adapted, folder)
     merged = adapted.merge_and_unload()
+    for parameter in merged.parameters():  # peft froze the base under its adapter: the merged model is whole again
+        parameter.requires_grad_(True)
     merged.name_or_path = merged.config.name_or_path = str(folder.resolve())
     return merged
 

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from vlmrl.errors import VlmrlError, one_line
-from vlmrl.models.adapter_folder import adapter_base, describe_folder, is_adapter_folder
+from vlmrl.models.adapter_folder import BASE_KEY, adapter_base, describe_folder, is_adapter_folder
 from vlmrl.models.processing import import_processor_module
 from vlmrl.models.tiny_model import SIZES
 
@@ -80,7 +80,7 @@ def find_model_config(name_or_path: str) -> dict | None:
         if (path / "config.json").exists():
             return _read_json(path / "config.json")
         if is_adapter_folder(path):  # a LoRA adapter stands for its base (adapter_folder.py)
-            return find_model_config(adapter_base(path))
+            return adapter_base_config(path)
         raise VlmrlError(describe_folder(path))
     if path.exists():
         raise VlmrlError(f"{name_or_path!r} is a file, not a model folder")
@@ -115,6 +115,23 @@ def find_model_config(name_or_path: str) -> dict | None:
         _HUB_CONFIGS[name_or_path] = config
         return config
     return None
+
+
+def adapter_base_config(folder: Path) -> dict | None:
+    """find_model_config of a LoRA adapter folder's base, each refusal naming the adapter and where it
+    names its base; a local base that is gone says so and how to point the adapter at it again."""
+    base = adapter_base(folder)
+    where = f"{BASE_KEY} in {folder / ADAPTER_CONFIG}"
+    if looks_local(base) and not Path(base).expanduser().exists():
+        looked = ("" if Path(base).expanduser().is_absolute()
+                  else f" (looked for from {str(folder)!r} and from the working directory)")
+        raise VlmrlError(f"the base model of the LoRA adapter {str(folder)!r}, {base!r} ({where}), does not exist"
+                         f"{looked}: put the base model back there, or set {BASE_KEY} to where it is now "
+                         "(a model folder or hub id)")
+    try:
+        return find_model_config(base)
+    except VlmrlError as error:
+        raise VlmrlError(f"the base model of the LoRA adapter {str(folder)!r} ({where}): {error}") from None
 
 
 ADAPTER_CONFIG = "adapter_config.json"

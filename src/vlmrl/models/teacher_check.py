@@ -11,7 +11,10 @@ of this; two families do not. Refused in one line, naming what differs:
 - another image token id (config.json), another tokenizer (a token with another id, or tokens
   the other has not), or other image-processor settings (patch and merge sizes, resolution,
   normalisation: the teacher would see other image tokens or other pixels than its own processor
-  writes).
+  writes);
+- weight files that are not whole (a truncated model.safetensors, a shard the index places tensors
+  in that lacks them, a damaged adapter_model.safetensors): the policy's own check (folder_check.py),
+  before any model loads and before the preflight reads their headers for the teacher's size.
 A LoRA adapter folder (adapter_config.json) is its base model plus the adapter: the base's
 config.json, and the adapter folder's tokenizer and processor files where it has them (vlmrl saves
 them beside a trained adapter), else the base's.
@@ -25,10 +28,11 @@ from pathlib import Path
 
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
-from vlmrl.models.folder_check import image_token_id
+from vlmrl.models.folder_check import check_weight_file, check_weight_files, image_token_id
 from vlmrl.models.model_source import find_model_config, first_line
 
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_FILE = "adapter_model.safetensors"
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 NAMING_KEYS = ("processor_class", "image_processor_type", "_processor_class")
 """Image-processor settings that name a class rather than change what the model sees."""
@@ -109,7 +113,13 @@ def check_teacher(config: Config) -> None:
         raise VlmrlError(f"algorithm.teacher={teacher} is the policy's own model (model.name_or_path): a student "
                          "distilled from itself gets no signal; name another model, e.g. a larger one of its family")
     try:
-        teacher_config = find_model_config(weights_source(teacher)) or {}
+        teacher_config = find_model_config(teacher) or {}  # an adapter: its base's (model_source.py)
+    except VlmrlError as error:
+        raise VlmrlError(f"algorithm.teacher: {error}") from None
+    try:
+        check_weight_files(weights_source(teacher))  # a hub id: nothing to check here
+        if adapter_base(teacher) is not None:
+            check_weight_file(Path(teacher).expanduser() / ADAPTER_FILE, "LoRA adapter file")
     except VlmrlError as error:
         raise VlmrlError(f"algorithm.teacher: {error}") from None
     student_config = find_model_config(policy) or {}

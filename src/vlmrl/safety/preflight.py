@@ -253,6 +253,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     (the data cursor). `loaded`: bytes already in memory (default: the policy's weights).
     `sharding`: how the parameters are split over the processes (the policy is passed gathered whole).
     """
+    check_something_trains(config, policy, mode)
     if config.rollout.tools and (reason := tool_rollouts_unsupported(policy)) is not None:
         raise VlmrlError(f"rollout.tools: tool rollouts are off for this model ({reason}); train it without tools")
     if getattr(task, "video_rows", 0) and not takes_video(processor):  # a video past the first batch, before step 1
@@ -279,15 +280,31 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
     settled, memory = settle(config, policy, mode, world, (longest, completion, image_tokens), costs, loaded,
                              sharding)
     params = list(policy.parameters())
-    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
-    trainable = sum(p.numel() for name, p in policy.named_parameters()
-                    if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+    trainable = trainable_count(config, policy, mode)
     return PreflightReport(mode=mode, splits=checks, memory=memory, parameters=sum(p.numel() for p in params),
                            trainable=trainable, dtype=dtype_note(config, params),
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
                            speed=speed_line(config, policy, mode, sharding.deepspeed), costs=costs,
                            data=data_line(config, task, mode))
+
+
+def trainable_count(config: Config, policy, mode: str) -> int:
+    """How many of the policy's parameters the run updates: those that take gradients, less the vision
+    tower's where RL gives it no learning rate (model.vision_lr_scale=0)."""
+    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
+    return sum(p.numel() for name, p in policy.named_parameters()
+               if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+
+
+def check_something_trains(config: Config, policy, mode: str) -> None:
+    """A run in which no parameter would change is refused in one line, before step 1 (else the first
+    backward fails with "element 0 of tensors does not require grad", or the run trains nothing)."""
+    if trainable_count(config, policy, mode) == 0:
+        total = sum(p.numel() for p in policy.parameters())
+        raise VlmrlError(f"no parameter of the model would train (0 of {total / 1e6:.2f}M trainable): check "
+                         "model.freeze_vision, model.vision_lr_scale and model.lora (its target_modules must name "
+                         "modules of this model)")
 
 
 def data_line(config: Config, task: Task, mode: str) -> str:
