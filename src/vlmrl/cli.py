@@ -96,9 +96,9 @@ def _config(args: argparse.Namespace) -> None:
     else:
         import yaml
 
-        from vlmrl.config import to_dict
+        from vlmrl.config import saved_dict
 
-        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        print(yaml.safe_dump(saved_dict(config), sort_keys=False), end="")  # no secret shown
     if args.save:
         save_config(config, args.save)
 
