@@ -21,7 +21,7 @@ import yaml
 
 from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, one_line, require
-from vlmrl.fields import Naming, Range, StrictLoader, all_keys, build, check_ranges, field_docs, ranged, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.fields import Naming, Range, StrictLoader, all_keys, build, check_ranges, field_docs, path_field, ranged, read_text  # noqa: F401  (also public names of this module)
 from vlmrl.imports import resolve_file
 from vlmrl.rewards.http import check_settings, is_url, saved_settings
 from vlmrl.urls import redact
@@ -182,7 +182,7 @@ class LoraConfig:
 class ModelConfig:
     """The policy model and how it is loaded."""
 
-    name_or_path: str = "runs/tiny-model"
+    name_or_path: str = path_field("runs/tiny-model")
     """Local folder or hub id of an image-text-to-text model (the hub only when online)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; auto is bfloat16 on GPU, float32 on CPU."""
@@ -472,7 +472,7 @@ class AlgorithmConfig:
     off_policy_mask: float = ranged(0.0, LOG_RATIO)
     """DeepSeek-V3.2's off-policy sequence masking: drop the rows of negative advantage whose mean
     log-ratio sampler / policy exceeds this (e.g. 0.5); 0 = off."""
-    teacher: str = ""
+    teacher: str = path_field("")
     """On-policy distillation: a model folder (or a LoRA adapter folder, or a hub id) whose log-probs
     of the student's own sampled tokens are the signal: each token's advantage gets
     -distill_weight * (log pi_student - log pi_teacher). It must share the policy's tokenizer and
@@ -682,7 +682,7 @@ class Config:
     alone may be given as text, `accuracy,format`; empty: the task's own score (the reward named `task`)."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
-    output_dir: str = "runs/default"
+    output_dir: str = path_field("runs/default")
     """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
     resume: bool = False
     """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
@@ -745,19 +745,57 @@ def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     return data | {"rewards": resolved}
 
 
+BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+                    (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+"""A text file's byte-order mark and its encoding (UTF-32's marks before UTF-16's, which they begin with)."""
+
+
+def decode_text(data: bytes, path: str | Path) -> str:
+    """The text of a config file's bytes: UTF-8, or what its byte-order mark says (UTF-8, UTF-16,
+    UTF-32); anything else a one-line VlmrlError saying what the bytes look like (UTF-16 without its
+    mark, a binary file, another encoding) and to save it as UTF-8."""
+    refuse = f"{path} is not a YAML text file: {{}}; save it as UTF-8 text"
+    for mark, encoding in BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            try:
+                return data[len(mark):].decode(encoding)
+            except UnicodeDecodeError as error:
+                raise VlmrlError(refuse.format(f"it starts with a {encoding.upper()} byte-order mark but {error.reason} "
+                                               f"at byte {error.start + len(mark)}")) from None
+    if b"\x00" in data:
+        for encoding in ("utf-32-le", "utf-32-be", "utf-16-le", "utf-16-be"):
+            try:
+                text = data.decode(encoding)
+            except UnicodeDecodeError:
+                continue
+            if all(c.isprintable() or c in "\t\n\r" for c in text):
+                raise VlmrlError(refuse.format(f"it is {encoding.upper()} text without a byte-order mark"))
+        nul = data.index(b"\x00")
+        raise VlmrlError(refuse.format(f"a NUL character (a binary file?) at byte {nul}"))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise VlmrlError(refuse.format(f"{error.reason} at byte {error.start} (not UTF-8)")) from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from `path` (UTF-8, or UTF-16 with its byte-order mark, as PyYAML reads bytes);
-    whatever is wrong is one line with the position: a syntax error, a key written twice in one
-    mapping, nesting deeper than fields.MAX_YAML_DEPTH, or bytes that are not such text."""
+    """A YAML mapping from `path` (its text by `decode_text`: UTF-8, or UTF-16/32 with its byte-order
+    mark); whatever is wrong is one line with the position: a folder or a missing file, a syntax error,
+    a key written twice in one mapping, nesting deeper than fields.MAX_YAML_DEPTH, or bytes that are
+    not such text."""
     path = Path(path)
+    if path.is_dir():
+        inside = path / "config.yaml"
+        hint = f"; the run's config is {inside}" if inside.is_file() else ""
+        raise VlmrlError(f"config file {str(path)!r} is a folder, not a YAML file{hint}")
     if not path.is_file():
         raise VlmrlError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.load(path.read_bytes(), Loader=StrictLoader)
+        data = yaml.load(decode_text(path.read_bytes(), path), Loader=StrictLoader)
     except OSError as error:
         raise VlmrlError(f"cannot read config file {str(path)!r}: {error.strerror or error}") from None
-    except yaml.reader.ReaderError as error:  # undecodable bytes, or a control character (a binary file)
-        raise VlmrlError(f"{path} is not a YAML text file: {error.reason} at byte {error.position}; save it as "
+    except yaml.reader.ReaderError as error:  # a control character
+        raise VlmrlError(f"{path} is not a YAML text file: {error.reason} at character {error.position}; save it as "
                          "UTF-8 text") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)

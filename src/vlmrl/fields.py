@@ -16,7 +16,8 @@ their values here, so a value means the same thing in both:
 A number field may also carry a `Range` (declared once, with the field: `ranged(default, RANGE)`):
 `build` holds its value to it after the type and the instance's own `validate()`, so every float a run
 uses is bounded to what it is used as (a temperature whose exp() overflows float32, a weight whose
-weighted sum does: one line naming the key, the range and why).
+weighted sum does: one line naming the key, the range and why). A text field that names a local path
+(`path_field`) has a leading `~` expanded to the home folder.
 
 A wrong value is a one-line VlmrlError naming the field and the type it must have; an unknown name
 is one naming the closest valid names. `Naming` says how a caller's messages name things
@@ -168,6 +169,23 @@ def check_ranges(instance: Any, naming: Naming = Naming(), prefix: str = "") -> 
             raise VlmrlError(f"{naming.name(prefix + f.name)} must be in {bounds} ({bounds.why}); got {value}")
 
 
+def path_field(default: str) -> Any:
+    """A dataclass field of text that names a local path: `build` expands a leading `~` (`~/runs` is
+    the home folder's runs/, never a folder named `~`), as a shell would."""
+    return dataclasses.field(default=default, metadata={"path": True})
+
+
+def expand_home(value: str, name: str) -> str:
+    """`value` with a leading `~` or `~user` expanded; a VlmrlError naming field `name` when it names
+    no home folder."""
+    if not value.startswith("~"):
+        return value
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):
+        raise VlmrlError(f"{name}: {value!r} starts with a ~ that names no home folder here; write the whole path")
+    return expanded
+
+
 # --------------------------------------------------------------------------- docs and names
 
 
@@ -300,6 +318,9 @@ def build(cls: type, data: Mapping[str, Any], naming: Naming = Naming(), prefix:
         if name not in names:
             raise _unknown(prefix + str(name), [prefix + n for n in names], naming)
         values[name] = coerce(hints[name], value, prefix + name, naming)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("path") and isinstance(values.get(f.name), str):
+            values[f.name] = expand_home(values[f.name], naming.name(prefix + f.name))
     instance = cls(**values)
     validate = getattr(instance, "validate", None)
     if callable(validate):
