@@ -157,6 +157,7 @@ def test_the_saved_config_holds_no_secret_and_a_resume_with_it_says_what_is_miss
     saved = (tmp_path / "config.yaml").read_text()
     assert SECRET not in saved and KEY not in saved and "literal-secret" not in saved
     assert "https://***@rewards.example/score?api_key=***" in saved and "${TOKEN}" in saved
+    assert SECRET not in repr(config.rewards) and "literal-secret" not in repr(config.rewards)  # a notebook's display
     with pytest.raises(VlmrlError, match=r"reward service https://\*\*\*@rewards.example/score\?api_key=\*\*\*: its "
                                          r"credentials were saved as \*\*\* .*give the config that holds them"):
         load_config(tmp_path / "config.yaml")

@@ -250,6 +250,11 @@ class RewardConfig:
         if is_url(self.name):  # a service's settings are checked here, when the config is read
             check_settings(self.name, self.kwargs)
 
+    def __repr__(self) -> str:  # a service's URL and header secrets redacted (a notebook, an error line)
+        kwargs = saved_settings(self.kwargs) if is_url(self.name) else self.kwargs
+        return (f"RewardConfig(name={redact(self.name) if is_url(self.name) else self.name!r}, weight={self.weight!r}, "
+                f"kwargs={kwargs!r}, label={self.label!r})")
+
 
 def reward_entry(entry: Any, key: str) -> RewardConfig:
     """One entry of `rewards` as a RewardConfig: a name, a mapping, a RewardConfig, or (from Python) a
