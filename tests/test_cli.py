@@ -53,6 +53,11 @@ def test_config_prints_resolved_yaml_and_docs(tmp_path, capsys):
     (["config", "model.freez_vision=true"], "error: unknown config key 'model.freez_vision'; did you mean model.freeze_vision"),
     (["config", "model.lora.r=big"], "error: model.lora.r must be an integer; got 'big'"),
     (["config", "missing.yaml"], "error: config file 'missing.yaml' does not exist"),
+    # issue 51 B18: a parameter without a value was "override 'max_words' is not of the form section.key=value"
+    (["tasks", "show", "cryptogram", "max_words"], "error: parameter 'max_words' of task 'cryptogram' has no value: "
+                                                  "write max_words=VALUE (the parameters of each task: `vlmrl tasks list`)"),
+    (["tasks", "show", "cryptogram", "=2"], "error: parameter '=2' of task 'cryptogram' has no name: write KEY=VALUE"),
+    (["config", "."], "error: config file '.' is a folder, not a YAML file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2

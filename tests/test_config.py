@@ -180,14 +180,35 @@ def test_the_completions_of_a_step_are_bounded_together():
 
 def test_utf16_with_its_byte_order_mark_and_utf8_with_one_are_read(tmp_path):
     text = "model:\n  dtype: float32\n"
-    for name, data in (("utf16.yaml", text.encode("utf-16")), ("bom.yaml", b"\xef\xbb\xbf" + text.encode())):
+    for name, data in (("utf16.yaml", text.encode("utf-16")), ("bom.yaml", b"\xef\xbb\xbf" + text.encode()),
+                       ("utf16be.yaml", b"\xfe\xff" + text.encode("utf-16-be")),
+                       ("utf32.yaml", text.encode("utf-32"))):  # issue 51 B18: UTF-32 was read as UTF-16
         (tmp_path / name).write_bytes(data)
         assert load_config(tmp_path / name).model.dtype == "float32"
 
 
+def test_a_config_path_that_is_a_folder_says_so(tmp_path):
+    """Issue 51 B18: a folder was 'does not exist'; a run folder's own config is named."""
+    with pytest.raises(VlmrlError, match=rf"^config file '{tmp_path}' is a folder, not a YAML file$"):
+        load_config(tmp_path)
+    (tmp_path / "config.yaml").write_text("seed: 3\n")
+    with pytest.raises(VlmrlError, match=rf"is a folder, not a YAML file; the run's config is {tmp_path}/config.yaml$"):
+        load_config(tmp_path)
+
+
+def test_a_home_folder_in_a_path_is_expanded_not_made(monkeypatch, tmp_path):
+    """Issue 51 B18: `output_dir: ~/runs` made a folder named `~` in the working folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(None, ["output_dir=~/runs/a", "model.name_or_path=~/models/m", "algorithm.teacher=~/t"])
+    assert (config.output_dir, config.model.name_or_path, config.algorithm.teacher) == (
+        f"{tmp_path}/runs/a", f"{tmp_path}/models/m", f"{tmp_path}/t")
+    with pytest.raises(VlmrlError, match=r"^output_dir: '~no_such_user_here/runs' starts with a ~ that names no home"):
+        load_config(None, ["output_dir=~no_such_user_here/runs"])
+
+
 @pytest.mark.parametrize("data, message", [
-    ("model:\n  dtype: float32\n".encode("utf-16-le"), r"is not a YAML text file: special characters are not "
-                                                        r"allowed at byte 1; save it as UTF-8 text$"),
+    ("model:\n  dtype: float32\n".encode("utf-16-le"), r"is not a YAML text file: it is UTF-16-LE text without a "
+                                                        r"byte-order mark; save it as UTF-8 text$"),
     (bytes(range(256)), r"is not a YAML text file: .* at byte \d+; save it as UTF-8 text$"),
     ("model:\n  name_or_path: caf\xe9\n".encode("latin-1"), r"is not a YAML text file: invalid continuation byte"),
     (("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), r"YAML syntax error in .* at line 1, column \d+: nested "

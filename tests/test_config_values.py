@@ -64,8 +64,8 @@ VALUES: dict[str, list] = {
     "algorithm.dual_clip": [0.0, 0.5, 3.0],
     "algorithm.ratio_level": ["token", "sequence"],
     "algorithm.surrogate": ["clip", "cispo", "gmpo", "sapo", "ppo"],
-    "algorithm.sapo_tau_pos": [0.0, 1.0, NAN],
-    "algorithm.sapo_tau_neg": [-1.0, 1.05],
+    "algorithm.sapo_tau_pos": [0.0, 1.0, NAN, 1e300],
+    "algorithm.sapo_tau_neg": [-1.0, 1.05, 1e-300],
     "algorithm.reward_aggregation": ["sum", "normalize_then_sum", "gdpo"],
     "algorithm.top_entropy_share": [0.0, 0.2, 1.0, 1.5],
     "algorithm.aggregation": ["token", "sequence", "constant", "mean"],
@@ -79,12 +79,12 @@ VALUES: dict[str, list] = {
     "algorithm.mask_truncated": [False, True],
     "algorithm.overlong_buffer": [-1, 0, 2, 100],
     "algorithm.overlong_penalty": [-1.0, 0.0, 1.0],
-    "algorithm.tis_cap": [0.0, 0.5, 1.0, 3.0],
+    "algorithm.tis_cap": [0.0, 0.5, 1.0, 3.0, 1e300],
     "algorithm.tis_floor": [0.0, 0.5, 1.5],
     "algorithm.tis_mode": ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence"],
     "algorithm.off_policy_mask": [-1.0, 0.0, 0.5],
     "algorithm.teacher": ["", "runs/missing-teacher"],
-    "algorithm.distill_weight": [-1.0, 0.0, 1.0, NAN],
+    "algorithm.distill_weight": [-1.0, 0.0, 1.0, NAN, 1e300],
     "algorithm.distill_reward": ["keep", "drop", "both"],
     "train.steps": [0, 1],
     "train.lr": [-1e-3, 0.0, 1e-3, NAN],
@@ -116,7 +116,10 @@ VALUES: dict[str, list] = {
     "eval.blind_check": [False, True],
     "seed": [-1, 0, 7, 2 ** 32],
     "rewards": [[], ["accuracy", "format"], ["acuracy"], ["task", {"name": "length", "weight": -1.0}],
-                [{"name": "number", "kwargs": {"extract": "boxed"}}], [{"name": "no_such.module:fn"}]],
+                [{"name": "number", "kwargs": {"extract": "boxed"}}], [{"name": "no_such.module:fn"}],
+                [{"name": "format", "weight": 1e300}], [{"name": "http://127.0.0.1:9/score", "kwargs": {"timeout_s": "abc"}}],
+                [{"name": "http://127.0.0.1:9/score", "kwargs": {"timeout_s": 1e30}}],
+                [{"name": "http://127.0.0.1:9/score", "kwargs": {"retries": 2.7}}]],
     "output_dir": [""],
     "resume": [False, True],
     "resume_changes": ["refuse", "allow", "ask"],
@@ -206,8 +209,44 @@ def test_many_configs_are_refused_in_one_line_or_run_one_step(tiny_model_dir, dr
     ({"train.adam_betas": [1.0, 0.9]}, r"train.adam_betas must be two numbers in \[0, 1\)"),
     ({"seed": -1}, r"seed must be in \[0, 2\*\*32\)"),
     ({"model.device": "gpu"}, "model.device must be auto, cpu, mps, cuda or cuda:N; got 'gpu'"),
+    # issue 51 B7: floats past what float32 holds where they are used (tracebacks, or NaN/inf trained on)
+    ({"algorithm.sapo_tau_pos": 1e300}, r"algorithm.sapo_tau_pos must be in \[0.01, 100\] \(the gate's width"),
+    ({"algorithm.sapo_tau_neg": 1e-300}, r"algorithm.sapo_tau_neg must be in \[0.01, 100\] .*; got 1e-300"),
+    ({"algorithm.tis_cap": 1e300}, r"algorithm.tis_cap must be in \[0, 10000\] .*; got 1e\+300"),
+    ({"algorithm.distill_weight": 1e300}, r"algorithm.distill_weight must be in \[0, 1000\] .*; got 1e\+300"),
+    ({"rewards": [{"name": "format", "weight": 1e300}]}, r"reward format: weight must be in \[-1000, 1000\]"),
+    ({"train.lr": 1e30}, r"train.lr must be in \[0, 1\]"),
+    ({"model.vision_lr_scale": 1e300}, r"model.vision_lr_scale must be in \[0, 1000\]"),
+    # issue 51 B10: a reward service's settings, when the config is read (was: at step 1, or after a rollout)
+    ({"rewards": [{"name": "http://127.0.0.1:9/score", "kwargs": {"timeout_s": "abc"}}]},
+     r"reward service http://127.0.0.1:9/score: kwargs.timeout_s must be a number; got 'abc'"),
+    ({"rewards": [{"name": "http://127.0.0.1:9/score", "kwargs": {"timeout_s": 1e30}}]},
+     r"kwargs.timeout_s must be in \(0, 3600\] seconds \(the whole call\); got 1e\+30"),
+    ({"rewards": [{"name": "http://127.0.0.1:9/score", "kwargs": {"retries": 2.7}}]},
+     r"kwargs.retries must be an integer; got 2.7"),
 ])
 def test_values_that_once_failed_mid_run_are_refused_by_the_config(tiny_model_dir, drawn, message, tmp_path):
     values = base(tiny_model_dir, tmp_path / "run") | drawn
     with pytest.raises(VlmrlError, match=message):
         load_config(None, [override(key, value) for key, value in values.items()])
+
+
+def test_every_float_field_is_declared_with_its_range():
+    """Issue 51 B7: every float a run uses is bounded to what it is used as (fields.Range)."""
+    import dataclasses
+    import typing
+
+    from vlmrl.config import RewardConfig
+    from vlmrl.fields import field_range
+
+    def floats(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from floats(hints[f.name], prefix + f.name + ".")
+            elif hints[f.name] is float:
+                yield prefix + f.name, f
+
+    found = dict(floats(Config)) | {"rewards[].weight": dict(floats(RewardConfig))["weight"]}
+    assert len(found) == 22
+    assert [key for key, f in found.items() if field_range(f) is None] == []

@@ -18,6 +18,23 @@ def test_the_preflight_line_says_processes_strategy_and_backend():
     assert settle_strategy("MULTI_CPU", 2, "gloo", "cpu", TORCHRUN).line() == "processes: 2, strategy: DDP, backend: gloo"
 
 
+def test_accelerate_mixed_precision_is_ignored_under_ddp_with_a_warning_naming_model_dtype(capsys, monkeypatch):
+    """Issue 51 B18: `mixed_precision: bf16` under DDP was accepted without a word (and autocast only the
+    forward accelerate wraps); now the Accelerator never autocasts, and one line says which setting does."""
+    from vlmrl.training.strategy import make_accelerator
+
+    ddp = settle_strategy("MULTI_GPU", 2, "nccl", "cuda", TORCHRUN | {"ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert ddp.name == "DDP"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("warning: mixed_precision: bf16 in the accelerate config is ignored (vlmrl does "
+                                     "not autocast): the weights' dtype is model.dtype; set model.dtype=bfloat16") in err
+    settle_strategy("MULTI_GPU", 2, "nccl", "cuda", TORCHRUN | {"RANK": "1", "ACCELERATE_MIXED_PRECISION": "bf16"})
+    settle_strategy("MULTI_GPU", 2, "nccl", "cuda", TORCHRUN)
+    assert capsys.readouterr().err == ""  # another process, or no mixed precision: nothing
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what accelerate launch sets
+    assert make_accelerator("cpu", {"ACCELERATE_MIXED_PRECISION": "bf16"}).mixed_precision == "no"
+
+
 @pytest.mark.parametrize(("env", "asked"), [
     ({}, None),
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "FSDP2"),

@@ -39,21 +39,33 @@ def _tasks_list(args: argparse.Namespace) -> None:
     print(format_task_list())
 
 
+def _params(items: list[str], owner: str) -> dict:
+    """KEY=VALUE parameters of `owner` (a task, a generator), each value read as YAML; an item without
+    `=` or without a key is one line naming it and the form (not the config's section.key=value)."""
+    from vlmrl.config import parse_override
+
+    for item in items:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            name = key.strip() or "KEY"
+            raise VlmrlError(f"parameter {item!r} of {owner} has no {'value' if key.strip() else 'name'}: write "
+                             f"{name}=VALUE (the parameters of each task: `vlmrl tasks list`)")
+    return dict(parse_override(item) for item in items)
+
+
 def _tasks_show(args: argparse.Namespace) -> None:
     """`vlmrl tasks show`: print examples of a task, save their images under --out."""
-    from vlmrl.config import parse_override
     from vlmrl.tasks.inspect import show_task
 
-    params = dict(parse_override(item) for item in args.params)
+    params = _params(args.params, f"task {args.name!r}")
     print(show_task(args.name, params, split=args.split, n=args.n, out_dir=args.out))
 
 
 def _data_write(args: argparse.Namespace) -> None:
     """`vlmrl data geometry|bars OUT`: write a generated dataset as files (data_export.py)."""
-    from vlmrl.config import parse_override
     from vlmrl import data_export
 
-    params = dict(parse_override(item) for item in args.params)
+    params = _params(args.params, f"the {args.data_command} generator")
     write = {"geometry": data_export.write_geometry, "bars": data_export.write_bars}[args.data_command]
     written = write(args.out, args.n, args.test, args.seed, params)
     for path in written.values():
@@ -98,9 +110,9 @@ def _config(args: argparse.Namespace) -> None:
     else:
         import yaml
 
-        from vlmrl.config import to_dict
+        from vlmrl.config import saved_dict
 
-        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        print(yaml.safe_dump(saved_dict(config), sort_keys=False), end="")  # no secret shown
     if args.save:
         save_config(config, args.save)
 
@@ -131,7 +143,7 @@ def _eval(args: argparse.Namespace) -> None:
     flags = {"max_new_tokens": args.max_new_tokens, "tools": args.tools, "max_turns": args.max_turns,
              "tool_image_side": args.tool_image_side, "decode": args.decode,
              "rewards": None if args.reward is None else [parse_override(f"reward={item}")[1] for item in args.reward]}
-    run = resolve_run_eval(args.model, args.task, dict(parse_override(item) for item in args.params),
+    run = resolve_run_eval(args.model, args.task, _params(args.params, f"task {args.task!r}" if args.task else "the run's task"),
                            {name: value for name, value in flags.items() if value is not None})
     if run.line():
         print(run.line(), flush=True)
@@ -186,7 +198,6 @@ def _report(args: argparse.Namespace) -> None:
 
 def _attention(args: argparse.Namespace) -> None:
     """`vlmrl attention`: attention heatmaps of each generated token over the image."""
-    from vlmrl.config import parse_override
     from vlmrl.evaluation.attention_maps import attention_maps, format_summary
 
     if args.task is None:
@@ -198,7 +209,7 @@ def _attention(args: argparse.Namespace) -> None:
             raise VlmrlError("give --task or --image/--prompt, not both")
         from vlmrl.tasks import get_task
 
-        task = get_task(args.task, **dict(parse_override(item) for item in args.params))
+        task = get_task(args.task, **_params(args.params, f"task {args.task!r}"))
         example = task.example(args.example, args.split)
         if example.videos:
             raise VlmrlError(f"vlmrl attention draws attention over images; example {args.example} of task "

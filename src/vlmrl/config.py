@@ -21,8 +21,10 @@ import yaml
 
 from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, one_line, require
-from vlmrl.fields import Naming, StrictLoader, all_keys, build, field_docs, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.fields import Naming, Range, StrictLoader, all_keys, build, check_ranges, field_docs, path_field, ranged, read_text  # noqa: F401  (also public names of this module)
 from vlmrl.imports import resolve_file
+from vlmrl.rewards.http import check_settings, is_url, saved_settings
+from vlmrl.urls import redact
 
 TOOL_IMAGE_SIDES = (28, 1024)
 """Smallest and largest `tool_image_side` (rollout.tool_image_side, `vlmrl eval --tool-image-side`):
@@ -92,6 +94,27 @@ MAX_EVAL_EXAMPLES = 1_000_000
 answered; the same limit as `vlmrl data geometry --n`."""
 
 
+# --------------------------------------------------------------------------- float ranges
+# Every float field is declared with the range of what it is used as (`ranged`, checked by
+# fields.build when the config is read, one line naming the key and the range): far beyond any real
+# run, and inside what float32 holds once the value is multiplied, divided or exponentiated by the
+# loss (sapo_tau_pos 1e300 was an OverflowError, sapo_tau_neg 1e-300 and distill_weight 1e300
+# trained on inf/NaN). The reason for each is in its `why`.
+
+FRACTION = Range(0.0, 1.0, "a share or probability")
+SCALE = Range(0.0, 1000.0, "a multiple of another quantity: past 1000 the loss or update it scales no longer "
+                           "stays finite in float32 for every value it multiplies")
+REWARD_WEIGHT = Range(-1000.0, 1000.0, "weights are relative: past 1000 to 1 a weighted sum of rewards may leave "
+                                      "float32")
+SAPO_TAU = Range(0.01, 100.0, "the gate's width is 1/tau: beyond these it is a hard clip or no gate, and 4/tau "
+                              "and tau (ratio - 1) must stay finite in float32")
+TIS_CAP = Range(0.0, 10000.0, "a cap on a probability ratio: past 10,000 it truncates nothing, 0 = off")
+LOG_RATIO = Range(0.0, 100.0, "a log-ratio in nats: past 100 it masks nothing (exp(100) overflows float32 ratios)")
+LEARNING_RATE = Range(0.0, 1.0, "an AdamW step moves each weight by about lr: past 1 it is no longer a learning rate")
+GRAD_NORM = Range(0.0, 1e6, "a clip on the gradient norm: past 10**6 it clips nothing, 0 = no clipping")
+TIMEOUT_S = Range(0.0, float(MAX_TOOL_TIMEOUT_S), "seconds a call may take: at most an hour")
+
+
 SEEDS = 2 ** 32
 """Seeds are in [0, SEEDS): numpy's range (the run's seed seeds numpy, torch and Python's random)."""
 
@@ -139,7 +162,7 @@ class LoraConfig:
     """Adapter rank."""
     alpha: int = 32
     """LoRA scaling numerator (scale = alpha / r)."""
-    dropout: float = 0.05
+    dropout: float = ranged(0.05, FRACTION)
     """Dropout on the adapter input."""
     target_modules: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -159,7 +182,7 @@ class LoraConfig:
 class ModelConfig:
     """The policy model and how it is loaded."""
 
-    name_or_path: str = "runs/tiny-model"
+    name_or_path: str = path_field("runs/tiny-model")
     """Local folder or hub id of an image-text-to-text model (the hub only when online)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype; auto is bfloat16 on GPU, float32 on CPU."""
@@ -174,7 +197,7 @@ class ModelConfig:
     or auto = on only when the preflight's memory estimate says the activations would not fit."""
     freeze_vision: bool = False
     """Keep the vision tower's weights fixed."""
-    vision_lr_scale: float = 1.0
+    vision_lr_scale: float = ranged(1.0, SCALE)
     """Vision-tower learning rate as a multiple of train.lr (0.1 = ten times slower)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter settings."""
@@ -212,17 +235,25 @@ class RewardConfig:
     """A built-in reward (accuracy, math, number, choice, exact, iou, edit_similarity, format, length),
     `task` (the task's own score), `package.module:function`, `path/to/file.py:function` (relative to
     the config file's folder) or an `http(s)://` reward service."""
-    weight: float = 1.0
+    weight: float = ranged(1.0, REWARD_WEIGHT)
     """Its weight in the total reward (0: logged, not trained on)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments bound to the function (for a service: timeout_s, retries)."""
+    """Keyword arguments bound to the function (for a service: timeout_s, retries, backoff_s, headers)."""
     label: str = ""
     """The name it is logged under (reward/<label>); default: the built-in's or the function's name."""
 
     def validate(self) -> None:
         require((bool(self.name.strip()), "a reward needs a name (a built-in, module:function, file.py:function or "
                                           "URL; see docs/rewards.md)"),
-                (math.isfinite(self.weight), f"reward {self.name}: weight must be finite; got {self.weight}"))
+                (math.isfinite(self.weight), f"reward {redact(self.name)}: weight must be finite; got {self.weight}"))
+        check_ranges(self, Naming(label=f"reward {redact(self.name)}: {{key}}"))  # also one built in Python
+        if is_url(self.name):  # a service's settings are checked here, when the config is read
+            check_settings(self.name, self.kwargs)
+
+    def __repr__(self) -> str:  # a service's URL and header secrets redacted (a notebook, an error line)
+        kwargs = saved_settings(self.kwargs) if is_url(self.name) else self.kwargs
+        return (f"RewardConfig(name={redact(self.name) if is_url(self.name) else self.name!r}, weight={self.weight!r}, "
+                f"kwargs={kwargs!r}, label={self.label!r})")
 
 
 def reward_entry(entry: Any, key: str) -> RewardConfig:
@@ -257,10 +288,10 @@ class GenerationSettings:
     """Completions sampled per prompt (G); advantages compare completions of one prompt."""
     max_new_tokens: int = 64
     """Longest completion; a completion that reaches it without EOS is truncated."""
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, Range(0.0, TEMPERATURES[1], "sampling divides the logits by it"))
     """Sampling temperature (log-probs for the loss use the same temperature); 0 = greedy, for
     evaluation only (training needs samples)."""
-    top_p: float = 1.0
+    top_p: float = ranged(1.0, FRACTION)
     """Nucleus sampling threshold (1.0 = off)."""
     share_prompt_cache: bool = True
     """Encode each image and prefill each prompt once per group, then let its G samples continue
@@ -313,7 +344,7 @@ class RolloutConfig(GenerationSettings):
     max_trajectory_tokens: int = 1024
     """With tools: most tokens after the prompt per trajectory, the model's and the tools' results
     (image tokens included); each model turn is also capped at max_new_tokens."""
-    tool_timeout_s: float = 5.0
+    tool_timeout_s: float = ranged(5.0, TIMEOUT_S)
     """With tools: a call of your own tool still running after this many seconds is stopped (its worker
     process killed and replaced) and answers with an error; the built-in tools are not timed."""
     tool_image_side: int = 448
@@ -380,11 +411,11 @@ class AlgorithmConfig:
     advantage_shaping: Literal["none", "cubic", "cubic_rescaled"] = "none"
     """Reshape the advantages: cubic = A**3 (sign kept), so surprising completions weigh more;
     cubic_rescaled = the same, each group rescaled to the root-mean-square it had before."""
-    eps_low: float = 0.2
+    eps_low: float = ranged(0.2, FRACTION)
     """Lower clip range of the importance ratio: ratio >= 1 - eps_low."""
-    eps_high: float = 0.2
+    eps_high: float = ranged(0.2, SCALE)
     """Upper clip range: ratio <= 1 + eps_high (DAPO's clip-higher uses 0.28)."""
-    dual_clip: float = 0.0
+    dual_clip: float = ranged(0.0, SCALE)
     """Dual-clip PPO: the loss of a negative-advantage token is capped at dual_clip * |A| (a value
     c > 1, commonly 3; 0 = off). Only binds when ratios move (updates_per_batch > 1)."""
     ratio_level: Literal["token", "sequence"] = "token"
@@ -395,24 +426,24 @@ class AlgorithmConfig:
     geometric mean of token ratios, clipped in log space to [-eps_low, eps_high]), or SAPO (a
     smooth gate (4/tau) sigmoid(tau (ratio - 1)) in place of the clip; eps_low and eps_high unused).
     See docs/algorithms.md."""
-    sapo_tau_pos: float = 1.0
+    sapo_tau_pos: float = ranged(1.0, SAPO_TAU)
     """SAPO's gate temperature for tokens of positive advantage (higher: the gate closes sooner)."""
-    sapo_tau_neg: float = 1.05
+    sapo_tau_neg: float = ranged(1.05, SAPO_TAU)
     """SAPO's gate temperature for the other tokens (the paper's and TRL's 1.05: negative updates
     damped a little faster)."""
-    top_entropy_share: float = 1.0
+    top_entropy_share: float = ranged(1.0, FRACTION)
     """Train only on the highest-entropy share of each micro-batch's tokens (0.2: the "80/20"
     forking tokens); 1 = every token."""
     aggregation: Literal["token", "sequence", "constant"] = "sequence"
     """Loss over tokens: mean over all tokens of the batch (DAPO), mean per sequence then over
     sequences (GRPO), or sum divided by rollout.max_new_tokens per sequence (Dr. GRPO)."""
-    beta: float = 0.04
+    beta: float = ranged(0.04, SCALE)
     """Weight of the KL penalty to the reference model (0 = no reference model at all)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator per token (k3 = exp(ref - logp) - (ref - logp) - 1, unbiased and >= 0)."""
     ref_refresh_steps: int = 0
     """Copy the policy into the reference every N steps (0 = never; the cryptogram work used 64)."""
-    ref_mix: float = 1.0
+    ref_mix: float = ranged(1.0, FRACTION)
     """At a refresh, reference = mix * policy + (1 - mix) * reference (1.0 = plain copy)."""
     updates_per_batch: int = 1
     """Optimisation passes (mu) over each rollout batch; the sampling log-probs stay the 'old' ones."""
@@ -426,32 +457,32 @@ class AlgorithmConfig:
     overlong_buffer: int = 0
     """DAPO soft overlong punishment: the last N tokens before max_new_tokens cost up to
     overlong_penalty reward, linearly (0 = off)."""
-    overlong_penalty: float = 1.0
+    overlong_penalty: float = ranged(1.0, SCALE)
     """Reward lost by a completion that reaches max_new_tokens when overlong_buffer > 0."""
     reward_aggregation: Literal["sum", "normalize_then_sum"] = "sum"
     """How the `rewards` list becomes one reward: the weighted sum, or GDPO's normalize_then_sum (each
     reward z-scored within its group first, so a reward with a wide range cannot drown the others)."""
-    tis_cap: float = 3.0
+    tis_cap: float = ranged(3.0, TIS_CAP)
     """Truncated importance sampling against the rollout/training mismatch: each token's surrogate
     is weighted by min(pi_train / pi_sampler, tis_cap), from the log-probs the sampler recorded
     (a compiled or bf16 decode step is not the training forward); 0 = off. The mismatch is logged
     either way (mismatch_kl, tis_capped_fraction)."""
-    tis_floor: float = 0.0
+    tis_floor: float = ranged(0.0, FRACTION)
     """Lower bound of those weights, in (0, 1]; 0 = none. With tis_mode=token_mask, 0.5 and
     tis_cap=2 are IcePop's two-sided token masking."""
     tis_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
     """How the weights are taken and bounded (docs/algorithms.md): per token or per sequence (the
     row's summed log-ratio), clipped to [tis_floor, tis_cap] (truncate) or zeroed outside it (mask:
     sequence_mask is TRL's default, MIS)."""
-    off_policy_mask: float = 0.0
+    off_policy_mask: float = ranged(0.0, LOG_RATIO)
     """DeepSeek-V3.2's off-policy sequence masking: drop the rows of negative advantage whose mean
     log-ratio sampler / policy exceeds this (e.g. 0.5); 0 = off."""
-    teacher: str = ""
+    teacher: str = path_field("")
     """On-policy distillation: a model folder (or a LoRA adapter folder, or a hub id) whose log-probs
     of the student's own sampled tokens are the signal: each token's advantage gets
     -distill_weight * (log pi_student - log pi_teacher). It must share the policy's tokenizer and
     image-token layout (two sizes of one family do). "" = off. See docs/algorithms.md."""
-    distill_weight: float = 1.0
+    distill_weight: float = ranged(1.0, SCALE)
     """Weight of the teacher's per-token signal (the reverse KL) in the advantage; > 0 with a teacher."""
     distill_reward: Literal["keep", "drop"] = "keep"
     """With a teacher: keep the task's group advantage beside the teacher's signal, or drop it
@@ -497,9 +528,9 @@ class TrainConfig:
 
     steps: int = 100
     """Optimizer steps (each on a fresh rollout batch when updates_per_batch = 1)."""
-    lr: float = 1e-6
+    lr: float = ranged(1e-6, LEARNING_RATE)
     """Peak learning rate of AdamW."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, SCALE)
     """AdamW weight decay."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     """AdamW betas."""
@@ -512,7 +543,7 @@ class TrainConfig:
     rounding (unbiased), as do AdamW's moments: rounded to nearest, an update below half a unit in
     the last place (about |w| / 512) is lost, which is most RL steps at lr 1e-6 (stochastic_rounding.py).
     Same memory. No effect on float32 weights (LoRA adapters, CPU runs). false = round to nearest."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ranged(1.0, GRAD_NORM)
     """Clip the gradient norm (0 = no clipping)."""
     max_bad_steps: int = 3
     """An update whose loss or gradient is NaN/inf is skipped (no optimizer step; the lr schedule
@@ -656,7 +687,7 @@ class Config:
     alone may be given as text, `accuracy,format`; empty: the task's own score (the reward named `task`)."""
     seed: int = 0
     """Seed for weights init, sampling and data order."""
-    output_dir: str = "runs/default"
+    output_dir: str = path_field("runs/default")
     """Run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/, report.html."""
     resume: bool = False
     """Continue from the newest checkpoint in output_dir (exactly: same data, RNG and optimizer)."""
@@ -719,19 +750,57 @@ def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     return data | {"rewards": resolved}
 
 
+BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+                    (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+"""A text file's byte-order mark and its encoding (UTF-32's marks before UTF-16's, which they begin with)."""
+
+
+def decode_text(data: bytes, path: str | Path) -> str:
+    """The text of a config file's bytes: UTF-8, or what its byte-order mark says (UTF-8, UTF-16,
+    UTF-32); anything else a one-line VlmrlError saying what the bytes look like (UTF-16 without its
+    mark, a binary file, another encoding) and to save it as UTF-8."""
+    refuse = f"{path} is not a YAML text file: {{}}; save it as UTF-8 text"
+    for mark, encoding in BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            try:
+                return data[len(mark):].decode(encoding)
+            except UnicodeDecodeError as error:
+                raise VlmrlError(refuse.format(f"it starts with a {encoding.upper()} byte-order mark but {error.reason} "
+                                               f"at byte {error.start + len(mark)}")) from None
+    if b"\x00" in data:
+        for encoding in ("utf-32-le", "utf-32-be", "utf-16-le", "utf-16-be"):
+            try:
+                text = data.decode(encoding)
+            except UnicodeDecodeError:
+                continue
+            if all(c.isprintable() or c in "\t\n\r" for c in text):
+                raise VlmrlError(refuse.format(f"it is {encoding.upper()} text without a byte-order mark"))
+        nul = data.index(b"\x00")
+        raise VlmrlError(refuse.format(f"a NUL character (a binary file?) at byte {nul}"))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise VlmrlError(refuse.format(f"{error.reason} at byte {error.start} (not UTF-8)")) from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from `path` (UTF-8, or UTF-16 with its byte-order mark, as PyYAML reads bytes);
-    whatever is wrong is one line with the position: a syntax error, a key written twice in one
-    mapping, nesting deeper than fields.MAX_YAML_DEPTH, or bytes that are not such text."""
+    """A YAML mapping from `path` (its text by `decode_text`: UTF-8, or UTF-16/32 with its byte-order
+    mark); whatever is wrong is one line with the position: a folder or a missing file, a syntax error,
+    a key written twice in one mapping, nesting deeper than fields.MAX_YAML_DEPTH, or bytes that are
+    not such text."""
     path = Path(path)
+    if path.is_dir():
+        inside = path / "config.yaml"
+        hint = f"; the run's config is {inside}" if inside.is_file() else ""
+        raise VlmrlError(f"config file {str(path)!r} is a folder, not a YAML file{hint}")
     if not path.is_file():
         raise VlmrlError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.load(path.read_bytes(), Loader=StrictLoader)
+        data = yaml.load(decode_text(path.read_bytes(), path), Loader=StrictLoader)
     except OSError as error:
         raise VlmrlError(f"cannot read config file {str(path)!r}: {error.strerror or error}") from None
-    except yaml.reader.ReaderError as error:  # undecodable bytes, or a control character (a binary file)
-        raise VlmrlError(f"{path} is not a YAML text file: {error.reason} at byte {error.position}; save it as "
+    except yaml.reader.ReaderError as error:  # a control character
+        raise VlmrlError(f"{path} is not a YAML text file: {error.reason} at character {error.position}; save it as "
                          "UTF-8 text") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -777,23 +846,38 @@ def to_dict(config) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def saved_dict(config) -> dict[str, Any]:
+    """`to_dict(config)` as it is saved and shown (config.yaml, `vlmrl config`, trackers, the resume
+    check): without a secret. A reward service's URL is redacted (`vlmrl.urls.redact`: `***@`, `key=***`)
+    and a header value that is a secret itself becomes *** (`${NAME}` references stay). Such a file
+    still resumes the run with the config that holds the secrets (the resume check compares the saved
+    forms); given back as the config itself, it is refused in one line naming the reward."""
+    data = to_dict(config)
+    for entry in data.get("rewards") or []:
+        if isinstance(entry, dict) and is_url(entry.get("name")):
+            entry["name"] = redact(entry["name"])
+            entry["kwargs"] = saved_settings(entry.get("kwargs") or {})
+    return data
+
+
 def save_config(config, path: str | Path) -> None:
-    """Write `config` as YAML that `load_config` reads back to an equal config (whole or not at all;
-    a bad path or a full disk is one line, disk.py)."""
-    write_text(path, "the config", yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write `config` as YAML that `load_config` reads back to an equal config, secrets left out
+    (`saved_dict`); whole or not at all: a bad path or a full disk is one line, disk.py."""
+    write_text(path, "the config", yaml.safe_dump(saved_dict(config), sort_keys=False))
 
 
 # --------------------------------------------------------------------------- describing
 
 
-def describe(config, prefix: str = "") -> list[str]:
-    """`key = value  # doc` lines for every leaf field of `config`."""
+def describe(config, prefix: str = "", shown: dict[str, Any] | None = None) -> list[str]:
+    """`key = value  # doc` lines for every leaf field of `config`, values as saved (`saved_dict`)."""
     lines = []
     docs = field_docs(type(config))
+    shown = saved_dict(config) if shown is None else shown
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value):
-            lines.extend(describe(value, prefix + f.name + "."))
+            lines.extend(describe(value, prefix + f.name + ".", shown[f.name]))
         else:
-            lines.append(f"{prefix}{f.name} = {value!r}  # {docs.get(f.name, '')}")
+            lines.append(f"{prefix}{f.name} = {shown[f.name]!r}  # {docs.get(f.name, '')}")
     return lines

@@ -13,6 +13,12 @@ their values here, so a value means the same thing in both:
   Literal must be one of its choices; a union tries each option in turn; a dataclass is built from
   a mapping, recursively; a dict stays a dict; Any passes through.
 
+A number field may also carry a `Range` (declared once, with the field: `ranged(default, RANGE)`):
+`build` holds its value to it after the type and the instance's own `validate()`, so every float a run
+uses is bounded to what it is used as (a temperature whose exp() overflows float32, a weight whose
+weighted sum does: one line naming the key, the range and why). A text field that names a local path
+(`path_field`) has a leading `~` expanded to the home folder.
+
 A wrong value is a one-line VlmrlError naming the field and the type it must have; an unknown name
 is one naming the closest valid names. `Naming` says how a caller's messages name things
 ("train.lr", "parameter max_words of task 'cryptogram'"). No torch here: tasks import this module.
@@ -124,6 +130,60 @@ def read_text(text: str) -> Any:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError:
         return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a number field may take: [low, high] (or (low, high] with `low_open`), and why."""
+
+    low: float
+    high: float
+    why: str
+    low_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high  # NaN is in no range
+
+    def __str__(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+def ranged(default: float, bounds: Range) -> Any:
+    """A dataclass field with `default` whose value `build` holds to `bounds` (`check_ranges`)."""
+    return dataclasses.field(default=default, metadata={"range": bounds})
+
+
+def field_range(f: dataclasses.Field) -> Range | None:
+    """The Range a field was declared with (`ranged`), or None."""
+    return f.metadata.get("range")
+
+
+def check_ranges(instance: Any, naming: Naming = Naming(), prefix: str = "") -> None:
+    """A one-line VlmrlError for the first number field of dataclass `instance` outside its Range:
+    `algorithm.sapo_tau_pos must be in [0.01, 100] (why); got 1e+300`."""
+    for f in dataclasses.fields(instance):
+        bounds, value = field_range(f), getattr(instance, f.name)
+        if (bounds is not None and isinstance(value, numbers.Real) and not isinstance(value, bool)
+                and value not in bounds):
+            raise VlmrlError(f"{naming.name(prefix + f.name)} must be in {bounds} ({bounds.why}); got {value}")
+
+
+def path_field(default: str) -> Any:
+    """A dataclass field of text that names a local path: `build` expands a leading `~` (`~/runs` is
+    the home folder's runs/, never a folder named `~`), as a shell would."""
+    return dataclasses.field(default=default, metadata={"path": True})
+
+
+def expand_home(value: str, name: str) -> str:
+    """`value` with a leading `~` or `~user` expanded; a VlmrlError naming field `name` when it names
+    no home folder."""
+    if not value.startswith("~"):
+        return value
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):
+        raise VlmrlError(f"{name}: {value!r} starts with a ~ that names no home folder here; write the whole path")
+    return expanded
 
 
 # --------------------------------------------------------------------------- docs and names
@@ -245,7 +305,7 @@ def closest(name: str, candidates: typing.Iterable[str]) -> list[str]:
 
 def build(cls: type, data: Mapping[str, Any], naming: Naming = Naming(), prefix: str = "") -> Any:
     """`cls(**data)` for dataclass `cls`, each value coerced to its field's type hint, then the
-    instance's `validate()` (when it has one) called. Keys are named `prefix + name` in errors; an
+    instance's `validate()` (when it has one) called and its fields' Ranges checked. Keys are named `prefix + name` in errors; an
     unknown one is a VlmrlError with the closest valid keys (or its new name, see Naming.renamed)."""
     if not isinstance(data, Mapping):
         raise VlmrlError(f"{cls.__name__} needs a mapping of field names to values, got {data!r}")
@@ -258,10 +318,14 @@ def build(cls: type, data: Mapping[str, Any], naming: Naming = Naming(), prefix:
         if name not in names:
             raise _unknown(prefix + str(name), [prefix + n for n in names], naming)
         values[name] = coerce(hints[name], value, prefix + name, naming)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("path") and isinstance(values.get(f.name), str):
+            values[f.name] = expand_home(values[f.name], naming.name(prefix + f.name))
     instance = cls(**values)
     validate = getattr(instance, "validate", None)
     if callable(validate):
         validate()
+    check_ranges(instance, naming, prefix)
     return instance
 
 

@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from vlmrl.config import MAX_EVAL_EXAMPLES, GenerationSettings, RolloutConfig
+from vlmrl.config import MAX_EVAL_EXAMPLES, GenerationSettings, RolloutConfig, saved_dict
 from vlmrl.disk import output_folder, safe_filename, write_text
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.evaluation.eval_settings import (
@@ -335,7 +335,7 @@ def evaluate(model, processor, task: Task, examples: list[Example], settings: Ev
     if passes.real.tool_stats:  # means over the greedy answers: calls, invalid_calls, turns, cut
         results["tools"] = mean_scores(passes.real.tool_stats)
     records = _records(examples, passes, samples_correct, k)
-    run_settings = {"task": task.name, "task_params": asdict(task.params), **asdict(settings)}
+    run_settings = {"task": task.name, "task_params": asdict(task.params), **saved_dict(settings)}  # no secret
     return Evaluation(results=results, records=records, settings=run_settings)
 
 

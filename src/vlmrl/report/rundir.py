@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from vlmrl.errors import VlmrlError
+from vlmrl.urls import redact_text
 
 ROLLOUT_FILE = re.compile(r"step_(\d+)\.jsonl")
 TRAINER_EVAL_FILE = re.compile(r"step_(\d+)_(.+)\.json")
@@ -27,7 +28,7 @@ class RunDir:
 
     path: Path
     config_text: str | None = None
-    """config.yaml as written (None when missing)."""
+    """config.yaml as written, every URL in it redacted (None when missing)."""
     config: dict = field(default_factory=dict)
     """config.yaml parsed ({} when missing or unreadable)."""
     metrics: list[dict] = field(default_factory=list)
@@ -58,7 +59,7 @@ def read_run_dir(path: str | Path) -> RunDir:
                          "not a run directory, or a run that has not logged a step yet")
     config_file = path / "config.yaml"
     if config_file.is_file():
-        run.config_text = config_file.read_text(errors="replace")
+        run.config_text = redact_text(config_file.read_text(errors="replace"))  # a run of an older vlmrl saved URLs whole
         try:
             loaded = yaml.safe_load(run.config_text)
             run.config = loaded if isinstance(loaded, dict) else {}

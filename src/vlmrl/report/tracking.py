@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 from typing import Protocol
 
-from vlmrl.config import Config, to_dict
+from vlmrl.config import Config, saved_dict
 from vlmrl.disk import writing
 from vlmrl.errors import VlmrlError, warn
 
@@ -138,9 +138,9 @@ def build_trackers(config: Config, run_dir: Path, resume_step: int | None = None
         if name == "tensorboard":
             sinks.append(TensorBoardSink(run_dir / "tensorboard", resume_step=resume_step))
         elif name == "wandb":
-            sinks.append(WandbSink(config.train.tracker_project, run_dir, to_dict(config), resume_step))
+            sinks.append(WandbSink(config.train.tracker_project, run_dir, saved_dict(config), resume_step))
         elif name == "trackio":
-            sinks.append(TrackioSink(config.train.tracker_project, run_dir.name, to_dict(config)))
+            sinks.append(TrackioSink(config.train.tracker_project, run_dir.name, saved_dict(config)))
         else:
             raise unknown_tracker(name)
     return Trackers(sinks)

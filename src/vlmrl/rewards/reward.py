@@ -23,6 +23,7 @@ from vlmrl.fields import closest
 from vlmrl.imports import is_import_spec, load_object
 from vlmrl.rewards.builtin import BUILTIN, completion_text
 from vlmrl.rewards.http import http_reward, is_url
+from vlmrl.urls import host, redact
 
 PASSED = ("prompts", "completions", "completion_ids", "answer", "images", "examples", "trajectories")
 """The keywords vlmrl passes every reward (besides the data's columns), each a list per completion:
@@ -104,8 +105,8 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
     """The Reward of one entry: `spec` (a name, import path or URL), its weight, the keyword arguments
     bound to it, and the name it is logged under (default: the built-in's or the function's)."""
     kwargs = dict(kwargs or {})
-    if is_url(spec):  # a service, logged under its host: its kwargs are its settings
-        return Reward(label or spec.split("//", 1)[1].split("/", 1)[0], http_reward(spec, kwargs), weight, None, (), spec)
+    if is_url(spec):  # a service, logged under its host (never its userinfo), shown redacted; kwargs: its settings
+        return Reward(label or host(spec), http_reward(spec, kwargs), weight, None, (), redact(spec))
     name, fn = _function(spec, task)
     takes, needs = _signature(fn, spec)
     unknown = sorted(set(kwargs) - takes) if takes is not None else []

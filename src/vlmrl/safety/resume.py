@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from vlmrl.config import Config, to_dict
+from vlmrl.config import Config, saved_dict, to_dict
 from vlmrl.data.fingerprint import differences
 from vlmrl.errors import VlmrlError, warn
 
@@ -103,7 +103,7 @@ def changes(saved: dict, config: Config) -> tuple[list[str], list[str]]:
     change the run's meaning, and those that do not, each as `key: old -> new`. A key the saved
     config lacks (written by an older vlmrl) is taken at its default; one it has that `config` has
     not (removed since) is left out."""
-    new = flatten(yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))  # as it reads back
+    new = flatten(yaml.safe_load(yaml.safe_dump(saved_dict(config), sort_keys=False)))  # as it reads back, as saved
     default = flatten(yaml.safe_load(yaml.safe_dump(to_dict(Config()), sort_keys=False)))
     old = flatten(saved)
     keys = [key for key in dict.fromkeys([*new, *old]) if not key.startswith(NOT_COMPARED)

@@ -59,7 +59,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmrl.config import load_config, read_yaml, to_dict
+from vlmrl.config import load_config, read_yaml, saved_dict
 from vlmrl.disk import writing
 from vlmrl.errors import Stopped, VlmrlError, require, warn
 from vlmrl.fields import Naming, build
@@ -231,7 +231,7 @@ class Run:
         output_dir, resume and resume_changes), and the spec digest of each preparatory run it uses
         (`digests`: by name; the warm start's under "warm_start", the before runs' under "before")."""
         try:
-            config = to_dict(load_config(self.spec.config, self.overrides(study, final_models(prepared))))
+            config = saved_dict(load_config(self.spec.config, self.overrides(study, final_models(prepared))))  # no secret
         except VlmrlError as error:
             raise VlmrlError(f"{self.who} ({self.spec.config}): {error}") from error
         config.pop("output_dir"), config.pop("resume"), config.pop("resume_changes")

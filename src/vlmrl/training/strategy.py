@@ -18,7 +18,10 @@ accelerate's ValueError on every process; yes/no settings mean what accelerate t
 under FSDP2 (vlmrl shards, accelerate's plugin never sees the model) mixed precision, parameter
 offload, activation checkpointing, a sharding strategy other than FULL_SHARD and a dynamo backend;
 under ZeRO-3 mixed precision, offload, zero3_init_flag and a DeepSpeed config file. Under DDP and
-ZeRO-3 accelerate itself compiles the model it prepares when a dynamo backend is set.
+ZeRO-3 accelerate itself compiles the model it prepares when a dynamo backend is set. Under DDP and
+on one process, accelerate's mixed precision is ignored (the Accelerator is made with
+mixed_precision="no": vlmrl never autocasts, its weights' dtype is model.dtype), with one warning
+naming that setting.
 
 The preflight's first line is `Strategy.line()`: `processes: 2, strategy: FSDP2, backend: gloo`.
 """
@@ -33,7 +36,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DynamoBackend, InitProcessGroupKwargs
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, warn
 from vlmrl.models.support import deepspeed_accelerator_named
 
 STRATEGIES = ("single", "DDP", "FSDP2", "ZeRO-3")
@@ -171,7 +174,17 @@ def make_accelerator(device: str, env: Mapping[str, str]) -> Accelerator:
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         return Accelerator(cpu=False, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
-    return Accelerator(cpu=device == "cpu" or not cuda)
+    return Accelerator(cpu=device == "cpu" or not cuda, mixed_precision="no")  # vlmrl's dtype: model.dtype
+
+
+def warn_ignored_precision(env: Mapping[str, str]) -> None:
+    """DDP or one process: accelerate's mixed_precision, which vlmrl does not apply, named in one
+    warning (by the main process) with the setting that does it."""
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if precision not in ("no", "") and env.get("RANK", "0") == "0":
+        warn(f"mixed_precision: {precision} in the accelerate config is ignored (vlmrl does not autocast): the "
+             "weights' dtype is model.dtype; set model.dtype=bfloat16 (or float16) in vlmrl, and mixed_precision: "
+             "'no' there")
 
 
 def refuse_unrunnable(env: Mapping[str, str]) -> None:
@@ -253,6 +266,7 @@ def settle_strategy(engaged: str, processes: int, backend: str | None, device: s
                          "without GPUs add --multi_gpu, or launch with a config file "
                          "(accelerate launch --config_file configs/accelerate/ddp.yaml -m vlmrl ...)")
     if asked is None:
+        warn_ignored_precision(env)
         return Strategy(processes, "DDP" if processes > 1 else "single", backend)
     refuse_unrunnable(env)
     if asked == "FSDP2" and engaged in ("FSDP", "MULTI_CPU"):  # GPUs; CPU processes (accelerate runs DDP)
