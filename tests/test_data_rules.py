@@ -214,3 +214,24 @@ def test_the_fingerprint_covers_the_images_the_rows_name(tmp_path):
 
     prints = DatasetTask(DatasetParams(), data=ds).data_fingerprint()  # a Python object: its split and the files
     assert len(prints) == 4 and list(prints)[0] == "split train"
+
+
+def test_a_config_reads_its_code_from_its_folder_and_its_data_from_the_working_folder(tmp_path, monkeypatch):
+    """A task file named in a config was read from the working folder while a reward file beside it was
+    read from the config's folder (issue 51, A8): both are the config's code now; data stays the
+    working folder's."""
+    from vlmrl.config import load_config
+
+    folder = tmp_path / "experiment"
+    folder.mkdir()
+    (folder / "mytask.py").write_text("from vlmrl.tasks.dataset import DatasetTask\n"
+                                      "class Mine(DatasetTask):\n    name = 'mine'\n")
+    (folder / "config.yaml").write_text("task:\n  name: mytask.py:Mine\n  params: {path: data/train.jsonl}\n"
+                                        "rewards: [reward.py:accuracy]\n")
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = load_config(folder / "config.yaml")
+    assert config.task.name == f"{folder / 'mytask.py'}:Mine"
+    assert config.rewards[0].name == f"{folder / 'reward.py'}:accuracy"
+    assert config.task.params["path"] == "data/train.jsonl"  # read from the working folder, as given
+    assert load_config(None, ["task.name=mytask.py:Mine"]).task.name == "mytask.py:Mine"  # the command line's
