@@ -9,9 +9,12 @@ explicit `columns` mapping wins), served in a seeded order (data/order.py).
 A `videos` (or `video`) column holds video file paths (one or a list per row), found when the data
 loads (a missing file is a bad row then) and decoded with PyAV when an example is made
 (tasks/video_file.py: `video_fps` frames a second, at most `max_frames`; a file that will not
-decode is a bad row then, under `on_bad_row`). Every image of a row is kept, in order: where the prompt has `<image>` markers they are placed
-there (a marker count that differs from the image count is a bad row), else they come before the
-text. Relative image paths are read from the data file's folder, then the source folder. The
+decode is a bad row then, under `on_bad_row`; a `<video>` marker count that differs from the
+video count is a bad row at load). Every image of a row is kept, in order: where the prompt has
+`<image>` markers they are placed there (a marker count that differs from the image count is a bad
+row), else they come before the text. Relative image and video paths are read from the data file's
+folder, then the source folder, and every file read must lie inside the data folder or `media_root`
+(data/paths.py). The
 columns of a row other than the prompt and the images (the answer's own column too, by its name, as
 TRL passes `solution`) reach the rewards as `example.meta["columns"]`.
 
