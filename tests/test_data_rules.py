@@ -235,3 +235,10 @@ def test_a_config_reads_its_code_from_its_folder_and_its_data_from_the_working_f
     assert config.rewards[0].name == f"{folder / 'reward.py'}:accuracy"
     assert config.task.params["path"] == "data/train.jsonl"  # read from the working folder, as given
     assert load_config(None, ["task.name=mytask.py:Mine"]).task.name == "mytask.py:Mine"  # the command line's
+
+
+def test_csv_splits_are_read_each_with_its_own_header(tmp_path):
+    (tmp_path / "train.csv").write_text("question,answer,level\nq1,007,1\nq2,08,2\n")
+    (tmp_path / "test.csv").write_text("question,answer\nq3,09\n")
+    task = get_task("dataset", path=str(tmp_path), shuffle=False)
+    assert [task.example(i).answer for i in range(2)] + [task.example(0, "test").answer] == ["007", "08", "09"]

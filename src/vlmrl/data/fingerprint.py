@@ -51,12 +51,12 @@ def fingerprint(source: Source, named: Iterable[Path] = ()) -> dict[str, str]:
     if found is not None:
         root, files = found
         prints = {_relative(path, root): file_digest(path) for path in files}
-    else:
-        root = Path.cwd()
+    else:  # no folder: the files by their absolute paths (the same from any working folder)
+        root = None
         prints = {f"split {name}": f"{len(ds)} rows, datasets fingerprint {ds._fingerprint}"
                   for name, ds in sorted(source.splits.items())}
     for path in sorted(set(named)):
-        prints.setdefault(_relative(path, root.resolve()), file_digest(path))
+        prints.setdefault(_relative(path, root.resolve()) if root is not None else str(path), file_digest(path))
     return prints
 
 

@@ -37,7 +37,7 @@ def preview(value: Any) -> str:
 def shown(path: Any) -> str:
     """A path as written, quoted, cut when long."""
     text = str(path)
-    return repr(text if len(text) <= PREVIEW * 2 else f"{text[:PREVIEW * 2]}... ({len(text)} characters)")
+    return repr(text if len(text) <= PREVIEW * 4 else f"{text[:PREVIEW * 4]}... ({len(text)} characters)")
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,7 @@ def _open_path_or_id(source: str) -> Source:
             return Source(dict(loaded), {name: (path,) for name in loaded}, name=source, root=path)
         if path.exists():
             builder, data_files = local_files(path)
-            text = {"features": _csv_features(data_files), "keep_default_na": False} if builder == "csv" else {}
-            loaded = datasets.load_dataset(builder, data_files=data_files, **text)
+            loaded = _read_csv(data_files) if builder == "csv" else datasets.load_dataset(builder, data_files=data_files)
             root = path if path.is_dir() else path.parent
             folders = {split: (Path(files[0]).parent, root) for split, files in data_files.items()}
             return Source(dict(loaded), folders, data_files, name=source, root=root)
@@ -131,15 +130,21 @@ def _csv_header(path: str | Path) -> list[str]:
     return [str(name) for name in pandas.read_csv(path, nrows=0).columns]
 
 
-def _csv_features(data_files: dict[str, list[str]]):
-    """Every column of the CSV files a string: the text the file holds (None when the files do not
-    share one header: then the `datasets` loader says so)."""
+def _read_csv(data_files: dict[str, list[str]]) -> dict[str, Any]:
+    """{split: Dataset} of CSV files, every column a string (the text the file holds, a blank cell ""),
+    each split read with its own header (a test file may lack a column the train file has)."""
     import datasets
 
-    headers = {tuple(_csv_header(f)) for files in data_files.values() for f in files}
-    if len(headers) != 1:
-        return None
-    return datasets.Features({name: datasets.Value("string") for name in headers.pop()})
+    splits = {}
+    for split, files in data_files.items():
+        headers = {tuple(_csv_header(f)) for f in files}
+        if len(headers) != 1:
+            raise VlmrlError(f"the csv files of split {split!r} have different columns: "
+                             f"{' vs '.join(str(list(h)) for h in sorted(headers))[:300]}")
+        features = datasets.Features({name: datasets.Value("string") for name in headers.pop()})
+        splits[split] = datasets.load_dataset("csv", data_files={split: files}, features=features,
+                                              keep_default_na=False)[split]
+    return splits
 
 
 def _metadata_csv_features(path: Path):
