@@ -72,11 +72,12 @@ def test_image_values_are_decoded_or_named_in_one_short_line(tmp_path):
             {"question": "q3", "answer": "a", "image": {"bytes": "not base64 at all!" * 50, "path": None}},
             {"question": "q4", "answer": "a", "image": "A" * 8000},
             {"question": "q5", "answer": "a", "image": {"url": "x.png"}},
-            {"question": "q6", "answer": "a", "image": {"bytes": base64.b64encode(b"no picture").decode()}}]
+            {"question": "q6", "answer": "a", "image": {"bytes": base64.b64encode(b"no picture").decode()}},
+            {"question": "q7", "answer": "a", "image": "data:image/svg+xml,<svg></svg>"}]
     task = load(jsonl(tmp_path / "train.jsonl", rows), on_bad_row="skip")
     assert [task.example(i).images[0].getpixel((0, 0)) for i in range(2)] == [(0, 0, 255), (0, 0, 255)]
     messages = bad(task)
-    assert sorted(messages) == [2, 3, 4, 5, 6]
+    assert sorted(messages) == [2, 3, 4, 5, 6, 7]
     assert all(len(m.split("): ", 1)[1]) < 250 and "\n" not in m and m.startswith(f"row {row} of split 'train'")
                for row, m in messages.items())
     assert "the image column holds list \"['x.png']\", not an image" in messages[2]
@@ -85,6 +86,8 @@ def test_image_values_are_decoded_or_named_in_one_short_line(tmp_path):
     assert "image path 'AAAA" in messages[4] and "is no file name this system can open (OSError)" in messages[4]
     assert "a dict with keys ['url']" in messages[5]
     assert "the image's `bytes` (base64) are not an image PIL can read" in messages[6]
+    assert messages[7].endswith("the image column holds str 'data:image/svg+xml,<svg></svg>': a data: URI of an "
+                                "image is data:image/TYPE;base64,DATA")
 
 
 def test_reads_stay_in_the_data_folder_unless_media_root_allows_more(tmp_path):

@@ -38,8 +38,9 @@ def source_files(source: Source) -> tuple[Path, list[Path]] | None:
     if path is None or not path.exists():
         return None
     root = path if path.is_dir() else path.parent
-    if not named:  # a save_to_disk folder: all of it (arrow files, state.json, dataset_info.json)
-        named = sorted(p for p in root.rglob("*") if p.is_file())
+    if not named:  # a save_to_disk folder or an imagefolder: all of it, but links out of it (data/paths.py)
+        inside = root.resolve()
+        named = sorted(p for p in root.rglob("*") if p.is_file() and p.resolve().is_relative_to(inside))
     return root, named
 
 

@@ -85,7 +85,8 @@ def image_file(value: Any, where: Media = Media()) -> Path | None:
     `where` (data/paths.py); None for a value that holds its image (bytes, a data: URI, a PIL image)."""
     if isinstance(value, dict) and set(value) <= IMAGE_KEYS and not value.get("bytes"):
         value = value.get("path")
-    if not isinstance(value, str) or not value or _DATA_URI.match(value) or value.startswith(("http://", "https://")):
+    if not isinstance(value, str) or not value or value[:5].lower() == "data:" or \
+            value.startswith(("http://", "https://")):
         return None
     return media_file(value, where, "image")
 
@@ -118,6 +119,9 @@ def open_image(value: Any, where: Media = Media()) -> Image.Image:
     if isinstance(value, str):
         if _DATA_URI.match(value):
             return _from_text(value, "the image's data: URI")
+        if value[:5].lower() == "data:":
+            raise BadImage(f"the image column holds {preview(value)}: a data: URI of an image is "
+                           "data:image/TYPE;base64,DATA")
         return _open_file(value, where)
     raise BadImage(f"the image column holds {preview(value)}, not an image, image bytes, a path or a "
                    "data:image/...;base64, URI")
