@@ -256,13 +256,13 @@ def test_geometry_s_file_parameters_are_the_dataset_task_s_and_all_reach_its_loa
 
     shared = [f.name for f in dataclasses.fields(FileParams) if f.name != "seed"]
     assert shared == ["train_split", "test_split", "test_fraction", "split_seed", "shuffle", "max_image_side",
-                      "max_pixels", "on_bad_row", "check_images", "format_weight"]
+                      "max_pixels", "on_bad_row", "check_images", "format_weight", "media_root"]
     assert issubclass(GeometryParams, FileParams) and issubclass(DatasetParams, FileParams)
     assert GeometryParams.__dict__["__dataclass_fields__"]["shuffle"].default is False
     assert DatasetParams().shuffle is True and GeometryParams(source="procedural").shuffle is False
     given = {"train_split": "train", "test_split": "test", "test_fraction": 0.3, "split_seed": 4, "shuffle": True,
              "max_image_side": 40, "max_pixels": 5000, "on_bad_row": "skip", "check_images": False,
-             "format_weight": 0.25}
+             "format_weight": 0.25, "media_root": str(data)}
     task = get_task("geometry", source=str(data / "geometry3k"), **given)
     loader = task.files.params
     assert {name: getattr(loader, name) for name in shared} == given

@@ -128,7 +128,7 @@ def test_a_dataset_row_s_video_files_become_its_videos_and_a_bad_one_is_a_bad_ro
     task = get_task("dataset", path=str(tmp_path / "train.jsonl"), test_fraction=0, shuffle=False,
                     on_bad_row="skip", video_fps=1, max_frames=8)
     assert task.bad_rows == [("train", 2, "row 2 of split 'train' (" + str(tmp_path / "train.jsonl")
-                                + "): video file 'missing.mkv' not found (looked in " + str(tmp_path) + ")")]
+                                + "): video file 'missing.mkv' does not exist (looked in " + str(tmp_path) + ")")]
     first = task.example(0)
     assert len(first.videos) == 1 and first.videos[0].timestamps == pytest.approx((0.0, 1.0))  # 1 a second
     assert greys(first.videos[0]) == [0, 2] and first.prompt.startswith("Which way? <video>")
@@ -141,7 +141,7 @@ def test_a_dataset_row_s_video_files_become_its_videos_and_a_bad_one_is_a_bad_ro
     assert list(guard.bad) == [2] and "cannot read video file" in guard.bad[2]
     with pytest.raises(VlmrlError, match="max_frames must be an integer >= 1"):
         get_task("dataset", path=str(tmp_path / "train.jsonl"), max_frames=0)
-    with pytest.raises(VlmrlError, match=r"fps must be > 0 \(or none: every frame\), got 0"):
+    with pytest.raises(VlmrlError, match=r"^video_fps must be > 0, got 0.0$"):  # the key the user wrote
         get_task("dataset", path=str(tmp_path / "train.jsonl"), video_fps=0)
 
 
@@ -246,3 +246,41 @@ def test_a_video_row_past_the_first_batch_on_a_family_without_video_stops_before
     assert ("error: 1 row of the data holds a video, and the model's processor (Idefics3Processor) takes none: "
             "`vlmrl models` lists the families that take video") in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_video_rows_are_checked_as_image_rows_and_read_inside_the_data_folder(tmp_path, monkeypatch):
+    """Two <video> markers for one video, a PNG taken as a 1-frame video, a video path looked up from the
+    working folder or outside the data folder, and video_fps=inf: each one line (issue 51, B11 and B15)."""
+    import json
+
+    from PIL import Image
+
+    from vlmrl.tasks import get_task
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write(data / "clip.mkv", [0, 500, 1000])
+    write(tmp_path / "elsewhere.mkv", [0, 500])
+    Image.new("RGB", (16, 16), "red").save(data / "still.png")
+    rows = [{"question": "Which way? <video>", "answer": "left", "video": "clip.mkv"},
+            {"question": "<video> then <video>?", "answer": "right", "video": "clip.mkv"},
+            {"question": "Out?", "answer": "up", "video": "../elsewhere.mkv"},
+            {"question": "Here?", "answer": "down", "video": "elsewhere.mkv"},
+            {"question": "Still?", "answer": "down", "video": "still.png"}]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)  # elsewhere.mkv is in the working folder: a video path used to be looked up there
+    task = get_task("dataset", path="data/train.jsonl", test_fraction=0, shuffle=False, on_bad_row="skip")
+    assert {row: message.split(": ", 1)[1] for _, row, message in task.bad_rows} == {
+        1: "the prompt has 2 <video> markers but the row has 1 videos",
+        2: f"video file '../elsewhere.mkv' is outside the data folder {data}: paths in a data file are read from its "
+           "folder; set task.params.media_root=FOLDER to allow reading there",
+        3: "video file 'elsewhere.mkv' does not exist (looked in data)"}
+    assert len(task.example(0).videos[0].frames) == 3
+    with pytest.raises(VlmrlError, match=r"^row 4 of split 'train': file '.*still.png' is a still image \(png\), "
+                                         r"not a video file: give images in the image column$"):
+        task.example(1)
+    allowed = get_task("dataset", path="data/train.jsonl", test_fraction=0, shuffle=False, on_bad_row="skip",
+                       media_root=str(tmp_path))
+    assert [row for _, row, _ in allowed.bad_rows] == [1, 3] and len(allowed.example(1).videos[0].frames) == 2
+    with pytest.raises(VlmrlError, match=r"^video_fps must be a finite number of frames a second, got inf$"):
+        get_task("dataset", path="data/train.jsonl", video_fps=float("inf"))

@@ -739,8 +739,12 @@ def check_config(config: Config) -> Config:
 
 
 def with_files_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """`data` with the `file.py:function` rewards of a config file made absolute from its folder (a
-    reward named on the command line is read from the working directory)."""
+    """`data` with the code a config file names as `file.py:name` (its rewards and its task) made
+    absolute from its folder (one named on the command line is read from the working directory); the
+    paths of data, models and output folders are read from the working directory (docs/data.md)."""
+    task = data.get("task")
+    if isinstance(task, dict) and isinstance(task.get("name"), str):
+        data = data | {"task": task | {"name": resolve_file(task["name"], folder)}}
     entries = data.get("rewards")
     if not isinstance(entries, list):
         return data

@@ -17,10 +17,12 @@ content become `<image>` markers in the prompt text. No torch here.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from vlmrl.data.paths import preview
 from vlmrl.errors import VlmrlError
 
 KEYS = ("prompt", "answer", "images", "reference", "system", "videos")
@@ -29,6 +31,9 @@ ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 IMAGE_COLUMNS = ("images", "image")
 VIDEO_COLUMNS = ("videos", "video")
 MARKER = "<image>"
+VIDEO_MARKER = "<video>"
+SYSTEM_ROLES = ("system", "developer")
+"""Chat roles read as the system prompt (OpenAI's `developer` turn is its system turn)."""
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -92,7 +97,19 @@ def detect(names: list[str], explicit: dict[str, str] | None = None) -> Columns:
     if not columns.answer and columns.reference != columns.prompt:
         raise VlmrlError(f"cannot tell which column holds the answer among {names}; "
                          "name it: task.params.columns={answer: COLUMN}")
+    shows_answer(columns)
     return columns
+
+
+def shows_answer(columns: Columns) -> None:
+    """VlmrlError when the prompt or the system prompt would be read from the gold answer's column
+    (or from a dict column holding it): the model would be shown what it is scored against."""
+    for key in ("prompt", "system"):
+        shown = getattr(columns, key)
+        for gold in (columns.answer, columns.answer_fallback):
+            if shown and gold and (gold == shown or gold.startswith(shown + ".")):
+                raise VlmrlError(f"columns: {key}<-{shown} would show the model the gold answer (answer<-{gold}); "
+                                 f"map {key} to the question's column: task.params.columns={{{key}: COLUMN}}")
 
 
 def _detected(names: list[str]) -> dict[str, str]:
@@ -156,12 +173,12 @@ def read_text(row: dict[str, Any], columns: Columns) -> RowText:
     """The prompt, answer, reference and system prompt of `row`; BadRow saying what is missing."""
     system, prompt, reference = "", value_at(row, columns.prompt), ""
     if isinstance(prompt, list):
-        system, prompt, reference = split_chat(prompt, keep_reference=columns.reference == columns.prompt)
+        system, prompt, reference = split_chat(prompt, columns.prompt, keep_reference=columns.reference == columns.prompt)
     elif columns.reference:
-        reference = _text(value_at(row, columns.reference))
+        reference = _text(value_at(row, columns.reference), columns.reference)
     if columns.system and columns.system != columns.prompt:
-        system = _text(value_at(row, columns.system))
-    prompt = _text(prompt)
+        system = _text(value_at(row, columns.system), columns.system)
+    prompt = _text(prompt, columns.prompt)
     if not prompt.strip():
         raise BadRow(f"column {columns.prompt!r} is empty")
     solution, answer = _answer(row, columns, reference)
@@ -175,50 +192,81 @@ def _answer(row: dict[str, Any], columns: Columns, reference: str) -> tuple[str,
         if not answer:
             raise BadRow("the conversation has no assistant turn to read the answer from")
         return reference, answer
-    value = _text(value_at(row, columns.answer)).strip()
+    value = _text(value_at(row, columns.answer), columns.answer).strip()
     if columns.answer.split(".")[-1] != "solution":
         if not value:
             raise BadRow(f"column {columns.answer!r} is empty")
         return "", value
-    answer = answer_from_solution(value) or _text(value_at(row, columns.answer_fallback) if columns.answer_fallback
-                                                  else None).strip()
+    fallback = columns.answer_fallback
+    answer = answer_from_solution(value) or _text(value_at(row, fallback) if fallback else None, fallback).strip()
     if not answer and not columns.strict_solution:
         answer = value
     if not answer:
-        fallback = f" and {columns.answer_fallback} is empty" if columns.answer_fallback else ""
-        raise BadRow(f"its solution has no <answer> or \\boxed{{}} answer{fallback}")
+        empty = f" and {fallback} is empty" if fallback else ""
+        raise BadRow(f"its solution has no <answer> or \\boxed{{}} answer{empty}")
     return value, answer
 
 
-def split_chat(messages: list[Any], keep_reference: bool) -> tuple[str, str, str]:
-    """(system, prompt, reference) of chat messages: system turns, user turns (image parts as
-    `<image>` markers), and with `keep_reference` the last assistant turn; BadRow for any other
-    assistant turn (multi-turn prompts are not RL prompts)."""
-    turns = [m for m in messages if isinstance(m, dict)]
+def split_chat(messages: list[Any], column: str, keep_reference: bool) -> tuple[str, str, str]:
+    """(system, prompt, reference) of chat messages: system (and `developer`, OpenAI's system) turns,
+    user turns (image and video parts as `<image>` and `<video>` markers), and with `keep_reference`
+    the last assistant turn; BadRow for a turn that is no {role, content} dict, a role other than
+    these, or any other assistant turn (multi-turn prompts are not RL prompts)."""
+    for k, turn in enumerate(messages):
+        if not isinstance(turn, dict):
+            raise BadRow(f"turn {k} of column {column!r} is {preview(turn)}, not a {{role, content}} dict")
+    turns = list(messages)
     reference = ""
     if keep_reference and turns and turns[-1].get("role") == "assistant":
-        reference = _content(turns.pop().get("content"))
-    if any(t.get("role") not in ("system", "user") for t in turns):
-        raise BadRow("the prompt holds an assistant turn: give the prompt as user (and system) turns only, "
-                     "the assistant's answer apart")
-    system = "\n".join(_content(t.get("content")) for t in turns if t.get("role") == "system")
-    prompt = "\n".join(_content(t.get("content")) for t in turns if t.get("role") == "user")
+        reference = _content(turns.pop().get("content"), column)
+    for k, turn in enumerate(turns):
+        role = turn.get("role")
+        if role == "assistant":
+            raise BadRow("the prompt holds an assistant turn: give the prompt as user (and system) turns only, "
+                         "the assistant's answer apart")
+        if role not in (*SYSTEM_ROLES, "user"):
+            raise BadRow(f"turn {k} of column {column!r} has role {preview(role)}; a prompt's turns are system "
+                         "(or developer), user and a last assistant turn")
+    system = "\n".join(_content(t.get("content"), column) for t in turns if t.get("role") in SYSTEM_ROLES)
+    prompt = "\n".join(_content(t.get("content"), column) for t in turns if t.get("role") == "user")
     return system, prompt, reference
 
 
-def _content(content: Any) -> str:
-    """A chat turn's content as text: a string, or a list of parts (image parts -> `<image>`)."""
-    if isinstance(content, list):
-        return "".join(MARKER if isinstance(part, dict) and part.get("type") == "image"
-                       else str(part.get("text") or "") if isinstance(part, dict) else str(part)
-                       for part in content)
-    return _text(content)
+PART_MARKERS = {"image": MARKER, "video": VIDEO_MARKER}
+"""Chat content parts that stand for media, as the markers that place them."""
 
 
-def _text(value: Any) -> str:
-    """A cell as text: "" for null, a list's items joined (verl's ground truth may be a list)."""
-    if value is None:
+def _content(content: Any, column: str) -> str:
+    """A chat turn's content as text: a string, or a list of parts (text parts, image and video parts
+    as markers); BadRow for any other part."""
+    if not isinstance(content, list):
+        return _text(content, column)
+    text = []
+    for part in content:
+        if isinstance(part, str):
+            text.append(part)
+        elif isinstance(part, dict) and part.get("type") in PART_MARKERS:
+            text.append(PART_MARKERS[part["type"]])
+        elif isinstance(part, dict) and part.get("type") in ("text", None) and isinstance(part.get("text"), (str, type(None))):
+            text.append(part.get("text") or "")
+        else:
+            what = f"of type {part.get('type')!r}" if isinstance(part, dict) else preview(part)
+            raise BadRow(f"column {column!r} holds a content part {what}; parts are text, image or video "
+                         "(the images themselves in the image column)")
+    return "".join(text)
+
+
+def _text(value: Any, column: str) -> str:
+    """A cell as text: a string as it is, "" for null, an integer or a float as the number it is
+    (JSON has no other way to write 7; NaN, a missing cell, is ""), a list's items joined (verl's ground truth may be a list);
+    BadRow naming the column for any other value (a dict or a bool is no text: `str()` made
+    `{'x': 1}` and `True` answers silently)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # a missing cell of a float column
         return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
     if isinstance(value, (list, tuple)):
-        return ", ".join(_text(v) for v in value)
-    return str(value)
+        return ", ".join(_text(v, column) for v in value)
+    raise BadRow(f"column {column!r} holds {preview(value)}, not text or a number")

@@ -14,7 +14,12 @@ A source is one of:
 - a Hugging Face hub id, read from the local cache (no download when HF_HUB_OFFLINE=1: then one line
   says it is not cached);
 - a `datasets.Dataset` (the train split) or `datasets.DatasetDict` from Python.
-Empty files and splits are errors. No torch here.
+Empty files and splits are errors. A CSV file is text: every column is read as the text its cells
+hold (`007` stays `007`, `12` stays `12` beside a blank or `1e3`, a blank cell is "" and `NA` stays
+`NA`; an imagefolder's metadata.csv the same, but for its blank and NA cells, which the `datasets`
+library reads as empty), never retyped by the type inference that made the gold answer `7` or `12.0`.
+A load that fails is one line with the cause the `datasets` library wraps ("An error occurred while
+generating the dataset" hid a JSON parse error or an imagefolder file_name that escapes). No torch here.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class Source:
     """Split name -> its data files (empty for save_to_disk folders, hub ids and Python objects)."""
     name: str = ""
     """How the source was given (a path, a hub id, or "a datasets object")."""
+    root: Path | None = None
+    """The data folder: the folder given, or the data file's folder (None for a hub id or a Python
+    object). The files its rows name are read inside it (data/paths.py)."""
 
 
 def open_source(source: Any) -> Source:
@@ -68,16 +76,16 @@ def _open_path_or_id(source: str) -> Source:
         if path.is_dir() and _saved_to_disk(path):
             loaded = datasets.load_from_disk(str(path))
             splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-            return Source(splits, {name: (path,) for name in splits}, name=source)
+            return Source(splits, {name: (path,) for name in splits}, name=source, root=path)
         if path.is_dir() and _imagefolder(path):
-            loaded = datasets.load_dataset("imagefolder", data_dir=str(path))
-            return Source(dict(loaded), {name: (path,) for name in loaded}, name=source)
+            loaded = datasets.load_dataset("imagefolder", data_dir=str(path), features=_metadata_csv_features(path))
+            return Source(dict(loaded), {name: (path,) for name in loaded}, name=source, root=path)
         if path.exists():
             builder, data_files = local_files(path)
-            loaded = datasets.load_dataset(builder, data_files=data_files)
+            loaded = _read_csv(data_files) if builder == "csv" else datasets.load_dataset(builder, data_files=data_files)
             root = path if path.is_dir() else path.parent
             folders = {split: (Path(files[0]).parent, root) for split, files in data_files.items()}
-            return Source(dict(loaded), folders, data_files, name=source)
+            return Source(dict(loaded), folders, data_files, name=source, root=root)
         return Source(dict(datasets.load_dataset(source)), name=source)
     except VlmrlError:
         raise
@@ -85,7 +93,76 @@ def _open_path_or_id(source: str) -> Source:
         if not path.exists():
             raise VlmrlError(f"data source {source!r} is not a local file or folder, {hub_problem(error)}: give a "
                              ".json/.jsonl/.csv/.parquet file, a folder of them, or a hub dataset id") from error
-        raise VlmrlError(f"cannot load data source {source!r}: {type(error).__name__}: {one_line(error)}") from error
+        cause = root_cause(error)
+        raise VlmrlError(f"cannot load data source {source!r}: {type(cause).__name__}: {short(one_line(cause))}") \
+            from error
+
+
+MAX_CAUSE = 300
+"""Characters of a loader's message kept in the one line (a JSON parse error may quote a whole row)."""
+
+
+def short(text: str, limit: int = MAX_CAUSE) -> str:
+    """`text` cut to `limit` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The error a `datasets` wrapper hides: "An error occurred while generating the dataset"
+    (DatasetGenerationError) says nothing of its cause, which it holds as `__cause__` (else
+    `__context__`); the first error of the chain that is no such wrapper."""
+    import datasets
+
+    seen: set[int] = set()
+    while isinstance(error, datasets.exceptions.DatasetGenerationError) and id(error) not in seen:
+        seen.add(id(error))
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
+    return error
+
+
+def _csv_header(path: str | Path) -> list[str]:
+    """The column names of a CSV file as pandas (the `datasets` csv loader) reads them."""
+    import pandas
+
+    return [str(name) for name in pandas.read_csv(path, nrows=0).columns]
+
+
+def _read_csv(data_files: dict[str, list[str]]) -> dict[str, Any]:
+    """{split: Dataset} of CSV files, every column a string (the text the file holds, a blank cell ""),
+    each split read with its own header (a test file may lack a column the train file has)."""
+    import datasets
+
+    splits = {}
+    for split, files in data_files.items():
+        headers = {tuple(_csv_header(f)) for f in files}
+        if len(headers) != 1:
+            raise VlmrlError(f"the csv files of split {split!r} have different columns: "
+                             f"{' vs '.join(str(list(h)) for h in sorted(headers))[:300]}")
+        features = datasets.Features({name: datasets.Value("string") for name in headers.pop()})
+        splits[split] = datasets.load_dataset("csv", data_files={split: files}, features=features,
+                                              keep_default_na=False)[split]
+    return splits
+
+
+def _metadata_csv_features(path: Path):
+    """An imagefolder's features when its metadata files are CSV: each `file_name` column its image
+    column (`x_file_name` -> `x`), every other column a string; None otherwise (typed metadata)."""
+    import datasets
+
+    files = [p for p in path.rglob("metadata.*") if p.name in METADATA_FILES]
+    headers = {tuple(_csv_header(p)) for p in files if p.suffix == ".csv"}
+    if len(headers) != 1 or any(p.suffix != ".csv" for p in files):
+        return None
+    features = {}
+    for name in headers.pop():
+        if name == "file_name" or name.endswith("_file_name"):
+            features[name[: -len("_file_name")] or "image"] = datasets.Image()
+        else:
+            features[name] = datasets.Value("string")
+    return datasets.Features(features)
 
 
 def hub_problem(error: Exception) -> str:

@@ -9,9 +9,12 @@ explicit `columns` mapping wins), served in a seeded order (data/order.py).
 A `videos` (or `video`) column holds video file paths (one or a list per row), found when the data
 loads (a missing file is a bad row then) and decoded with PyAV when an example is made
 (tasks/video_file.py: `video_fps` frames a second, at most `max_frames`; a file that will not
-decode is a bad row then, under `on_bad_row`). Every image of a row is kept, in order: where the prompt has `<image>` markers they are placed
-there (a marker count that differs from the image count is a bad row), else they come before the
-text. Relative image paths are read from the data file's folder, then the source folder. The
+decode is a bad row then, under `on_bad_row`; a `<video>` marker count that differs from the
+video count is a bad row at load). Every image of a row is kept, in order: where the prompt has
+`<image>` markers they are placed there (a marker count that differs from the image count is a bad
+row), else they come before the text. Relative image and video paths are read from the data file's
+folder, then the source folder, and every file read must lie inside the data folder or `media_root`
+(data/paths.py). The
 columns of a row other than the prompt and the images (the answer's own column too, by its name, as
 TRL passes `solution`) reach the rewards as `example.meta["columns"]`.
 
@@ -32,15 +35,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmrl.data.columns import MARKER, Columns, RowText, detect, read_text, value_at
-from vlmrl.data.images import BadImage, NoImage, image_values, load_image
+from vlmrl.data.columns import MARKER, VIDEO_MARKER, Columns, RowText, detect, read_text, value_at
+from vlmrl.data.images import NoImage, image_file, image_values, load_image
 from vlmrl.data.fingerprint import fingerprint
 from vlmrl.data.order import draw_row, held_out
+from vlmrl.data.paths import Media, media, media_file, preview
 from vlmrl.data.sources import Source, open_source
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.tasks.base import Example, Task, TaskParams, check, register_task
@@ -94,10 +99,18 @@ class FileParams(TaskParams):
     bad image stops the run at the step that reaches it."""
     format_weight: float = 0.5
     """Weight of the format component in the total."""
+    media_root: str = ""
+    """The folder image and video files may be read from. Empty: the data folder (the folder given as
+    the path, or the data file's folder), so a data file cannot make a run read files elsewhere and
+    copy them into rollout logs and the report; a path naming a file outside it is a bad row. Set it
+    (e.g. /data/images, or / for anywhere) when the rows name files elsewhere; paths in a data file
+    are still relative to the data file's folder."""
 
     def validate_files(self) -> None:
         """VlmrlError in one line for a file parameter out of range."""
         check(0.0 <= self.test_fraction < 1.0, f"test_fraction must be in [0, 1), got {self.test_fraction}")
+        check(not self.media_root or Path(self.media_root).expanduser().is_dir(),
+              f"media_root {self.media_root!r} is not a folder")
         check(self.max_image_side >= 0, f"max_image_side must be >= 0, got {self.max_image_side}")
         check(self.max_pixels >= 0, f"max_pixels must be >= 0, got {self.max_pixels}")
         check(self.on_bad_row in ON_BAD_ROW, f"on_bad_row must be error or skip, got {self.on_bad_row!r}")
@@ -129,7 +142,7 @@ class DatasetParams(FileParams):
     markers: str = "place"
     """`<image>` markers in the prompt: place (each image at its marker) or drop (removed; images first)."""
     video_fps: float = 2.0
-    """Frames per second kept from each video file (the first frame at or after each step)."""
+    """Frames per second kept from each video file (the first frame at or after each step); > 0."""
     max_frames: int = 16
     """Most frames kept from each video file, spread evenly over those `video_fps` keeps."""
 
@@ -140,7 +153,9 @@ class DatasetParams(FileParams):
         check(self.markers in MARKERS, f"markers must be place or drop, got {self.markers!r}")
         check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         check(isinstance(self.split_seed, int), f"split_seed must be an integer, got {self.split_seed!r}")
-        check_sampling(self.video_fps, self.max_frames)
+        check("{prompt}" in self.template, f"template must hold {{prompt}} (where the row's question goes), got "
+              f"{self.template[:60]!r}: without it every example would ask the same thing")
+        check_sampling(self.video_fps, self.max_frames, ("video_fps", "max_frames"), none=False)
 
 
 def choice_letter(text: str) -> str | None:
@@ -194,26 +209,47 @@ class Loaded:
     """Dataset split -> the dataset's other columns (no images), for example.meta["columns"]."""
     videos: dict[str, list[list[Path]]] = field(default_factory=dict)
     """Dataset split -> each row's video files (found when the data loads; decoded per example)."""
+    media: dict[str, Media] = field(default_factory=dict)
+    """Dataset split -> where its rows' relative paths are looked up and reads are kept (data/paths.py)."""
+    files: set[Path] = field(default_factory=set)
+    """The image and video files the rows name (resolved), for the data fingerprint."""
     bad_rows: list[tuple[str, int, str]] = field(default_factory=list)
     """(dataset split, row, what is wrong) of the rows left out (on_bad_row=skip)."""
 
 
-def video_files(value: Any, folders: tuple[Path, ...]) -> list[Path]:
-    """A row's video files: one path or a list of them, each absolute or relative to the data file's
-    folder, then the source folder; VlmrlError naming a path that is not a file there."""
-    paths = [value] if isinstance(value, (str, Path)) else list(value or [])
-    folders = tuple(dict.fromkeys(str(folder) for folder in folders))  # the data file's folder may be the source's
+def video_files(value: Any, where: Media) -> list[Path]:
+    """A row's video files: one path or a list of them, read as image paths are (data/paths.py:
+    relative to the data file's folder, then the source folder, inside the data folder or
+    media_root); VlmrlError naming a path that is not a file there."""
+    paths = [value] if isinstance(value, (str, Path)) else list(value) if isinstance(value, (list, tuple)) else \
+        [] if value is None else [value]
     found = []
     for path in paths:
         if not isinstance(path, (str, Path)) or not str(path):
-            raise VlmrlError(f"a video is a file path; got {path!r}")
-        candidates = [Path(path)] if Path(path).is_absolute() else [Path(folder) / path for folder in folders]
-        hit = next((c for c in candidates + [Path(path)] if c.is_file()), None)
-        if hit is None:
-            raise VlmrlError(f"video file {str(path)!r} not found" + (f" (looked in {', '.join(map(str, folders))})"
-                                                                      if folders else ""))
-        found.append(hit)
+            raise VlmrlError(f"a video is a file path; got {preview(path)}")
+        found.append(media_file(str(path), where, "video"))
     return found
+
+
+def named_images(values: list[Any], at: Media) -> list[Path]:
+    """The files among a row's image values that name one that is there (with check_images=false a
+    path not checked at load is not counted: its row says what is wrong when it is drawn)."""
+    found = []
+    for value in values:
+        try:
+            path = image_file(value, at)
+        except VlmrlError:
+            continue
+        if path is not None:
+            found.append(path)
+    return found
+
+
+def datasets_json() -> type:
+    """The `datasets` feature of a column whose cells have mixed types (each stored as JSON text)."""
+    from datasets.features import Json
+
+    return Json
 
 
 def image_columns(ds: Any) -> list[str]:
@@ -286,13 +322,14 @@ class DatasetTask(Task):
                  if files else f" of {data.source.name}")
         texts: list[RowText | None] = []
         videos: list[list[Path]] = []
+        at = data.media[name] = media(data.source.folders.get(name, ()), data.source.root, self.params.media_root)
         for i, row in enumerate(text_table):
             files: list[Path] = []  # one entry per row, a bad row's too: rows are read by index
             try:
                 values = self._image_values(data, name, i)
-                folders = data.source.folders.get(name, ())
-                files = video_files(value_at(row, columns.videos), folders) if columns.videos else []
-                texts.append(self._checked(row, columns, values, folders))
+                files = video_files(value_at(row, columns.videos), at) if columns.videos else []
+                texts.append(self._checked(row, columns, values, at, len(files)))
+                data.files.update(files, named_images(values, at))
             except VlmrlError as error:
                 texts.append(None)
                 data.bad_rows.append((name, i, f"row {i} of split {name!r}{where}: {error}"))
@@ -304,9 +341,12 @@ class DatasetTask(Task):
         table = data.images[split]
         if table is None:
             return []
-        return image_values(table[row:row + 1].column(data.columns.images).to_pylist()[0])
+        value = table[row:row + 1].column(data.columns.images).to_pylist()[0]
+        if isinstance(table.features.get(data.columns.images), datasets_json()) and isinstance(value, str):
+            value = json.loads(value)  # a column of mixed types: the `datasets` library stores each cell as JSON
+        return image_values(value)
 
-    def _checked(self, row: dict[str, Any], columns: Columns, values: list[Any], folders: tuple[Path, ...]) -> RowText:
+    def _checked(self, row: dict[str, Any], columns: Columns, values: list[Any], where: Media, videos: int) -> RowText:
         """The text parts of a row whose answer, images and markers are good; VlmrlError saying why not."""
         p = self.params
         text = read_text(row, columns)
@@ -314,10 +354,12 @@ class DatasetTask(Task):
             raise NoImage("no image")
         if p.check_images:
             for value in values:
-                load_image(value, folders, p.max_pixels, p.max_image_side)
-        markers = self.prompt_text(text).count(MARKER)
-        if markers and markers != len(values):
-            raise VlmrlError(f"the prompt has {markers} {MARKER} markers but the row has {len(values)} images")
+                load_image(value, where, p.max_pixels, p.max_image_side)
+        prompt = self.prompt_text(text)
+        for marker, count, what in ((MARKER, len(values), "images"), (VIDEO_MARKER, videos, "videos")):
+            markers = prompt.count(marker)
+            if markers and markers != count:
+                raise VlmrlError(f"the prompt has {markers} {marker} markers but the row has {count} {what}")
         return text
 
     def _report_bad_rows(self, data: Loaded) -> None:
@@ -383,8 +425,9 @@ class DatasetTask(Task):
 
     def data_fingerprint(self) -> dict[str, str]:
         """Each data file's size and hash (each split's `datasets` fingerprint for a hub id or a
-        Python object): compared on resume (safety/resume.py)."""
-        return fingerprint(self._data.source)
+        Python object), and each image and video file the rows name: compared on resume
+        (safety/resume.py)."""
+        return fingerprint(self._data.source, self._data.files)
 
     def row_of(self, idx: int, split: str) -> tuple[str, int]:
         """(dataset split, row) served as example `idx` of `split` (see the module docstring)."""
@@ -410,9 +453,9 @@ class DatasetTask(Task):
         source_split, row = self.row_of(idx, split)
         text = data.texts[source_split][row]
         try:
-            images = [load_image(value, data.source.folders.get(source_split, ()), p.max_pixels, p.max_image_side)
+            images = [load_image(value, data.media[source_split], p.max_pixels, p.max_image_side)
                       for value in self._image_values(data, source_split, row)]
-        except BadImage as error:  # only with check_images=false: the rows were not decoded at load
+        except VlmrlError as error:  # only with check_images=false: the rows were not decoded at load
             raise VlmrlError(f"row {row} of split {source_split!r}: {error}") from error
         try:  # decoded here, not at load: a file that will not decode is a bad row (on_bad_row) when drawn
             videos = [read_video(path, p.video_fps, p.max_frames) for path in data.videos[source_split][row]]

@@ -6,8 +6,8 @@ first frame: a variable frame rate stays as it was recorded), takes at most `fps
 from the first to the last (a 10000-frame file is decoded once for its times and once for the frames
 kept, never held whole). What a file can get wrong is one line (`VlmrlError`), never a traceback:
 a missing file, one that is not a video or is cut short before its first frame, a file with no
-frames, a frame of another size than the first (a resolution change), and an `fps` or `max_frames`
-that is not positive. A file cut short or damaged after its first frames (FFmpeg decodes what it
+frames, a still image (a PNG or JPEG opens in FFmpeg as a video of one frame), a frame of another
+size than the first (a resolution change), and an `fps` or `max_frames` that is not positive. A file cut short or damaged after its first frames (FFmpeg decodes what it
 can and stops without an error) is one line too, found against what the file declares: frames that
 end more than `CUT_SLACK_S` (and two frame intervals) before its video's declared end (the stream's
 duration, else the container's when the video is its only stream; not the frame count, which an
@@ -30,12 +30,20 @@ plus its own duration, which a variable frame rate (a still held at the end) can
 cut within its last half second decodes to the frames it still has."""
 
 
-def check_sampling(fps: float | None, max_frames: int | None) -> None:
-    """VlmrlError unless fps (frames per second to keep) and max_frames are positive or None."""
-    if fps is not None and not fps > 0:
-        raise VlmrlError(f"fps must be > 0 (or none: every frame), got {fps}")
-    if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1):
-        raise VlmrlError(f"max_frames must be an integer >= 1 (or none: no limit), got {max_frames!r}")
+def check_sampling(fps: float | None, max_frames: int | None, names: tuple[str, str] = ("fps", "max_frames"),
+                   none: bool = True) -> None:
+    """VlmrlError unless fps (frames per second to keep) is positive and finite and max_frames a
+    positive integer (or, with `none`, None); the message names them as `names` (a dataset's
+    `video_fps`, whose None is no value)."""
+    if fps is not None or not none:
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+            raise VlmrlError(f"{names[0]} must be > 0{' (or none: every frame)' if none else ''}, got {fps!r}")
+        if fps == math.inf:
+            raise VlmrlError(f"{names[0]} must be a finite number of frames a second, got {fps!r}")
+    if (max_frames is not None or not none) and (isinstance(max_frames, bool) or not isinstance(max_frames, int)
+                                                 or max_frames < 1):
+        raise VlmrlError(f"{names[1]} must be an integer >= 1{' (or none: no limit)' if none else ''}, "
+                         f"got {max_frames!r}")
 
 
 def sampled(times: list[float], fps: float | None, max_frames: int | None) -> list[int]:
@@ -107,6 +115,10 @@ def _frames(av, path: Path):
     with av.open(str(path)) as container:
         if not container.streams.video:
             raise VlmrlError(f"file {str(path)!r} holds no video stream")
+        demuxer = container.format.name  # a still image opens as one frame: png_pipe, jpeg_pipe, image2 ...
+        if demuxer.endswith("_pipe") or demuxer == "image2":
+            raise VlmrlError(f"file {str(path)!r} is a still image ({demuxer.removesuffix('_pipe')}), not a video "
+                             "file: give images in the image column")
         for number, frame in enumerate(container.decode(video=0)):
             if frame.time is None:
                 frame.pts = number  # a stream without timestamps: one frame per second
