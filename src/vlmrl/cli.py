@@ -143,7 +143,8 @@ def _eval(args: argparse.Namespace) -> None:
     flags = {"max_new_tokens": args.max_new_tokens, "tools": args.tools, "max_turns": args.max_turns,
              "tool_image_side": args.tool_image_side, "decode": args.decode,
              "rewards": None if args.reward is None else [parse_override(f"reward={item}")[1] for item in args.reward]}
-    run = resolve_run_eval(args.model, args.task, _params(args.params, f"task {args.task!r}" if args.task else "the run's task"),
+    params = _params(args.params, f"task {args.task!r}" if args.task else "the run's task")
+    run = resolve_run_eval(args.model, args.task, params,
                            {name: value for name, value in flags.items() if value is not None})
     if run.line():
         print(run.line(), flush=True)
