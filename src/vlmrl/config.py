@@ -78,6 +78,9 @@ rollouts take a few to a few dozen turns, each one a generate call."""
 MAX_TOOL_TIMEOUT_S = 3600
 """Longest a call of your own tool may run (rollout.tool_timeout_s): an hour, while every rollout of
 the step waits for it; the worker's wait overflows past about 10**8 seconds."""
+MAX_REWARD_TIMEOUT_S = 3600
+"""Longest a call of a reward function of your own may run (rewards[].timeout_s): an hour, while the step
+waits for it; the worker's wait overflows past about 10**8 seconds (rewards/contain.py MAX_TIMEOUT_S)."""
 MAX_LORA_RANK = 16384
 """Largest LoRA rank (model.lora.r): the widest language models have a hidden size of 16,384 or
 less, and a rank equal to the hidden size is already a full-rank update."""
@@ -218,11 +221,17 @@ class RewardConfig:
     """Keyword arguments bound to the function (for a service: timeout_s, retries)."""
     label: str = ""
     """The name it is logged under (reward/<label>); default: the built-in's or the function's name."""
+    timeout_s: float | None = None
+    """Seconds one call (a batch) of a function of your own may run before the run stops with a checkpoint
+    (default 120); not for a built-in or `task` (they run untimed), nor a service (its kwargs: timeout_s)."""
 
     def validate(self) -> None:
         require((bool(self.name.strip()), "a reward needs a name (a built-in, module:function, file.py:function or "
                                           "URL; see docs/rewards.md)"),
                 (math.isfinite(self.weight), f"reward {self.name}: weight must be finite; got {self.weight}"))
+        if self.timeout_s is not None:
+            require((self.timeout_s > 0, f"reward {self.name}: timeout_s must be > 0; got {self.timeout_s}"),
+                    at_most(f"reward {self.name}: timeout_s", self.timeout_s, MAX_REWARD_TIMEOUT_S))
 
 
 def reward_entry(entry: Any, key: str) -> RewardConfig:
