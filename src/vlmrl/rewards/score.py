@@ -68,7 +68,9 @@ def own_copy(keywords: dict[str, list]) -> dict[str, list]:
     """`keywords` with lists and dicts of their own, at every depth (the conversations and their messages,
     the image lists, the columns' values), and copies of the examples (`_example_copy`); every other
     object (an image, a trajectory) is shared."""
-    return {name: [_example_copy(e) for e in values] if name == "examples" else _own(values)
+    copies: dict[int, Any] = {}  # one copy per example (a group's G completions share theirs)
+    return {name: [copies.setdefault(id(e), _example_copy(e)) if id(e) not in copies else copies[id(e)]
+                   for e in values] if name == "examples" else _own(values)
             for name, values in keywords.items()}
 
 
