@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,26 @@ def test_the_trainer_never_imports_a_worker_reward_and_sends_only_what_it_takes(
     assert score_batch(rewards, [example(), example()], ["a", "b"]) == {"loud": [0.0, 0.0], "texts": [2.0, 2.0]}
     with pytest.raises(VlmrlError, match=r"reward '.*loud.py:nothere': .*loud.py has no 'nothere'"):
         build_rewards(entries(f"{tmp_path}/loud.py:nothere"))
+
+
+def test_a_reward_module_that_exits_or_hangs_at_import_is_one_line_and_the_trainer_goes_on(tmp_path, monkeypatch):
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\ndef f(completions):\n    return []\n")
+    with pytest.raises(VlmrlError, match=r"^reward '.*exits_at_import.py:f': cannot load it in the worker: "
+                                         r"SystemExit: 3$"):
+        build_rewards(entries(f"{tmp_path}/exits_at_import.py:f"))
+    (tmp_path / "hangs_at_import.py").write_text("import threading\nthreading.Event().wait()\n")
+    monkeypatch.setattr("vlmrl.worker.LOAD_S", 1.0)
+    with pytest.raises(VlmrlError, match=r"reward '.*hangs_at_import.py:f': the reward worker did not load the job "
+                                         r"within 1 s"):
+        build_rewards(entries(f"{tmp_path}/hangs_at_import.py:f"))
+
+
+def test_a_function_from_python_whose_module_the_worker_cannot_import_runs_here_contained(monkeypatch):
+    made = types.ModuleType("made_at_run_time")
+    exec("import sys\ndef quits(completions):\n    sys.exit(0)\n", made.__dict__)
+    monkeypatch.setitem(sys.modules, "made_at_run_time", made)
+    with pytest.raises(RewardError, match=r"^reward 'quits' \(made_at_run_time:quits\) failed: SystemExit: 0 \|"):
+        score_batch(build_rewards(entries("made_at_run_time:quits")), [example()], ["x"])
 
 
 def test_a_reward_that_fails_in_the_worker_stops_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, letter_task):

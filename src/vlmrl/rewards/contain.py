@@ -14,7 +14,9 @@ A function of your own runs either
   error), not the run; a thread or a process it starts dies with the worker; a changed working folder
   or torch grad mode never reaches the trainer.
 - in the trainer's process, contained (`in_process`), when it cannot: a function of `__main__` (a
-  notebook's or a script's; the worker cannot import a script without running it again). Any
+  notebook's or a script's; the worker cannot import a script without running it again), or one given
+  from Python whose module the worker cannot import (made at run time, found by a path the worker
+  lacks). Any
   exception, SystemExit included, is an error of the call (KeyboardInterrupt stays the trainer's);
   the trainer's working folder and torch's grad mode, default dtype and thread count are put back after
   each call; a thread it leaves running (which would keep the process from exiting) is an error; a
@@ -61,13 +63,29 @@ class RewardFailed(Exception):
     """A reward of your own failed; the text completes "reward NAME (SPEC) ..."."""
 
 
+class _NotInWorker(VlmrlError):
+    """The worker could not load the function (its module does not import there, or lacks it)."""
+
+
 class _TimedOut(BaseException):
     """Raised inside an in-process reward past its limit (a BaseException: `except Exception` in it lets it by)."""
 
 
-def runs_in_worker(spec: str) -> bool:
-    """Whether the reward at import path `spec` runs in the reward worker (not a function of `__main__`)."""
-    return split_spec(spec, "reward")[0] != "__main__"
+def contained(spec: str, timeout_s: float) -> tuple[str, Callable[..., Any]]:
+    """(the default name, the function) of the reward of your own at import path `spec`: run in the
+    reward worker, or in this process when the worker cannot find it (see the module's docstring)."""
+    module = split_spec(spec, "reward")[0]
+    if module != "__main__":
+        try:
+            fn = InWorker(spec, timeout_s)
+            return fn.__name__, fn
+        except _NotInWorker:
+            if module not in sys.modules:  # imported here already: given from Python (else: its import failed)
+                raise
+    fn = load_object(spec, "reward")
+    if not callable(fn):
+        raise VlmrlError(f"reward {spec!r} must name a function; got {type(fn).__name__}")
+    return getattr(fn, "__name__", spec.rpartition(":")[2]), in_process(fn, timeout_s)
 
 
 # --------------------------------------------------------------------------- in the reward worker
@@ -123,8 +141,8 @@ class InWorker:
         except WorkerTimeout:
             raise VlmrlError(f"reward {spec!r}: reading its signature took over {DESCRIBE_S:g} s") from None
         except WorkerFailed as error:
-            raise VlmrlError(f"reward {spec!r}: {str(error).removeprefix('cannot load it in the worker: VlmrlError: ')}"
-                             ) from None
+            raise _NotInWorker(f"reward {spec!r}: {str(error).removeprefix('cannot load it in the worker: VlmrlError: ')}"
+                               ) from None
         if isinstance(described, str):
             raise VlmrlError(f"reward {spec!r} {described}")
         name, parameters = described

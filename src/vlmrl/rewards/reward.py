@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import closest
-from vlmrl.imports import is_import_spec, load_object
+from vlmrl.imports import is_import_spec
 from vlmrl.rewards.builtin import BUILTIN, completion_text
-from vlmrl.rewards.contain import TIMEOUT_S, InWorker, in_process, runs_in_worker
+from vlmrl.rewards.contain import TIMEOUT_S, contained
 from vlmrl.rewards.http import http_reward, is_url
 
 PASSED = ("prompts", "completions", "completion_ids", "answer", "images", "examples", "trajectories")
@@ -95,14 +95,8 @@ def _function(spec: str, task, timeout_s: float | None) -> tuple[str, Callable[.
         return TASK, task_reward(task)
     if spec in BUILTIN:
         return spec, BUILTIN[spec]
-    if is_import_spec(spec) and runs_in_worker(spec):
-        fn = InWorker(spec, timeout_s or TIMEOUT_S)
-        return fn.__name__, fn
     if is_import_spec(spec):
-        fn = load_object(spec, "reward")
-        if not callable(fn):
-            raise VlmrlError(f"reward {spec!r} must name a function; got {type(fn).__name__}")
-        return getattr(fn, "__name__", spec.rpartition(":")[2]), in_process(fn, timeout_s or TIMEOUT_S)
+        return contained(spec, timeout_s or TIMEOUT_S)
     close = closest(spec, [*BUILTIN, TASK])
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise VlmrlError(f"unknown reward {spec!r}; {hint}built-in: {', '.join([*BUILTIN, TASK])}; or your own as "
