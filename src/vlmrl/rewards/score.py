@@ -86,7 +86,7 @@ def _own(value: Any) -> Any:
 def _example_copy(example):
     """A copy of `example` whose lists and dicts (meta, the image lists) are its own; the images shared."""
     mine = copy.copy(example)
-    for name, value in vars(example).items():
+    for name, value in getattr(example, "__dict__", {}).items():
         if isinstance(value, (list, dict)):
             setattr(mine, name, _own(value))
     return mine
