@@ -74,6 +74,8 @@ class _TimedOut(BaseException):
 def contained(spec: str, timeout_s: float) -> tuple[str, Callable[..., Any]]:
     """(the default name, the function) of the reward of your own at import path `spec`: run in the
     reward worker, or in this process when the worker cannot find it (see the module's docstring)."""
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # the config checks it too (config.MAX_REWARD_TIMEOUT_S)
+        raise VlmrlError(f"reward {spec!r}: timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g}; got {timeout_s}")
     module = split_spec(spec, "reward")[0]
     if module != "__main__":
         try:
