@@ -401,7 +401,9 @@ def test_a_reward_function_given_from_python_is_kept_as_its_import_path():
 
     config = Config(rewards=[shout, {"name": "format", "weight": 0.5}])
     assert [r.name for r in config.rewards] == [f"{__name__}:shout", "format"]
-    assert build_rewards(config.rewards)[0].fn is shout
+    reward = build_rewards(config.rewards)[0]
+    assert reward.fn.spec == f"{__name__}:shout"  # run by that name in the reward worker (contain.py)
+    assert score_batch([reward], [example()], ["LOUD"]) == {"shout": [1.0]}
     with pytest.raises(VlmrlError, match=r"rewards\[0\]: a reward function given from Python must be defined at the "
                                          r"top level of a module"):
         Config(rewards=[lambda completions: completions])

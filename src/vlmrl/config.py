@@ -80,6 +80,9 @@ rollouts take a few to a few dozen turns, each one a generate call."""
 MAX_TOOL_TIMEOUT_S = 3600
 """Longest a call of your own tool may run (rollout.tool_timeout_s): an hour, while every rollout of
 the step waits for it; the worker's wait overflows past about 10**8 seconds."""
+MAX_REWARD_TIMEOUT_S = 3600
+"""Longest a call of a reward function of your own may run (rewards[].timeout_s): an hour, while the step
+waits for it; the worker's wait overflows past about 10**8 seconds (rewards/contain.py MAX_TIMEOUT_S)."""
 MAX_LORA_RANK = 16384
 """Largest LoRA rank (model.lora.r): the widest language models have a hidden size of 16,384 or
 less, and a rank equal to the hidden size is already a full-rank update."""
@@ -241,19 +244,25 @@ class RewardConfig:
     """Keyword arguments bound to the function (for a service: timeout_s, retries, backoff_s, headers)."""
     label: str = ""
     """The name it is logged under (reward/<label>); default: the built-in's or the function's name."""
+    timeout_s: float | None = None
+    """Seconds one call (a batch) of a function of your own may run before the run stops with a checkpoint
+    (default 120); not for a built-in or `task` (they run untimed), nor a service (its kwargs: timeout_s)."""
 
     def validate(self) -> None:
         require((bool(self.name.strip()), "a reward needs a name (a built-in, module:function, file.py:function or "
                                           "URL; see docs/rewards.md)"),
                 (math.isfinite(self.weight), f"reward {redact(self.name)}: weight must be finite; got {self.weight}"))
         check_ranges(self, Naming(label=f"reward {redact(self.name)}: {{key}}"))  # also one built in Python
+        if self.timeout_s is not None:
+            require((self.timeout_s > 0, f"reward {redact(self.name)}: timeout_s must be > 0; got {self.timeout_s}"),
+                    at_most(f"reward {redact(self.name)}: timeout_s", self.timeout_s, MAX_REWARD_TIMEOUT_S))
         if is_url(self.name):  # a service's settings are checked here, when the config is read
             check_settings(self.name, self.kwargs)
 
     def __repr__(self) -> str:  # a service's URL and header secrets redacted (a notebook, an error line)
         kwargs = saved_settings(self.kwargs) if is_url(self.name) else self.kwargs
         return (f"RewardConfig(name={redact(self.name) if is_url(self.name) else self.name!r}, weight={self.weight!r}, "
-                f"kwargs={kwargs!r}, label={self.label!r})")
+                f"kwargs={kwargs!r}, label={self.label!r}, timeout_s={self.timeout_s!r})")
 
 
 def reward_entry(entry: Any, key: str) -> RewardConfig:

@@ -5,7 +5,9 @@
   the TRL habit, used to fail at step 1 with an AttributeError);
 - every built-in reward that compares with the gold answer reads that answer and gives it full marks
   (written as `<answer>gold</answer>`, `\\boxed{gold}` or bare: the best of the three): a gold answer
-  a verifier cannot read would score every completion 0, or None, silently.
+  a verifier cannot read would score every completion 0, or None, silently;
+- a run trains on some reward (`check_weights`): with every weight 0 the total is 0 and nothing is
+  learnt, unless a teacher gives the signal (distillation, the rewards logged beside it).
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ def check_gold(reward: Reward, examples: list) -> None:
             raise VlmrlError(f"reward {reward.name!r} {read} as the gold answer of {example.meta.get('split', 'train')} "
                              f"example {example.meta.get('idx', '?')} ({gold[:80]!r}): fix the answer column, or "
                              f"use a reward that reads such answers")
+
+
+def check_weights(rewards: list[Reward], teacher: bool) -> None:
+    """VlmrlError when every reward has weight 0 in a run without a teacher: it would train on a total of 0."""
+    if rewards and not teacher and all(r.weight == 0 for r in rewards):
+        raise VlmrlError(f"every reward has weight 0 ({', '.join(r.name for r in rewards)}): the run would train on a "
+                         "total of 0; give one a weight (0 only logs a reward)")
 
 
 def check_rewards(rewards: list[Reward], task, examples: list) -> None:

@@ -7,6 +7,9 @@ is `[task]`: the task's own score, as before there was a list. Every function is
 TRL calls its reward functions (score.py): once per batch, with the keywords of PASSED and every
 column of the data, each a list with one item per completion, and gives back one value per completion.
 
+A function of your own runs in the reward worker, or contained in this process, within its
+`timeout_s` (contain.py).
+
 `check_arguments` refuses, before any model loads, a function that needs an argument that is neither a
 keyword vlmrl passes nor a column of the data, or that is given a `kwargs` entry it does not take.
 """
@@ -20,8 +23,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import closest
-from vlmrl.imports import is_import_spec, load_object
+from vlmrl.imports import is_import_spec
 from vlmrl.rewards.builtin import BUILTIN, completion_text
+from vlmrl.rewards.contain import TIMEOUT_S, contained
 from vlmrl.rewards.http import http_reward, is_url
 from vlmrl.urls import host, redact
 
@@ -81,8 +85,11 @@ def _signature(fn: Callable[..., Any], spec: str) -> tuple[frozenset[str] | None
     return takes, needs
 
 
-def _function(spec: str, task) -> tuple[str, Callable[..., Any]]:
-    """(the default name, the function) of a built-in, `task` or an import path."""
+def _function(spec: str, task, timeout_s: float | None) -> tuple[str, Callable[..., Any]]:
+    """(the default name, the function) of a built-in, `task` or an import path (contained: contain.py)."""
+    if timeout_s is not None and not is_import_spec(spec):
+        raise VlmrlError(f"reward {spec!r} takes no timeout_s: only a function of your own is timed (a built-in or "
+                         "task runs untimed, a service has its own kwargs: timeout_s)")
     if spec == TASK:
         if task is None:
             raise VlmrlError("reward 'task' is the task's own score, and there is no task here")
@@ -90,10 +97,7 @@ def _function(spec: str, task) -> tuple[str, Callable[..., Any]]:
     if spec in BUILTIN:
         return spec, BUILTIN[spec]
     if is_import_spec(spec):
-        fn = load_object(spec, "reward")
-        if not callable(fn):
-            raise VlmrlError(f"reward {spec!r} must name a function; got {type(fn).__name__}")
-        return getattr(fn, "__name__", spec.rpartition(":")[2]), fn
+        return contained(spec, timeout_s or TIMEOUT_S)
     close = closest(spec, [*BUILTIN, TASK])
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise VlmrlError(f"unknown reward {spec!r}; {hint}built-in: {', '.join([*BUILTIN, TASK])}; or your own as "
@@ -101,13 +105,16 @@ def _function(spec: str, task) -> tuple[str, Callable[..., Any]]:
 
 
 def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None, label: str = "",
-            task=None) -> Reward:
+            task=None, timeout_s: float | None = None) -> Reward:
     """The Reward of one entry: `spec` (a name, import path or URL), its weight, the keyword arguments
-    bound to it, and the name it is logged under (default: the built-in's or the function's)."""
+    bound to it, the name it is logged under (default: the built-in's or the function's) and the time
+    limit of a function of your own (None: contain.TIMEOUT_S)."""
     kwargs = dict(kwargs or {})
+    if is_url(spec) and timeout_s is not None:
+        _function(spec, task, timeout_s)  # refused: a service's time limit is in its kwargs
     if is_url(spec):  # a service, logged under its host (never its userinfo), shown redacted; kwargs: its settings
         return Reward(label or host(spec), http_reward(spec, kwargs), weight, None, (), redact(spec))
-    name, fn = _function(spec, task)
+    name, fn = _function(spec, task, timeout_s)
     takes, needs = _signature(fn, spec)
     unknown = sorted(set(kwargs) - takes) if takes is not None else []
     if unknown:
@@ -123,7 +130,8 @@ def build_rewards(entries: Iterable, task=None) -> list[Reward]:
     """The Rewards of the config's `rewards` entries (objects with name, weight, kwargs, label); none:
     the task's own score. Two rewards logged under one name are refused."""
     entries = list(entries)
-    rewards = [resolve(e.name, e.weight, e.kwargs, e.label, task) for e in entries] if entries else [
+    rewards = [resolve(e.name, e.weight, e.kwargs, e.label, task, getattr(e, "timeout_s", None))
+               for e in entries] if entries else [
         resolve(TASK, task=task)]
     names = [r.name for r in rewards]
     if "total" in names:

@@ -3,27 +3,37 @@
 Each reward is called once per batch with keywords, each a list with one item per completion:
 `prompts` (the prompt as a conversation), `completions` (`[{"role": "assistant", "content": text}]`),
 `completion_ids`, `answer`, `images`, `examples`, `trajectories` and every column of the data
-(`example.meta["columns"]`; a column named like one of these keywords is not passed). It gives back
-one value per completion: a number, None (does not apply to this completion) or a dict of numbers
-with "total" (a task's score: its other keys are logged beside it).
+(`example.meta["columns"]`; a column named like one of these keywords is not passed). Each reward gets
+lists of its own (`own_copy`): one that edits them in place cannot change what the next one scores.
+It gives back one value per completion: a number (a Python or numpy number or bool, a 0-d array or
+tensor), None (does not apply to this completion) or a dict of numbers with "total" (a task's score:
+its other keys are logged beside it). Every number, and each completion's weighted sum, lies within
+±MAX_REWARD: the rewards become float32 tensors whose group means and spreads must stay finite.
 
-Nothing is silently turned into a number: a reward that raises, answers with the wrong number of
-values or with a value that is not finite, or a completion no weighted reward applies to, is a
-RewardError naming the reward, the prompt and the completion; the trainer saves a checkpoint and
+Nothing is silently turned into a number: a reward that raises (or, one of your own, exits, runs
+past its time limit, leaves a thread running: contain.py), answers with the wrong number of values or
+with a value that is not a number within the bound, or a completion no weighted reward applies to, is
+a RewardError naming the reward, the prompt and the completion; the trainer saves a checkpoint and
 stops on it. No torch here (rollout/scoring.py makes the tensors and the total).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from typing import Any, Mapping
 
 from vlmrl.errors import VlmrlError
+from vlmrl.rewards.contain import RewardFailed
 from vlmrl.rewards.reward import PASSED, Reward
 
 NOT_APPLICABLE = float("nan")
 """A None (does not apply) among the component values."""
+MAX_REWARD = 1e15
+"""The largest magnitude of a reward value and of a completion's weighted sum. The rewards become
+float32 tensors (3.4e38 at most, and 1e300 is inf there) whose group means and squared spreads must stay
+finite: 1e15 squared, summed over any group, still is; and no reward needs more."""
 
 
 class RewardError(VlmrlError):
@@ -54,24 +64,71 @@ def batch_keywords(examples: list, texts: list[str], trajectories: list, complet
     return keywords
 
 
+def own_copy(keywords: dict[str, list]) -> dict[str, list]:
+    """`keywords` with lists and dicts of their own, at every depth (the conversations and their messages,
+    the image lists, the columns' values), and copies of the examples (`_example_copy`); every other
+    object (an image, a trajectory) is shared."""
+    copies: dict[int, Any] = {}  # one copy per example (a group's G completions share theirs)
+    return {name: [copies.setdefault(id(e), _example_copy(e)) if id(e) not in copies else copies[id(e)]
+                   for e in values] if name == "examples" else _own(values)
+            for name, values in keywords.items()}
+
+
+def _own(value: Any) -> Any:
+    """`value` with its lists and dicts copied, at every depth."""
+    if isinstance(value, list):
+        return [_own(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _own(item) for key, item in value.items()}
+    return value
+
+
+def _example_copy(example):
+    """A copy of `example` whose lists and dicts (meta, the image lists) are its own; the images shared."""
+    mine = copy.copy(example)
+    for name, value in getattr(example, "__dict__", {}).items():
+        if isinstance(value, (list, dict)):
+            setattr(mine, name, _own(value))
+    return mine
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a float when it is one number within ±MAX_REWARD (a Python or numpy number or bool, a
+    0-d numpy array or torch tensor); else None."""
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):  # numpy scalars, 0-d arrays and tensors
+        value = value.item()
+    if not isinstance(value, (bool, numbers.Real)):
+        return None
+    try:
+        inside = abs(value) <= MAX_REWARD  # exact for any int: 10**400 needs no float
+    except (TypeError, ValueError):
+        return None
+    return float(value) if inside else None
+
+
 def _value(reward: Reward, value: Any, example, text: str) -> float | dict[str, float]:
     """One answer of `reward` as a float (NaN for None) or a dict of floats; RewardError when it is none of those."""
     if value is None:
         return NOT_APPLICABLE
-    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
-        return float(value)
-    if isinstance(value, Mapping) and "total" in value and all(
-            isinstance(v, numbers.Real) and math.isfinite(float(v)) for v in value.values()):
-        return {str(k): float(v) for k, v in value.items()}
-    raise RewardError(f"reward {reward.name!r} ({reward.spec}) must give one finite number, None or a dict of finite "
-                      f"numbers with 'total' per completion; got {value!r} for completion {text[:200]!r} | "
-                      f"{_where(example, text)}")
+    number = _number(value)
+    if number is not None:
+        return number
+    if isinstance(value, Mapping) and "total" in value:
+        numbers_ = {str(k): _number(v) for k, v in value.items()}
+        if all(v is not None for v in numbers_.values()):
+            return numbers_
+    raise RewardError(f"reward {reward.name!r} ({reward.spec}) must give one finite number (within ±{MAX_REWARD:g}), None or a "
+                      f"dict of such numbers with 'total' per completion; got {str(value)[:80]} for completion "
+                      f"{text[:200]!r} | {_where(example, text)}")
 
 
 def call_reward(reward: Reward, keywords: dict[str, list], examples: list, texts: list[str]) -> list:
-    """`reward`'s answers for the batch, checked: one float (NaN: None) or dict of floats per completion."""
+    """`reward`'s answers for the batch, checked: one float (NaN: None) or dict of floats per completion.
+    It is called on keywords of its own (`own_copy`)."""
     try:
-        values = reward.fn(**reward.keywords(keywords))
+        values = reward.fn(**own_copy(reward.keywords(keywords)))
+    except RewardFailed as error:  # a function of your own, contained (contain.py)
+        raise RewardError(f"reward {reward.name!r} ({reward.spec}) {error} | {_where(examples[0], texts[0])}") from None
     except Exception as error:  # noqa: BLE001 - a reward must not fail silently, nor take the process down unnamed
         raise RewardError(f"reward {reward.name!r} ({reward.spec}) failed: {type(error).__name__}: {error} | "
                           f"{_where(examples[0], texts[0])}") from error
@@ -108,4 +165,15 @@ def score_batch(rewards: list[Reward], examples: list, texts: list[str], traject
         if all(math.isnan(components[name][i]) for name in weighted):
             raise RewardError(f"no reward applies to this completion (each of {', '.join(weighted)} gave None) | "
                               f"{_where(example, text)}")
+        _check_sum(rewards, components, i, _where(example, text))
     return components
+
+
+def _check_sum(rewards: list[Reward], components: dict[str, list[float]], i: int, where: str) -> None:
+    """RewardError when completion `i`'s weighted sum of rewards (None counting 0) is past ±MAX_REWARD."""
+    parts = {r.name: r.weight * components[r.name][i] for r in rewards if not math.isnan(components[r.name][i])}
+    total = sum(parts.values())
+    if not abs(total) <= MAX_REWARD:
+        shown = ", ".join(f"{name} {part:g}" for name, part in parts.items())
+        raise RewardError(f"the weighted sum of the rewards of this completion is {total:g}, past ±{MAX_REWARD:g} "
+                          f"(weight x value: {shown}): lower a weight | {where}")

@@ -32,7 +32,7 @@ from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
 from vlmrl.report.tracking import check_trackers
 from vlmrl.rewards.builtin import COMPARING
-from vlmrl.rewards.checks import check_rewards
+from vlmrl.rewards.checks import check_rewards, check_weights
 from vlmrl.rewards.reward import build_rewards, evaluation_rewards
 from vlmrl.tasks import Example, Task, run_task
 from vlmrl.tasks.tools import resolve_tools
@@ -109,6 +109,7 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
         gold = any(reward.spec in COMPARING for reward in rewards)  # the gold check reads several examples
         examples = first_examples(task, min(config.rollout.prompts_per_step, REWARD_CHECK_EXAMPLES) if gold else 1)
         check_rewards(rewards, task, examples)
+        check_weights(rewards, bool(config.algorithm.teacher))
     elif config.eval.every > 0 and config.rewards:  # sft evaluates with the run's rewards
         check_rewards(evaluation_rewards(config.rewards, task), task, first_examples(task, 1))
     if config.rollout.tools:
