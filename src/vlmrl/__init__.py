@@ -5,7 +5,8 @@ procedural visual reasoning tasks whose rewards resist hacking. See README.md an
 
 From Python (docs/python.md): `vlmrl.train(config, ...)`, `vlmrl.sft(config, ...)` and
 `vlmrl.evaluate(model, task, ...)`, imported on first use (vlmrl/training/api.py), so that
-`import vlmrl` and `vlmrl --help` load no torch.
+`import vlmrl` and `vlmrl --help` load no torch; `vlmrl.Reward(fn, weight=, label=, kwargs=)`, an entry
+of a `rewards` list (the config's RewardConfig: a function given a weight, a label or arguments).
 """
 
 import importlib
@@ -15,7 +16,10 @@ __version__ = "0.1.0"
 PYTHON_API = ("train", "sft", "evaluate", "RunResult", "EvalResult")
 """The names of vlmrl/training/api.py that `vlmrl` itself offers."""
 
-__all__ = [*PYTHON_API, "__version__"]
+CONFIG_NAMES = {"Reward": "RewardConfig"}
+"""The names `vlmrl` offers from vlmrl/config.py (no torch): public name -> the name there."""
+
+__all__ = [*PYTHON_API, *CONFIG_NAMES, "__version__"]
 
 
 def __getattr__(name: str):
@@ -23,4 +27,6 @@ def __getattr__(name: str):
     modules that read `vlmrl.__version__` (report/) do not import the training stage through it."""
     if name in PYTHON_API:
         return getattr(importlib.import_module("vlmrl.training.api"), name)
+    if name in CONFIG_NAMES:
+        return getattr(importlib.import_module("vlmrl.config"), CONFIG_NAMES[name])
     raise AttributeError(f"module 'vlmrl' has no attribute {name!r}")
