@@ -96,6 +96,16 @@ class TrainingSession:
         self.run_dir = Path(config.output_dir)
         self.command = "train" if with_reference else "sft"  # recorded in each checkpoint, checked on resume
         self.folder_lock = self.hold_run_folder()
+        try:
+            self.open(config, with_reference, total_updates)
+        except BaseException:  # a session that fails to open gives the folder back (a notebook may call again)
+            if self.folder_lock is not None:
+                self.folder_lock.release()
+            raise
+
+    def open(self, config: Config, with_reference: bool, total_updates: int) -> None:
+        """Everything of `__init__` once the run folder is held: the policy (from the checkpoint on resume),
+        the reference, the teacher, sharding, the optimizer and scheduler, the logs and the signals."""
         checkpoint, state = self.open_policy(with_reference)  # self.policy, self.processor
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
@@ -423,8 +433,10 @@ class TrainingSession:
         self.closed = True
         self.signals.restore()
         if self.main:
-            self.log.close()
-            self.folder_lock.release()
+            try:
+                self.log.close()
+            finally:
+                self.folder_lock.release()
         release_process_group(self.model)
         self.accelerator.end_training()
 
