@@ -507,12 +507,22 @@ class AlgorithmConfig:
                 at_most("algorithm.max_sampling_rounds", self.max_sampling_rounds, MAX_SAMPLING_ROUNDS))
 
 
+MAX_EPOCHS = 100_000
+"""Most passes over the train rows (train.epochs): pretraining-scale data takes one to a few, small
+fine-tuning sets tens to hundreds; each epoch is at least one step."""
+
+
 @dataclass
 class TrainConfig:
     """Optimisation, checkpoints and logging."""
 
     steps: int = 100
     """Optimizer steps (each on a fresh rollout batch when updates_per_batch = 1)."""
+    epochs: float = 0.0
+    """Passes over the task's train rows, instead of train.steps (0 = train.steps counts): the run makes
+    ceil(epochs x train rows / prompts per step) steps (rollout.prompts_per_step; sft.batch_size for
+    `vlmrl sft`). Only a task with a fixed set of train rows (the dataset task, geometry from files)
+    has epochs; train.steps given as well must be the number the epochs make (safety/early_checks.py)."""
     lr: float = 1e-6
     """Peak learning rate of AdamW."""
     weight_decay: float = 0.0
@@ -593,6 +603,8 @@ class TrainConfig:
                 (self.micro_batch_size == "auto" or self.micro_batch_size <= MAX_ROWS,
                  f"train.micro_batch_size must be at most {MAX_ROWS:,} (or auto); got {self.micro_batch_size}"),
                 (not negative, f"train.{', '.join(negative)}: must be >= 0"),
+                (math.isfinite(self.epochs) and 0 <= self.epochs <= MAX_EPOCHS,
+                 f"train.epochs must be in [0, {MAX_EPOCHS:,}] (0 = train.steps counts); got {self.epochs}"),
                 (math.isfinite(self.lr) and self.lr >= 0, f"train.lr must be >= 0; got {self.lr}"),
                 (math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"train.weight_decay must be >= 0; got {self.weight_decay}"),
                 (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,

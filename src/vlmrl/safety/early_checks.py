@@ -5,7 +5,7 @@ config is built (config.py). What needs more than the config is checked here, be
 loads, so that a mistake costs a second and one `error:` line rather than a model load (or a step):
 - the batch layout over the processes `accelerate launch` starts (WORLD_SIZE);
 - the task: its name and parameters (a dataset that is missing or malformed), and the splits that
-  evaluation asks for;
+  evaluation asks for; `train.epochs` made into `train.steps` from its train rows (`epoch_steps`);
 - the `rewards` (a train run): each one resolves, takes the arguments vlmrl passes and the data has,
   a task's own score gives a dict, and the gold answer scores 1 on each comparing built-in
   (rewards/checks.py), on the first train examples;
@@ -24,9 +24,10 @@ follow once it is loaded (preflight.py).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 
-from vlmrl.config import Config, check_config
+from vlmrl.config import Config, TrainConfig, check_config
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
@@ -88,6 +89,27 @@ def check_device(device: str) -> None:
         resolve_device(device, "model.device")
 
 
+def epoch_steps(config: Config, task: Task, mode: str) -> None:
+    """train.epochs made into train.steps, set in `config` itself (the run, its checkpoints and
+    evaluations count steps): ceil(epochs x the task's train rows / the prompts of a step). A task
+    without a fixed set of train rows has no epochs, and a train.steps that says otherwise than the
+    epochs (other than its default) is refused, each in one line."""
+    epochs = config.train.epochs
+    if not epochs:
+        return
+    size = getattr(task, "size", None)
+    rows = size("train") if size is not None else None
+    if not rows:
+        raise VlmrlError(f"train.epochs={epochs:g} needs a task with a fixed set of train rows (the dataset task); "
+                         f"task {task.name!r} makes a new example for every index: give train.steps instead")
+    per_step = config.sft.batch_size if mode == "sft" else config.rollout.prompts_per_step
+    steps = math.ceil(epochs * rows / per_step)
+    if config.train.steps not in (TrainConfig.steps, steps):
+        raise VlmrlError(f"train.steps={config.train.steps} and train.epochs={epochs:g} both set the run's length "
+                         f"({epochs:g} epochs of {rows} train rows at {per_step} a step are {steps} steps): give one")
+    config.train.steps = steps
+
+
 def check_before_loading(config: Config, mode: str, task: Task | None = None) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task: `task` when given (a Task built in Python, vlmrl.training.api), else the config's.
@@ -99,6 +121,7 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
     (config.rollout if mode == "train" else config.sft).check_layout(world)
     if task is None:
         task = run_task(config.task.name, config.seed, config.task.params)
+    epoch_steps(config, task, mode)
     if config.eval.every > 0:
         for split in config.eval.splits:
             if split not in task.splits:
