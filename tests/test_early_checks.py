@@ -233,3 +233,41 @@ def test_train_epochs_of_a_task_without_end_and_out_of_range_are_refused(tiny_mo
     for bad in ("-1", ".inf", "1e300"):
         with pytest.raises(VlmrlError, match=r"^train.epochs must be in \[0, 100,000\] \(0 = train.steps counts\)"):
             load_config(None, [f"train.epochs={bad}"])
+
+
+def refusing_new_files(monkeypatch, folder) -> None:
+    """`folder` refuses new files, as a read-only folder does to a user who is not root (as root, chmod
+    refuses nothing)."""
+    import errno
+    from pathlib import Path
+
+    real = Path.write_bytes
+
+    def write_bytes(path, data):
+        if path.parent == folder:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+
+
+@pytest.mark.parametrize("made", [True, False])
+def test_an_output_folder_that_cannot_be_written_fails_vlmrl_check_before_the_model_loads(
+        made, tmp_path, tiny_model_dir, monkeypatch, capsys, no_model_load):
+    parent = tmp_path / "runs"
+    parent.mkdir()
+    run = parent / "run"
+    if made:
+        run.mkdir()
+    refusing_new_files(monkeypatch, run if made else parent)  # read-only: the run folder, or where it is to be made
+    capsys.readouterr()
+    assert main(["check", f"model.name_or_path={tiny_model_dir}", f"output_dir={run}"]) == 2
+    where = run if made else parent
+    assert capsys.readouterr().err == (f"error: cannot write the run to {run}: permission denied on {where}; choose "
+                                       "another path\n")
+    assert made == run.exists() and list(where.iterdir()) == []  # nothing made, no probe left
+    (tmp_path / "file").write_text("")
+    with pytest.raises(VlmrlError, match=rf"^cannot write the run to {tmp_path}/file/run: {tmp_path}/file is a file, "
+                                         r"not a folder; choose another path$"):
+        check_before_loading(load_config(None, [f"model.name_or_path={tiny_model_dir}",
+                                                f"output_dir={tmp_path / 'file' / 'run'}"]), "train")

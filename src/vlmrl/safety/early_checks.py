@@ -11,6 +11,7 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
   (rewards/checks.py), on the first train examples;
 - `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
   not installed);
+- the run folder (`output_dir`): it, or the folder it will be made in, takes a new file (read-only: one line);
 - the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
   (an encoder-decoder, remote code not allowed, not image-text-to-text, a processor that needs a
   missing package: model_source.py), a device this machine does not have (model.device=cuda without
@@ -23,11 +24,14 @@ follow once it is loaded (preflight.py).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import math
 import os
+from pathlib import Path
 
 from vlmrl.config import Config, TrainConfig, check_config
+from vlmrl.disk import cannot_write
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
@@ -110,6 +114,26 @@ def epoch_steps(config: Config, task: Task, mode: str) -> None:
     config.train.steps = steps
 
 
+def check_output_writable(output_dir: str) -> None:
+    """VlmrlError in one line when the run could not write its folder: `output_dir`, or the nearest
+    folder above it that exists when it is not made yet (nothing is created here), must take a new
+    file (a probe made and removed): a read-only folder, or a file in the way, is said now."""
+    folder = existing = Path(output_dir)
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(existing))
+        probe = existing / f".vlmrl-write-check.{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError as error:  # said of the folder: the probe's name means nothing to the user
+            raise type(error)(error.errno, error.strerror, str(existing)) from error
+        probe.unlink()
+    except OSError as error:
+        raise cannot_write("the run", folder, error) from error
+
+
 def check_before_loading(config: Config, mode: str, task: Task | None = None) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task: `task` when given (a Task built in Python, vlmrl.training.api), else the config's.
@@ -117,6 +141,7 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
     built in Python is refused in the line `vlmrl train` prints."""
     check_config(config)
     check_model_source(config.model.name_or_path, config.model.trust_remote_code)  # the first thing a new user builds: said first
+    check_output_writable(config.output_dir)
     world = launched_world()
     (config.rollout if mode == "train" else config.sft).check_layout(world)
     if task is None:
