@@ -83,8 +83,21 @@ def letter_config(run: Path, model: str, *more: str):
 
 
 def test_two_trainers_in_two_threads_on_one_folder_one_trains_and_the_other_is_refused(tmp_path, tiny_model_dir,
-                                                                                   letter_task):
-    run, start = tmp_path / "run", threading.Barrier(2)
+                                                                                   letter_task, monkeypatch):
+    from vlmrl.training import session
+
+    run, start, refused_once = tmp_path / "run", threading.Barrier(2), threading.Event()
+
+    def hold_until_the_other_tried(folder, what):  # the first holder goes on once the second was turned away
+        try:
+            lock = hold(folder, what)
+        except FolderBusy:
+            refused_once.set()
+            raise
+        refused_once.wait(10)  # (never set when both are let in: then both train)
+        return lock
+
+    monkeypatch.setattr(session, "hold", hold_until_the_other_tried)
 
     def one_run(_):
         start.wait()
