@@ -283,3 +283,18 @@ def test_a_dataset_given_as_a_path_is_the_dataset_task_reading_it():
 
     config, task = run_inputs(None, None, None, "data/rows.jsonl", None)
     assert task is None and (config.task.name, config.task.params) == ("dataset", {"path": "data/rows.jsonl"})
+
+
+def needs_a_column(completions, difficulty, **kwargs):
+    """A reward that reads a column the test's data does not have."""
+    return [0.0] * len(completions)
+
+
+def test_a_reward_that_cannot_run_on_the_data_is_refused_by_sft_before_it_trains(tmp_path, tiny_model_dir):
+    """A notebook warmed up with sft, then had train refuse the rewards of the same config."""
+    config = {"output_dir": str(tmp_path / "run"), "model.name_or_path": tiny_model_dir,
+              "rewards": [{"name": needs_a_column, "label": "accuracy"}]}
+    with pytest.raises(VlmrlError, match=r"^reward 'accuracy' needs 'difficulty', which is neither a keyword vlmrl "
+                                         r"passes .* nor a column of the data"):
+        vlmrl.sft(config, dataset=square_rows())
+    assert not (tmp_path / "run").exists()

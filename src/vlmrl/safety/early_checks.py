@@ -6,9 +6,10 @@ loads, so that a mistake costs a second and one `error:` line rather than a mode
 - the batch layout over the processes `accelerate launch` starts (WORLD_SIZE);
 - the task: its name and parameters (a dataset that is missing or malformed), and the splits that
   evaluation asks for; `train.epochs` made into `train.steps` from its train rows (`epoch_steps`);
-- the `rewards` (a train run): each one resolves, takes the arguments vlmrl passes and the data has,
-  a task's own score gives a dict, and the gold answer scores 1 on each comparing built-in
-  (rewards/checks.py), on the first train examples;
+- the `rewards` (of a train run; of an sft run too when its config names them, which its evaluations
+  score with and a train run of the same config trains on): each one resolves, takes the arguments
+  vlmrl passes and the data has, a task's own score gives a dict, and the gold answer scores 1 on
+  each comparing built-in (rewards/checks.py), on the first train examples;
 - `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
   not installed);
 - the run folder (`output_dir`): it, or the folder it will be made in, takes a new file (read-only: one line);
@@ -157,7 +158,7 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
         gold = any(reward.spec in COMPARING for reward in rewards)  # the gold check reads several examples
         examples = first_examples(task, min(config.rollout.prompts_per_step, REWARD_CHECK_EXAMPLES) if gold else 1)
         check_rewards(rewards, task, examples)
-    elif config.eval.every > 0 and config.rewards:  # sft evaluates with the run's rewards
+    elif config.rewards:  # sft evaluates with them, and a train run of this config trains on them: said now
         check_rewards(evaluation_rewards(config.rewards, task), task, first_examples(task, 1))
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)
