@@ -12,9 +12,12 @@ defaults); `overrides` (a mapping of dotted keys, or `key=value` strings as on t
 on top. The config is built by `config.from_dict`, the function that builds the command line's, and
 checked again where every run starts (config.check_config): the same bad config is the same one-line
 VlmrlError here as `vlmrl train`'s exit 2. Python objects: `task=` a Task instance, `dataset=` a
-`datasets.Dataset` or `DatasetDict` read by the `dataset` task (task.params still apply), `rewards=`
-functions (top-level ones: their import path is saved) or names (docs/rewards.md). A run never
-starts over in a folder that holds a run (safety/resume.py): `resume=True` continues it.
+`datasets.Dataset` or `DatasetDict` read by the `dataset` task (task.params still apply; a path is
+`task.params.path`), `rewards=` functions (top-level ones: their import path is saved), names, or
+either with a weight, label and kwargs: `vlmrl.Reward(fn, weight=2, label="accuracy")` or
+`{"name": fn, "weight": 2}` (docs/rewards.md). Every argument's type is checked when the call starts,
+each in one line naming the argument, what was given and what it takes (`checked_*` below). A run
+never starts over in a folder that holds a run (safety/resume.py): `resume=True` continues it.
 docs/python.md is the page.
 """
 
