@@ -87,6 +87,7 @@ VALUES: dict[str, list] = {
     "algorithm.distill_weight": [-1.0, 0.0, 1.0, NAN, 1e300],
     "algorithm.distill_reward": ["keep", "drop", "both"],
     "train.steps": [0, 1],
+    "train.epochs": [-1.0, 0.0, 1.0, NAN],
     "train.lr": [-1e-3, 0.0, 1e-3, NAN],
     "train.weight_decay": [-0.1, 0.0, 0.01],
     "train.adam_betas": [[0.9, 0.99], [1.0, 0.9], [0.9]],

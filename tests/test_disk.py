@@ -5,6 +5,7 @@ goes, the previous one stays, and resume=true continues once space is freed (ENO
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 
 import pytest
@@ -99,6 +100,48 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_and_resum
     train(config(tmp_path, tiny_model_dir, "resume=true"))  # space freed: continues from step 1
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
     assert (run / "final").is_dir() and checkpoint.latest_checkpoint(run).name == "step_000003"
+
+
+FILLS_AT_STEP_2 = """
+import errno, os
+if os.environ.get("RANK") is not None:  # the processes the launcher starts, not the launcher
+    from vlmrl.safety import checkpoint
+    real_save = checkpoint.save_model
+
+    def fills_up(folder, model, processor, weights=None):
+        if folder.name == ".tmp_step_000002":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(folder, model, processor, weights)
+
+    checkpoint.save_model = fills_up
+"""
+"""A sitecustomize module: the disk fills up while the main process writes the step 2 checkpoint."""
+
+
+@pytest.mark.slow  # a two-process launch: 20-50 s
+def test_a_full_disk_under_two_processes_is_the_main_process_one_line_and_no_traceback(tmp_path, tiny_model_dir):
+    """The main process met the full disk; the other one went on to its next collective and died there
+    in a traceback of gloo's, which was what the launch showed."""
+    import os
+
+    from launching import TESTS, launcher, run_all_or_kill, two_process_overrides
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FILLS_AT_STEP_2)
+    run = tmp_path / "run"
+    command = launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                       "--dynamo_backend", "no") + two_process_overrides(
+        tiny_model_dir, run, "train.steps=3", "train.save_every=1", "train.trackers=[]", "train.log_rollouts_every=0")
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), str(TESTS), os.environ.get("PYTHONPATH")]))
+    returncode, _, err = run_all_or_kill(command, timeout=300, env={"PYTHONPATH": path})
+    assert returncode != 0
+    errors = [line[line.index("error:"):] for line in err.splitlines() if "error:" in line]  # (after a progress bar)
+    assert errors[0].startswith(f"error: the disk is full: writing checkpoint step 2 to {run}/checkpoints/"
+                                ".tmp_step_000002 failed"), err[-3000:]  # the main process's line, first
+    assert "gloo" not in err and "Connection closed by peer" not in err, err[-3000:]  # no other process's traceback
+    assert re.search(r"Root Cause \(first observed failure\):\n\[0\]:\n.*\n.*\n\s*rank\s*: 0 \(local_rank: 0\)\n"
+                     r"\s*exitcode\s*: 2 ", err), err[-3000:]  # the launcher names the main process's failure
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
 
 
 def test_the_preflight_says_what_the_run_writes(tmp_path, tiny_model_dir, letter_task, monkeypatch, capsys):

@@ -194,3 +194,80 @@ def test_task_params_seed_seeds_the_task_and_the_run_seed_the_rest(tiny_model_di
     assert task.params.seed == 3 and config.seed == 7
     assert check_before_loading(load_config(None, [f"model.name_or_path={tiny_model_dir}", "seed=7"]),
                                 "train").params.seed == 7  # without it: the run's seed
+
+
+def rows_file(folder, count: int) -> str:
+    """A jsonl file of `count` rows (question, answer, one image each)."""
+    from PIL import Image
+
+    lines = []
+    for i in range(count):
+        Image.new("RGB", (28, 28), "red").save(folder / f"{i}.png")
+        lines.append(f'{{"question": "What colour?", "answer": "red", "image": "{i}.png"}}')
+    (folder / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder / "rows.jsonl")
+
+
+def test_train_epochs_become_the_steps_they_take_of_the_train_rows(tmp_path, tiny_model_dir, no_model_load):
+    data = [f"model.name_or_path={tiny_model_dir}", "task.name=dataset", f"task.params.path={rows_file(tmp_path, 10)}",
+            "task.params.test_fraction=0.2", "rollout.prompts_per_step=4", "rollout.generation_batch_size=4", "sft.batch_size=3"]
+    train = load_config(None, [*data, "train.epochs=1.5"])
+    check_before_loading(train, "train")
+    assert train.train.steps == 3  # 1.5 x 8 train rows (2 of 10 held out) / 4 prompts a step
+    sft = load_config(None, [*data, "train.epochs=2"])
+    check_before_loading(sft, "sft")
+    assert sft.train.steps == 6  # ceil(2 x 8 / 3 examples a step)
+    again = load_config(None, [*data, "train.epochs=2", "train.steps=6"])  # as the run's config.yaml saves it
+    check_before_loading(again, "sft")
+    assert again.train.steps == 6
+    with pytest.raises(VlmrlError, match=r"^train.steps=50 and train.epochs=2 both set the run's length \(2 epochs of "
+                                         r"8 train rows at 4 a step are 4 steps\): give one$"):
+        check_before_loading(load_config(None, [*data, "train.epochs=2", "train.steps=50"]), "train")
+
+
+def test_train_epochs_of_a_task_without_end_and_out_of_range_are_refused(tiny_model_dir, no_model_load):
+    with pytest.raises(VlmrlError, match=r"^train.epochs=2 needs a task with a fixed set of train rows \(the dataset "
+                                         r"task\); task 'shapes' makes a new example for every index: give "
+                                         r"train.steps instead$"):
+        check_before_loading(load_config(None, [f"model.name_or_path={tiny_model_dir}", "train.epochs=2"]), "train")
+    for bad in ("-1", ".inf", "1e300"):
+        with pytest.raises(VlmrlError, match=r"^train.epochs must be in \[0, 100,000\] \(0 = train.steps counts\)"):
+            load_config(None, [f"train.epochs={bad}"])
+
+
+def refusing_new_files(monkeypatch, folder) -> None:
+    """`folder` refuses new files, as a read-only folder does to a user who is not root (as root, chmod
+    refuses nothing)."""
+    import errno
+    from pathlib import Path
+
+    real = Path.write_bytes
+
+    def write_bytes(path, data):
+        if path.parent == folder:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+
+
+@pytest.mark.parametrize("made", [True, False])
+def test_an_output_folder_that_cannot_be_written_fails_vlmrl_check_before_the_model_loads(
+        made, tmp_path, tiny_model_dir, monkeypatch, capsys, no_model_load):
+    parent = tmp_path / "runs"
+    parent.mkdir()
+    run = parent / "run"
+    if made:
+        run.mkdir()
+    refusing_new_files(monkeypatch, run if made else parent)  # read-only: the run folder, or where it is to be made
+    capsys.readouterr()
+    assert main(["check", f"model.name_or_path={tiny_model_dir}", f"output_dir={run}"]) == 2
+    where = run if made else parent
+    assert capsys.readouterr().err == (f"error: cannot write the run to {run}: permission denied on {where}; choose "
+                                       "another path\n")
+    assert made == run.exists() and list(where.iterdir()) == []  # nothing made, no probe left
+    (tmp_path / "file").write_text("")
+    with pytest.raises(VlmrlError, match=rf"^cannot write the run to {tmp_path}/file/run: {tmp_path}/file is a file, "
+                                         r"not a folder; choose another path$"):
+        check_before_loading(load_config(None, [f"model.name_or_path={tiny_model_dir}",
+                                                f"output_dir={tmp_path / 'file' / 'run'}"]), "train")

@@ -169,3 +169,133 @@ def test_the_refusal_says_whether_the_run_can_be_resumed(tmp_path):
     with pytest.raises(VlmrlError, match=r"\(a final model, checkpoints, metrics\) and resume is false: resume=true "
                                          r"continues it \(raise train.steps to train longer\)"):
         check_fresh_start(tmp_path)
+
+
+# --------------------------------------------------------------------------- reward functions with a weight and a label
+
+
+def always_right(completions, **kwargs):
+    """A reward of this module's top level that pays 1 for every completion."""
+    return [1.0] * len(completions)
+
+
+def square_rows() -> "datasets.Dataset":
+    import datasets
+    from PIL import Image
+
+    colours = ["red", "blue"] * 2
+    return datasets.Dataset.from_dict({"question": ["What colour?"] * 4, "answer": colours,
+                                       "image": [Image.new("RGB", (28, 28), c) for c in colours]})
+
+
+@pytest.mark.parametrize("entry", [
+    {"name": always_right, "weight": 2, "label": "accuracy"},
+    vlmrl.Reward(always_right, weight=2, label="accuracy"),
+])
+def test_a_reward_function_takes_a_weight_and_a_label_as_a_named_reward_does(entry, tiny_model_dir, tmp_path):
+    result = vlmrl.train(fast(tiny_model_dir, tmp_path / "run"), {"train.steps": 1}, dataset=square_rows(),
+                         rewards=[entry])
+    assert result.metrics["accuracy"] == 1.0  # logged as accuracy: the progress bar's and the result's
+    assert result.metrics["reward"] == 2.0  # weighted by 2 in the total
+    assert [(r.name, r.weight, r.label) for r in result.config.rewards] == [
+        (f"{__name__}:always_right", 2.0, "accuracy")]  # saved as its import path, with its weight and label
+    assert "label: accuracy" in (result.run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("call", [
+    lambda config, data: vlmrl.sft(config | {"rewards": [{"name": always_right, "weight": "heavy"}]}, dataset=data),
+    lambda config, data: vlmrl.train(config, dataset=data, rewards=[{"name": always_right, "weight": "heavy"}]),
+    lambda config, data: vlmrl.train(config, dataset=data, rewards=[vlmrl.Reward(always_right, weight="heavy")]),
+])
+def test_a_bad_reward_entry_is_refused_before_anything_runs(call, tmp_path):
+    config = {"output_dir": str(tmp_path / "run"), "model.name_or_path": str(tmp_path / "no-model")}
+    with pytest.raises(VlmrlError, match=r"^rewards\[0\]\.weight must be a number; got 'heavy'$"):
+        call(config, square_rows())
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(VlmrlError, match=r"^rewards\[0\]\.weight must be a number; got 'heavy'$"):
+        vlmrl.evaluate(tmp_path / "no-model", square_rows(), rewards=[{"name": always_right, "weight": "heavy"}])
+
+
+# --------------------------------------------------------------------------- arguments of the wrong type
+
+
+class DataFrame:
+    """Stands for pandas' (named by its module, as a user's would be): the checks never import pandas."""
+
+    __module__ = "pandas.core.frame"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: vlmrl.train(None, dataset=DataFrame()), "vlmrl.train: dataset= takes a datasets.Dataset or DatasetDict, "
+     "or the path of a data file or folder; got a pandas DataFrame: give datasets.Dataset.from_pandas(df)"),
+    (lambda: vlmrl.sft(None, dataset=[{"question": "q", "answer": "a"}]), "vlmrl.sft: dataset= takes a datasets.Dataset "
+     "or DatasetDict, or the path of a data file or folder; got list [{'answer': 'a', 'question': 'q'}]: give "
+     "datasets.Dataset.from_list(rows)"),
+    (lambda: vlmrl.train(None, dataset=7), "vlmrl.train: dataset= takes a datasets.Dataset or DatasetDict, or the path "
+     "of a data file or folder; got int 7"),
+    (lambda: vlmrl.train(["train.steps=2"]), "vlmrl.train: config= takes a vlmrl Config, a mapping, a YAML file's path "
+     "or None; got list ['train.steps=2']"),
+    (lambda: vlmrl.train(None, 5), "vlmrl.train: overrides= takes a mapping of dotted keys or a list of key=value "
+     "texts; got int 5"),
+    (lambda: vlmrl.train(None, "train.steps=2"), "vlmrl.train: overrides= takes a mapping of dotted keys or a list of "
+     "key=value texts; got the text 'train.steps=2'"),
+    (lambda: vlmrl.train(None, [("train.steps", 2)]), "vlmrl.train: overrides= takes a mapping of dotted keys or a "
+     "list of key=value texts; got a list holding tuple ('train.steps', 2)"),
+    (lambda: vlmrl.train(None, task="shapes"), "vlmrl.train: task= takes a vlmrl.tasks.Task (a task's name goes in the "
+     "config: task.name); got the text 'shapes'"),
+    (lambda: vlmrl.sft(None, task=DataFrame()), "vlmrl.sft: task= takes a vlmrl.tasks.Task (data goes in dataset=); "
+     "got a pandas DataFrame"),
+    (lambda: vlmrl.train(None, rewards=3), "vlmrl.train: rewards= takes a list of rewards (names, functions, {name, "
+     "weight, label, kwargs} mappings, vlmrl.Reward) or one of them; got int 3"),
+    (lambda: vlmrl.evaluate(3, "shapes"), "vlmrl.evaluate: model= takes a model or run folder (a path or hub id) "
+     "or a RunResult; got int 3"),
+    (lambda: vlmrl.evaluate("m", DataFrame()), "vlmrl.evaluate: task= takes a task's name, a Task, a "
+     "datasets.Dataset or DatasetDict, or None (the run's task); got a pandas DataFrame: give "
+     "datasets.Dataset.from_pandas(df)"),
+    (lambda: vlmrl.evaluate("m", "shapes", params=["max_count=2"]), "vlmrl.evaluate: params= takes a mapping of task "
+     "parameters; got list ['max_count=2']"),
+    (lambda: vlmrl.evaluate("m", "shapes", split=1), "vlmrl.evaluate: split= takes a split's name (train, test, ...); "
+     "got int 1"),
+    (lambda: vlmrl.evaluate("m", "shapes", n="4"), "vlmrl.evaluate: n= takes a whole number >= 1; got the text '4'"),
+    (lambda: vlmrl.evaluate("m", "shapes", settings={"k": 8}), "vlmrl.evaluate: settings= takes an EvalSettings; got "
+     "dict {'k': 8}"),
+    (lambda: vlmrl.evaluate("m", "shapes", out_dir=1), "vlmrl.evaluate: out_dir= takes a folder's path; got int 1"),
+])
+def test_an_argument_of_the_wrong_type_is_one_line_naming_it(call, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(VlmrlError) as error:
+        call()
+    assert str(error.value) == message
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_rewards_given_as_one_reward_or_a_text_are_a_list():
+    from vlmrl.training.api import checked_rewards
+
+    assert [r.name for r in checked_rewards("format", "vlmrl.train")] == ["format"]  # not f, o, r, m, a, t
+    assert [r.name for r in checked_rewards("accuracy, format", "vlmrl.train")] == ["accuracy", "format"]
+    assert [r.name for r in checked_rewards(always_right, "vlmrl.train")] == [f"{__name__}:always_right"]
+    assert [r.label for r in checked_rewards({"name": "format", "label": "form"}, "vlmrl.train")] == ["form"]
+    assert checked_rewards(None, "vlmrl.train") is None
+
+
+def test_a_dataset_given_as_a_path_is_the_dataset_task_reading_it():
+    from vlmrl.training.api import run_inputs
+
+    config, task = run_inputs(None, None, None, "data/rows.jsonl", None)
+    assert task is None and (config.task.name, config.task.params) == ("dataset", {"path": "data/rows.jsonl"})
+
+
+def needs_a_column(completions, difficulty, **kwargs):
+    """A reward that reads a column the test's data does not have."""
+    return [0.0] * len(completions)
+
+
+def test_a_reward_that_cannot_run_on_the_data_is_refused_by_sft_before_it_trains(tmp_path, tiny_model_dir):
+    """A notebook warmed up with sft, then had train refuse the rewards of the same config."""
+    config = {"output_dir": str(tmp_path / "run"), "model.name_or_path": tiny_model_dir,
+              "rewards": [{"name": needs_a_column, "label": "accuracy"}]}
+    with pytest.raises(VlmrlError, match=r"^reward 'accuracy' needs 'difficulty', which is neither a keyword vlmrl "
+                                         r"passes .* nor a column of the data"):
+        vlmrl.sft(config, dataset=square_rows())
+    assert not (tmp_path / "run").exists()

@@ -383,6 +383,10 @@ def damaged_copy(checkpoint: Path, tmp_path: Path) -> Path:
     (lambda f: (f / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope"),
      "model.safetensors has an unreadable header"),
     (lambda f: (f / "reference.safetensors").write_bytes(b"\x00"), r"reference.safetensors is truncated \(1 bytes\)"),
+    (lambda f: (f / "config.json").write_text('{"model_type": "qwen2'),  # cut off while written
+     r"config.json is unreadable \(Unterminated string starting at: line 1 column 16"),
+    (lambda f: (f / "config.json").unlink(), "config.json is missing"),
+    (lambda f: (f / "tokenizer_config.json").write_text("[]"), "tokenizer_config.json holds a JSON list, not an object"),
 ])
 def test_a_damaged_checkpoint_is_named(checkpoint, tmp_path, damage, message):
     folder = damaged_copy(checkpoint, tmp_path)

@@ -413,7 +413,8 @@ def test_a_reward_function_given_from_python_is_kept_as_its_import_path():
 
 @pytest.mark.parametrize("override, message", [
     ("rewards=[{name: length, weight: x}]", r"^rewards\[0\].weight must be a number; got 'x'$"),
-    ("rewards=[3]", r"^rewards\[0\] must be a reward name, a mapping with name/weight/kwargs/label or a function; got 3$"),
+    ("rewards=[3]", r"^rewards\[0\] must be a reward name, a mapping with name/weight/kwargs/label, a vlmrl.Reward or a "
+                    r"function; got 3$"),
     ("rewards=[{name: length, weight: .nan}]", r"^reward length: weight must be finite; got nan$"),
 ])
 def test_a_rewards_list_from_the_command_line_is_read_or_refused_in_one_line(override, message):

@@ -474,6 +474,22 @@ def test_a_tool_module_that_exits_or_hangs_at_import_is_one_line(tmp_path, monke
     assert time.monotonic() - started < 30
 
 
+def test_a_tool_module_slow_to_import_is_said_in_one_line_naming_it_and_the_limit(tmp_path, monkeypatch, capsys):
+    """A module that hangs at import once stalled the run for the whole limit without a word."""
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(600)\ndef f(context):\n    return 'x'\n")
+    (tmp_path / "quick_import.py").write_text("def f(context):\n    return 'x'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(tools, "IMPORT_S", 2.0)
+    monkeypatch.setattr(tools, "SLOW_IMPORT_S", 0.5)
+    with pytest.raises(VlmrlError, match="did not finish importing within 2 s"):
+        resolve_tools(["slow_import:f"])
+    assert capsys.readouterr().err == ("warning: the module slow_import of tool 'slow_import:f' is slow to import "
+                                       "(0.5 s so far, in the tool worker); it is stopped at 2 s\n")
+    resolve_tools(["quick_import:f"])
+    time.sleep(0.6)
+    assert capsys.readouterr().err == ""  # a module that imports in time: not a word
+
+
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_worker(tmp_path):
     """multiprocessing's 'spawn' would run the parent's script again in the worker (a training script
     would train again there); the worker is started from its own command instead."""

@@ -5,7 +5,8 @@ procedural visual reasoning tasks whose rewards resist hacking. See README.md an
 
 From Python (docs/python.md): `vlmrl.train(config, ...)`, `vlmrl.sft(config, ...)` and
 `vlmrl.evaluate(model, task, ...)` with `vlmrl.EvalSettings`, imported on first use (vlmrl/training/api.py), so that
-`import vlmrl` and `vlmrl --help` load no torch.
+`import vlmrl` and `vlmrl --help` load no torch; `vlmrl.Reward(fn, weight=, label=, kwargs=)`, an entry
+of a `rewards` list (the config's RewardConfig: a function given a weight, a label or arguments).
 """
 
 import importlib
@@ -17,7 +18,10 @@ PYTHON_API = ("train", "sft", "evaluate", "RunResult", "EvalResult")
 ELSEWHERE = {"EvalSettings": "vlmrl.evaluation.eval_settings"}
 """Other names `vlmrl` offers, and the module each is imported from on first use (no torch for these)."""
 
-__all__ = [*PYTHON_API, *ELSEWHERE, "__version__"]
+CONFIG_NAMES = {"Reward": "RewardConfig"}
+"""The names `vlmrl` offers from vlmrl/config.py (no torch): public name -> the name there."""
+
+__all__ = [*PYTHON_API, *ELSEWHERE, *CONFIG_NAMES, "__version__"]
 
 
 def __getattr__(name: str):
@@ -27,4 +31,6 @@ def __getattr__(name: str):
         return getattr(importlib.import_module("vlmrl.training.api"), name)
     if name in ELSEWHERE:
         return getattr(importlib.import_module(ELSEWHERE[name]), name)
+    if name in CONFIG_NAMES:
+        return getattr(importlib.import_module("vlmrl.config"), CONFIG_NAMES[name])
     raise AttributeError(f"module 'vlmrl' has no attribute {name!r}")

@@ -21,7 +21,8 @@ import yaml
 
 from vlmrl.disk import write_text
 from vlmrl.errors import VlmrlError, one_line, require
-from vlmrl.fields import Naming, Range, StrictLoader, all_keys, build, check_ranges, field_docs, path_field, ranged, read_text  # noqa: F401  (also public names of this module)
+from vlmrl.fields import (Naming, Range, StrictLoader, all_keys, build, check_ranges, field_docs,  # noqa: F401
+                          path_field, ranged, read_text, shown)  # (also public names of this module)
 from vlmrl.imports import resolve_file
 from vlmrl.rewards.http import check_settings, is_url, saved_settings
 from vlmrl.urls import redact
@@ -232,7 +233,9 @@ class TaskConfig:
 @dataclass
 class RewardConfig:
     """One reward of the `rewards` list (docs/rewards.md): a function called once per batch the way
-    TRL calls its reward functions, returning one number (or None: does not apply) per completion."""
+    TRL calls its reward functions, returning one number (or None: does not apply) per completion.
+    From Python it is `vlmrl.Reward`, whose `name` may be the function itself: `vlmrl.Reward(fn,
+    weight=2, label="accuracy")` (reward_entry keeps it as its import path)."""
 
     name: str = ""
     """A built-in reward (accuracy, math, number, choice, exact, iou, edit_similarity, format, length),
@@ -266,23 +269,37 @@ class RewardConfig:
 
 
 def reward_entry(entry: Any, key: str) -> RewardConfig:
-    """One entry of `rewards` as a RewardConfig: a name, a mapping, a RewardConfig, or (from Python) a
-    function, kept as its import path `module:function` (one defined in a notebook or script is
-    `__main__:function`), so the saved config.yaml names it."""
+    """One entry of `rewards` as a RewardConfig: a name, a mapping, a RewardConfig (`vlmrl.Reward`), or
+    (from Python) a function. A function, alone or as the `name` of a mapping or a RewardConfig (which
+    then give its weight, kwargs and label), is kept as its import path `module:function` (one defined
+    in a notebook or script is `__main__:function`), so the saved config.yaml names it."""
     if isinstance(entry, str):
         entry = RewardConfig(name=entry)
     elif isinstance(entry, dict):
+        named = entry.get("name")
+        if callable(named):
+            entry = entry | {"name": function_path(named, key)}
         entry = build(RewardConfig, entry, _NAMING, prefix=key + ".")
-    elif callable(entry) and not isinstance(entry, RewardConfig):
-        module, name = getattr(entry, "__module__", None), getattr(entry, "__qualname__", "")
-        require((bool(module) and name.isidentifier(),
-                 f"{key}: a reward function given from Python must be defined at the top level of a module (its "
-                 f"import path is saved with the run); got {entry!r}"))
-        entry = RewardConfig(name=f"{module}:{name}")
+    elif isinstance(entry, RewardConfig):
+        if callable(entry.name):
+            entry = dataclasses.replace(entry, name=function_path(entry.name, key))
+        entry = build(RewardConfig, dataclasses.asdict(entry), _NAMING, prefix=key + ".")  # its types checked
+    elif callable(entry):
+        entry = RewardConfig(name=function_path(entry, key))
     require((isinstance(entry, RewardConfig),
-             f"{key} must be a reward name, a mapping with name/weight/kwargs/label or a function; got {entry!r}"))
+             f"{key} must be a reward name, a mapping with name/weight/kwargs/label, a vlmrl.Reward or a function; "
+             f"got {shown(entry)}"))
     entry.validate()
     return entry
+
+
+def function_path(fn: Any, key: str) -> str:
+    """The import path `module:function` of a reward function given from Python."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    require((bool(module) and name.isidentifier(),
+             f"{key}: a reward function given from Python must be defined at the top level of a module (its "
+             f"import path is saved with the run); got {fn!r}"))
+    return f"{module}:{name}"
 
 
 DECODES = ("auto", "dynamic", "static", "compiled")
@@ -531,12 +548,23 @@ class AlgorithmConfig:
                 at_most("algorithm.max_sampling_rounds", self.max_sampling_rounds, MAX_SAMPLING_ROUNDS))
 
 
+MAX_EPOCHS = 100_000
+"""Most passes over the train rows (train.epochs): pretraining-scale data takes one to a few, small
+fine-tuning sets tens to hundreds; each epoch is at least one step."""
+EPOCHS = Range(0.0, float(MAX_EPOCHS), "passes over the train rows (0 = train.steps counts)")
+
+
 @dataclass
 class TrainConfig:
     """Optimisation, checkpoints and logging."""
 
     steps: int = 100
     """Optimizer steps (each on a fresh rollout batch when updates_per_batch = 1)."""
+    epochs: float = ranged(0.0, EPOCHS)
+    """Passes over the task's train rows, instead of train.steps (0 = train.steps counts): the run makes
+    ceil(epochs x train rows / prompts per step) steps (rollout.prompts_per_step; sft.batch_size for
+    `vlmrl sft`). Only a task with a fixed set of train rows (the dataset task, geometry from files)
+    has epochs; train.steps given as well must be the number the epochs make (safety/early_checks.py)."""
     lr: float = ranged(1e-6, LEARNING_RATE)
     """Peak learning rate of AdamW."""
     weight_decay: float = ranged(0.0, SCALE)

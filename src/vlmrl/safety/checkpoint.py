@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from vlmrl.disk import DiskFull, output_folder, writing
-from vlmrl.errors import VlmrlError, warn
+from vlmrl.errors import VlmrlError, one_line, warn
 from vlmrl.models.adapter_folder import no_base_config_warning, store_base_path
 from vlmrl.models.folder_check import safetensors_problem
 
@@ -190,7 +190,8 @@ def read_checkpoint(folder: Path, needs_reference: bool = False) -> dict:
     be read (truncated, or holding anything but tensors and plain data), when what it holds cannot
     be put back (`state_problem`: a step other than its folder's, optimizer moments of two shapes,
     no param groups, RNG or scheduler states that do not restore...), when there are no model or
-    adapter weights, when a safetensors file is shorter than its header says, or, with
+    adapter weights, when a safetensors file is shorter than its header says, when a JSON file of it
+    (config.json first) is missing or does not parse (`settings_problem`), or, with
     `needs_reference` (a run whose KL term keeps a reference copy), when reference.safetensors is
     missing.
     """
@@ -219,7 +220,27 @@ def read_checkpoint(folder: Path, needs_reference: bool = False) -> dict:
         problem = safetensors_problem(file)
         if problem:
             raise DamagedCheckpoint(f"checkpoint {folder} is damaged: {file.name} {problem}")
+    problem = settings_problem(folder, adapter=not any(p.name.startswith("model") for p in weights))
+    if problem:
+        raise DamagedCheckpoint(f"checkpoint {folder} is damaged: {problem}")
     return state
+
+
+def settings_problem(folder: Path, adapter: bool) -> str | None:
+    """What is wrong with the JSON files of checkpoint `folder` (the model's or adapter's config.json,
+    the processor's and tokenizer's settings), in words naming the file, or None: the model's config
+    missing, or a file that is not a JSON object (truncated, overwritten...)."""
+    needed = folder / ("adapter_config.json" if adapter else "config.json")
+    if not needed.is_file():
+        return f"{needed.name} is missing"
+    for file in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            return f"{file.name} is unreadable ({one_line(error)})"
+        if not isinstance(data, dict):
+            return f"{file.name} holds a JSON {type(data).__name__}, not an object"
+    return None
 
 
 def reference_missing(folder: Path) -> str | None:

@@ -5,12 +5,14 @@ config is built (config.py). What needs more than the config is checked here, be
 loads, so that a mistake costs a second and one `error:` line rather than a model load (or a step):
 - the batch layout over the processes `accelerate launch` starts (WORLD_SIZE);
 - the task: its name and parameters (a dataset that is missing or malformed), and the splits that
-  evaluation asks for;
-- the `rewards` (a train run): each one resolves, takes the arguments vlmrl passes and the data has,
-  a task's own score gives a dict, and the gold answer scores 1 on each comparing built-in
-  (rewards/checks.py), on the first train examples;
+  evaluation asks for; `train.epochs` made into `train.steps` from its train rows (`epoch_steps`);
+- the `rewards` (of a train run; of an sft run too when its config names them, which its evaluations
+  score with and a train run of the same config trains on): each one resolves, takes the arguments
+  vlmrl passes and the data has, a task's own score gives a dict, and the gold answer scores 1 on
+  each comparing built-in (rewards/checks.py), on the first train examples;
 - `rollout.tools` (an unknown name, a module that does not import) and `train.trackers` (asked for,
   not installed);
+- the run folder (`output_dir`): it, or the folder it will be made in, takes a new file (read-only: one line);
 - the model: a local folder that does not exist, a hub id while offline, a model vlmrl cannot train
   (an encoder-decoder, remote code not allowed, not image-text-to-text, a processor that needs a
   missing package: model_source.py), a device this machine does not have (model.device=cuda without
@@ -23,10 +25,14 @@ follow once it is loaded (preflight.py).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import math
 import os
+from pathlib import Path
 
-from vlmrl.config import Config, check_config
+from vlmrl.config import Config, TrainConfig, check_config
+from vlmrl.disk import cannot_write
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
@@ -88,6 +94,47 @@ def check_device(device: str) -> None:
         resolve_device(device, "model.device")
 
 
+def epoch_steps(config: Config, task: Task, mode: str) -> None:
+    """train.epochs made into train.steps, set in `config` itself (the run, its checkpoints and
+    evaluations count steps): ceil(epochs x the task's train rows / the prompts of a step). A task
+    without a fixed set of train rows has no epochs, and a train.steps that says otherwise than the
+    epochs (other than its default) is refused, each in one line."""
+    epochs = config.train.epochs
+    if not epochs:
+        return
+    size = getattr(task, "size", None)
+    rows = size("train") if size is not None else None
+    if not rows:
+        raise VlmrlError(f"train.epochs={epochs:g} needs a task with a fixed set of train rows (the dataset task); "
+                         f"task {task.name!r} makes a new example for every index: give train.steps instead")
+    per_step = config.sft.batch_size if mode == "sft" else config.rollout.prompts_per_step
+    steps = math.ceil(epochs * rows / per_step)
+    if config.train.steps not in (TrainConfig.steps, steps):
+        raise VlmrlError(f"train.steps={config.train.steps} and train.epochs={epochs:g} both set the run's length "
+                         f"({epochs:g} epochs of {rows} train rows at {per_step} a step are {steps} steps): give one")
+    config.train.steps = steps
+
+
+def check_output_writable(output_dir: str) -> None:
+    """VlmrlError in one line when the run could not write its folder: `output_dir`, or the nearest
+    folder above it that exists when it is not made yet (nothing is created here), must take a new
+    file (a probe made and removed): a read-only folder, or a file in the way, is said now."""
+    folder = existing = Path(output_dir)
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(existing))
+        probe = existing / f".vlmrl-write-check.{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError as error:  # said of the folder: the probe's name means nothing to the user
+            raise type(error)(error.errno, error.strerror, str(existing)) from error
+        probe.unlink()
+    except OSError as error:
+        raise cannot_write("the run", folder, error) from error
+
+
 def check_before_loading(config: Config, mode: str, task: Task | None = None) -> Task:
     """VlmrlError (one line) for what would stop a `mode` ("train" or "sft") run once loaded; returns
     the run's task: `task` when given (a Task built in Python, vlmrl.training.api), else the config's.
@@ -95,10 +142,12 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
     built in Python is refused in the line `vlmrl train` prints."""
     check_config(config)
     check_model_source(config.model.name_or_path, config.model.trust_remote_code)  # the first thing a new user builds: said first
+    check_output_writable(config.output_dir)
     world = launched_world()
     (config.rollout if mode == "train" else config.sft).check_layout(world)
     if task is None:
         task = run_task(config.task.name, config.seed, config.task.params)
+    epoch_steps(config, task, mode)
     if config.eval.every > 0:
         for split in config.eval.splits:
             if split not in task.splits:
@@ -110,7 +159,7 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
         examples = first_examples(task, min(config.rollout.prompts_per_step, REWARD_CHECK_EXAMPLES) if gold else 1)
         check_rewards(rewards, task, examples)
         check_weights(rewards, bool(config.algorithm.teacher))
-    elif config.eval.every > 0 and config.rewards:  # sft evaluates with the run's rewards
+    elif config.rewards:  # sft evaluates with them, and a train run of this config trains on them: said now
         check_rewards(evaluation_rewards(config.rewards, task), task, first_examples(task, 1))
     if config.rollout.tools:
         resolve_tools(config.rollout.tools)

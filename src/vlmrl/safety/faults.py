@@ -50,6 +50,13 @@ SAME_STOP_S = 1.0
 """Stop signals this many seconds or less after the first are the same request (see the module doc)."""
 
 
+MAIN_FIRST_S = 2.0
+"""Seconds a process other than the main one waits before it leaves on an error that the main process
+met and says (training/session.py `on_main`: a full disk while saving, a refusal before step 1): the
+main process prints its line and ends first, so the launcher names it as the run's failure and does
+not stop it (SIGTERM) before its line is out, and no other process's error stands in its place."""
+
+
 def any_process(accelerator, flag: bool) -> bool:
     """True when `flag` is True on any process (a collective: every process calls it)."""
     total = accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum")

@@ -8,10 +8,12 @@ lock (fcntl.lockf), so:
 
 - the kernel drops it when its process ends, however it ends (a crash, SIGKILL): the .lock file a
   dead process leaves behind never blocks anyone;
-- it belongs to the process: a forked worker does not inherit it, and the process that holds a
-  folder may take it again (a notebook calling train() again after an error, before the first
-  session was closed). Each `hold` is given back by its own `release()`; the lock goes when the last
-  one is given back.
+- it belongs to the process: a forked worker does not inherit it. Within the process, vlmrl keeps
+  its own record of the folders it holds (`_HELD`, under a thread lock): a folder held by a hold not
+  yet given back is refused to a second holder of this process too (another thread's `vlmrl.train`,
+  a second session while the first is open), in the same one line. A session gives its hold back when
+  it closes, however it ends (an error, Ctrl-C: training/session.py), so a notebook may call train()
+  again in the same folder after an error.
 
 A filesystem without locks (some network mounts) is said in a warning, and the run goes on unlocked.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +31,18 @@ from vlmrl.errors import VlmrlError, warn
 
 LOCK_FILE = ".lock"
 
-_HELD: dict[str, list[int]] = {}
-"""This process's locks: the lock file's real path -> [its descriptor, how many holds]."""
+_HELD: dict[str, int] = {}
+"""This process's holds: the lock file's real path -> its descriptor."""
+
+_HELD_LOCK = threading.Lock()
+"""Makes looking a folder up in _HELD and taking it one step (two threads cannot both take it)."""
 
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 """What lockf says on a filesystem that has no locks."""
 
 
 class FolderBusy(VlmrlError):
-    """The folder is held by another live process."""
+    """The folder is held by another live process, or by another holder in this one."""
 
 
 @dataclass
@@ -44,29 +50,36 @@ class FolderLock:
     """A hold on a folder (see the module doc); `release()` gives it back."""
 
     key: str | None
-    """The lock file's real path (the key of this process's holds); None: no lock could be taken."""
+    """The lock file's real path (the key of this process's holds); None once given back."""
 
     def release(self) -> None:
-        """Give this hold back (once); the lock goes with the process's last hold."""
+        """Give this hold back (once): the kernel drops the lock, and the folder is free."""
         key, self.key = self.key, None
-        held = _HELD.get(key) if key is not None else None
-        if held is None:
+        with _HELD_LOCK:
+            descriptor = _HELD.pop(key, None) if key is not None else None
+        if descriptor is None or descriptor < 0:  # given back already, or a folder that could not be locked
             return
-        held[1] -= 1
-        if held[1] == 0:
-            del _HELD[key]
-            os.ftruncate(held[0], 0)  # no process id left in a free lock file
-            os.close(held[0])  # the kernel drops the lock
+        os.ftruncate(descriptor, 0)  # no process id left in a free lock file
+        os.close(descriptor)  # the kernel drops the lock
 
 
 def hold(folder: str | Path, what: str) -> FolderLock:
     """Hold `folder` (created if missing) for this process; FolderBusy naming `what` and the
-    process that holds it when another live one does."""
+    process that holds it when another live one does, or when this process holds it already."""
     path = Path(folder) / LOCK_FILE
-    key = os.path.realpath(path)
-    if key in _HELD:  # this process holds it already (never open it twice: closing the second
-        _HELD[key][1] += 1  # descriptor would drop the process's lock)
+    with _HELD_LOCK:
+        key = os.path.realpath(path)
+        if key in _HELD:  # never open it twice: closing the second descriptor would drop the lock
+            raise FolderBusy(f"{path.parent} is in use by {what} in this process (process {os.getpid()}: another "
+                             "thread, or a run not yet finished): wait for it to end, or use another folder")
+        _HELD[key] = _locked(path, what)
         return FolderLock(key)
+
+
+def _locked(path: Path, what: str) -> int:
+    """A descriptor of the lock file `path` holding its lock, with this process's id written in it;
+    -1 on a filesystem without locks (said in a warning: the folder is then held within this process
+    only); FolderBusy when another process holds it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -78,7 +91,7 @@ def hold(folder: str | Path, what: str) -> FolderLock:
         if error.errno in _NO_LOCKS:
             os.close(descriptor)
             warn(f"{path.parent} cannot be locked ({error.strerror}): nothing stops a second process using it")
-            return FolderLock(None)
+            return -1
         holder = _read_pid(descriptor)
         os.close(descriptor)
         raise FolderBusy(f"{path.parent} is in use by {what}"
@@ -86,8 +99,7 @@ def hold(folder: str | Path, what: str) -> FolderLock:
                          + ": wait for it to end or stop it, or use another folder") from error
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
-    _HELD[key] = [descriptor, 1]
-    return FolderLock(key)
+    return descriptor
 
 
 def holder(folder: str | Path) -> int | None:

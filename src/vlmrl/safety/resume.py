@@ -47,7 +47,8 @@ RESUME_MAY_CHANGE = (
     "model.device", "model.attn_implementation", "model.trust_remote_code", "model.gradient_checkpointing",
     "rollout.share_prompt_cache", "rollout.decode", "rollout.max_prompt_length", "rollout.generation_batch_size",
     "rollout.tool_timeout_s", "rollout.fsdp_generation",
-    "train.steps", "train.max_bad_steps", "train.micro_batch_size", "train.pack_groups", "train.block_attention",
+    "train.steps", "train.epochs", "train.max_bad_steps", "train.micro_batch_size", "train.pack_groups",
+    "train.block_attention",
     "train.batched_vision_attention", "train.fused_kernels", "train.logprob_chunk", "train.save_every",
     "train.keep_checkpoints", "train.log_rollouts_every", "train.attention_every", "train.trackers",
     "train.tracker_project", "eval.")

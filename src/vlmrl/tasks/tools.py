@@ -54,12 +54,13 @@ import json
 import math
 import pickle
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from PIL import Image
 
-from vlmrl.errors import VlmrlError
+from vlmrl.errors import VlmrlError, warn
 from vlmrl.data.images import to_rgb
 from vlmrl.imports import is_file_spec, load_module
 from vlmrl.tasks.video import Video
@@ -365,6 +366,11 @@ IMPORT_S = 60.0
 exits or kills its process at import stops there, in one line, and never takes the trainer along."""
 
 
+SLOW_IMPORT_S = 5.0
+"""Seconds after which a tool's module still importing is said in one line (which module, and the
+limit, IMPORT_S), rather than a silent wait."""
+
+
 def import_only(module_name: str) -> None:
     """Import `module_name` (a tool worker's job: nothing comes back but success)."""
     importlib.import_module(module_name)
@@ -380,12 +386,20 @@ def _import_tool(path: str) -> Callable[..., Any]:
                          "that imports it by module name): put the file's folder on PYTHONPATH")
     if not module_name or not attribute.isidentifier():
         raise VlmrlError(f"tool {path!r} must be written package.module:function")
+    slow = threading.Timer(SLOW_IMPORT_S, warn, [f"the module {module_name} of tool {path!r} is slow to import "
+                                                 f"({SLOW_IMPORT_S:g} s so far, in the tool worker); it is stopped "
+                                                 f"at {IMPORT_S:g} s"])
+    slow.daemon = True
     try:
+        WORKER.run(import_only, (__name__,), IMPORT_S)  # the worker up (it imports this module first): not timed
+        slow.start()
         WORKER.run(import_only, (module_name,), IMPORT_S)
     except WorkerTimeout:
         raise VlmrlError(f"the module of tool {path!r} did not finish importing within {IMPORT_S:g} s") from None
     except WorkerFailed as error:
         raise VlmrlError(f"cannot import the module of tool {path!r}: {error}") from None
+    finally:
+        slow.cancel()
     function = getattr(load_module(module_name, "tool", path), attribute, None)
     if not callable(function):
         raise VlmrlError(f"tool {path!r} must name a function in {module_name}; got {function!r}")

@@ -21,6 +21,7 @@ anything in it is read until `close()`: a second trainer started in it is refuse
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -47,7 +48,7 @@ from vlmrl.safety.checkpoint import (
     save_checkpoint,
     save_model,
 )
-from vlmrl.safety.faults import NumericGuard, OptimizerUpdate, StopSignals, any_process
+from vlmrl.safety.faults import MAIN_FIRST_S, NumericGuard, OptimizerUpdate, StopSignals, any_process
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.safety.preflight import copies_reference
 from vlmrl.safety.resume import (
@@ -96,6 +97,16 @@ class TrainingSession:
         self.run_dir = Path(config.output_dir)
         self.command = "train" if with_reference else "sft"  # recorded in each checkpoint, checked on resume
         self.folder_lock = self.hold_run_folder()
+        try:
+            self.open(config, with_reference, total_updates)
+        except BaseException:  # a session that fails to open gives the folder back (a notebook may call again)
+            if self.folder_lock is not None:
+                self.folder_lock.release()
+            raise
+
+    def open(self, config: Config, with_reference: bool, total_updates: int) -> None:
+        """Everything of `__init__` once the run folder is held: the policy (from the checkpoint on resume),
+        the reference, the teacher, sharding, the optimizer and scheduler, the logs and the signals."""
         checkpoint, state = self.open_policy(with_reference)  # self.policy, self.processor
         self.reference: ReferencePolicy | None = (
             build_reference(self.policy, config.algorithm) if with_reference else None)
@@ -179,7 +190,8 @@ class TrainingSession:
                                                             self.strategy.loading_place(self.rank))
 
     def on_main(self, check, *args) -> None:
-        """`check(*args)` on the main process; a VlmrlError it raises is raised on every process."""
+        """`check(*args)` on the main process; a VlmrlError it raises is raised on every process (on
+        the others after MAIN_FIRST_S, so the main process's line is the one the launch shows)."""
         problem = None
         if self.main:
             try:
@@ -187,6 +199,8 @@ class TrainingSession:
             except VlmrlError as error:
                 problem = error
         if self.any_process(problem is not None):
+            if problem is None:
+                time.sleep(MAIN_FIRST_S)
             raise problem or VlmrlError("the main process stopped the run (see its error)")
 
     def data_fingerprint(self) -> dict[str, str]:
@@ -289,14 +303,17 @@ class TrainingSession:
         self.accelerator.wait_for_everyone()
         self.refuse_non_finite_weights(f"checkpoint of step {steps_done}")
         whole = self.gather_state(for_checkpoint=True)  # every process takes part in gathering a sharded run's
-        if self.main:
-            folder = save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer,
-                                     self.scheduler, cursor, self.reference,
-                                     keep=self.config.train.keep_checkpoints,
-                                     extra={"faults": self.guard.state_dict(), "command": self.command},
-                                     gathered=whole)
+        # the main process writes; its one-line error (a full disk) stops every process in one line, not
+        # the others in a traceback at their next collective once it has gone
+        self.on_main(self.write_checkpoint, steps_done, cursor, whole)
         self.saved_step = steps_done
         return folder
+
+    def write_checkpoint(self, steps_done: int, cursor: int, whole: Gathered | None) -> None:
+        """The main process's part of `save`: the checkpoint of `steps_done` written to its folder."""
+        save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer, self.scheduler,
+                        cursor, self.reference, keep=self.config.train.keep_checkpoints,
+                        extra={"faults": self.guard.state_dict(), "command": self.command}, gathered=whole)
 
     def refuse_non_finite_weights(self, what: str) -> None:
         """Stop in one line, writing nothing, when the policy's weights hold NaN/inf on any process:
@@ -423,8 +440,10 @@ class TrainingSession:
         self.closed = True
         self.signals.restore()
         if self.main:
-            self.log.close()
-            self.folder_lock.release()
+            try:
+                self.log.close()
+            finally:
+                self.folder_lock.release()
         release_process_group(self.model)
         self.accelerator.end_training()
 
@@ -483,14 +502,17 @@ class TrainingSession:
             metrics |= scalar_metrics(evaluation.results, prefix=f"eval/{split}/{who + '/' if who else ''}")
         return metrics
 
+    def write_final(self, whole: Gathered | None) -> None:
+        """The main process's part of `finish`: the final model written to run_dir/final."""
+        with writing("the final model", self.run_dir / "final"):
+            save_model(self.run_dir / "final", self.policy, self.processor, whole and whole.weights)
+
     def finish(self) -> Path:
         """Save the final model into run_dir/final and close the processes; returns run_dir."""
         self.accelerator.wait_for_everyone()
         self.refuse_non_finite_weights("final model")
         whole = self.gather_state(for_checkpoint=False)
-        if self.main:
-            with writing("the final model", self.run_dir / "final"):
-                save_model(self.run_dir / "final", self.policy, self.processor, whole and whole.weights)
+        self.on_main(self.write_final, whole)  # a full disk: one line on every process (see `save`)
         # every process tears its process group down together: one that left while the main one still
         # wrote has been seen to abort at exit ("terminate called without an active exception")
         self.accelerator.wait_for_everyone()
