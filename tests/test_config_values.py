@@ -249,5 +249,5 @@ def test_every_float_field_is_declared_with_its_range():
                 yield prefix + f.name, f
 
     found = dict(floats(Config)) | {"rewards[].weight": dict(floats(RewardConfig))["weight"]}
-    assert len(found) == 22
+    assert len(found) == 23
     assert [key for key, f in found.items() if field_range(f) is None] == []

@@ -231,7 +231,8 @@ def test_train_epochs_of_a_task_without_end_and_out_of_range_are_refused(tiny_mo
                                          r"train.steps instead$"):
         check_before_loading(load_config(None, [f"model.name_or_path={tiny_model_dir}", "train.epochs=2"]), "train")
     for bad in ("-1", ".inf", "1e300"):
-        with pytest.raises(VlmrlError, match=r"^train.epochs must be in \[0, 100,000\] \(0 = train.steps counts\)"):
+        with pytest.raises(VlmrlError, match=r"^train.epochs must be in \[0, 100000\] \(passes over the train rows "
+                                                 r"\(0 = train.steps counts\)\); got "):
             load_config(None, [f"train.epochs={bad}"])
 
 
