@@ -21,6 +21,7 @@ anything in it is read until `close()`: a second trainer started in it is refuse
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -496,6 +497,18 @@ class TrainingSession:
         self.accelerator.wait_for_everyone()
         self.close()
         return self.run_dir
+
+
+class StepClock:
+    """A step's clocks, started when made: `metrics()` gives its wall-clock `seconds` and `time/cpu`,
+    this process's CPU seconds in it (user + sys, all its threads), as GRPO and SFT log them."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def metrics(self) -> dict[str, float]:
+        """{"seconds": wall-clock seconds since the clock started, "time/cpu": CPU seconds since then}."""
+        return {"seconds": time.perf_counter() - self.wall, "time/cpu": time.process_time() - self.cpu}
 
 
 def epoch_metric(task: Task, seen: int) -> dict[str, float]:
