@@ -29,9 +29,9 @@ it: answer_tag (`<think> ... </think> <answer> X </answer>`, the house format an
 template asks for), boxed (the last `\\boxed{X}`) or whole (the completion is the answer); auto is boxed
 for a template that asks for `\\boxed` and not for `<answer>`, else answer_tag. A row without a worked
 solution gets an SFT target made from its answer in that format and nothing else (reference_of):
-`<think> </think> <answer> X </answer>`, `\\boxed{X}` or `X`. A sentence of fixed text around the
-answer was measured to slow SFT about 3x (docs/results.md): the model spends its first steps and its
-optimizer's step sizes on tokens that carry nothing, and must decide the answer far from the image.
+`<think> </think> <answer> X </answer>`, `\\boxed{X}` or `X`. The fixed 34-token sentence it once
+put before the answer left 120 SFT steps at 31.5% held out, against 100% for this target and 99% for
+a short worked solution (docs/results.md): the steps went to tokens that carry nothing.
 
 Reward: accuracy (the verifier on the final answer: math, number, choice or exact) + format_weight x
 format (answer_tag: the strict <think>/<answer> layout; boxed: a `\\boxed{}` present; whole: a
