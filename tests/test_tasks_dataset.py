@@ -338,6 +338,7 @@ def test_the_target_made_from_an_answer_is_the_answer_in_the_runs_format(tmp_pat
         with pytest.raises(VlmrlError, match=r"^reward 'accuracy' gives 0, not 1, to the SFT target made from the "
                                              r"answer of train example 0 .*task.params.answer_format[^\n]*$"):
             check_rewards([resolve("accuracy")], task, examples)
+        check_rewards([*rewards, resolve("accuracy", weight=0.0)], task, examples)  # logged only: not held to it
 
 
 def test_a_made_target_keeps_the_reasoning_of_a_solution_and_a_given_target_is_not_made(tmp_path):

@@ -9,7 +9,7 @@
 - every built-in reward that compares, the built-in `format` and the task's own accuracy give full
   marks to an SFT target the task made from a gold answer (`meta["made_reference"]`): a target in
   another answer format than the rewards read (`<answer>` tags against `\\boxed{}`) would be learnt
-  in SFT and then paid 0 by GRPO.
+  in SFT and then paid 0 by GRPO (a reward of weight 0, only logged, may read another format).
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ def check_gold(reward: Reward, examples: list) -> None:
 
 def check_made_reference(reward: Reward, task, examples: list) -> None:
     """VlmrlError unless `reward` (a built-in, or the task's own score by its accuracy) gives full marks
-    (1) to each SFT target made from a gold answer (an example whose meta["made_reference"] is true)."""
+    (1) to each SFT target made from a gold answer (an example whose meta["made_reference"] is true);
+    a reward of weight 0 (logged, not paid) is not held to it."""
     made = [e for e in examples if e.meta.get("made_reference") and str(e.answer).strip()]
-    if not made:
+    if not made or reward.weight == 0:
         return
     if reward.of_task:
         values = [task.score(e, e.reference_completion).get("accuracy") for e in made]
