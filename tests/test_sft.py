@@ -61,7 +61,7 @@ def test_sft_learns_an_answer_that_only_the_image_holds(tmp_path, tiny_model_dir
     assert rows[-1]["eval/test/blank/accuracy"] == rows[-1]["eval/test/shuffled/accuracy"] == 0.375  # eval.blind_check
 
 
-def test_sft_logs_the_epoch_of_a_dataset_and_none_for_a_generator(tmp_path, tiny_model_dir, letter_task):
+def test_sft_logs_its_cpu_seconds_and_the_epoch_of_a_dataset_and_none_for_a_generator(tmp_path, tiny_model_dir, letter_task):
     from PIL import Image
 
     rows = []
@@ -73,6 +73,8 @@ def test_sft_logs_the_epoch_of_a_dataset_and_none_for_a_generator(tmp_path, tiny
               "eval.every=0"]
     run = sft(load_config(None, [*common, "task.name=dataset", f"task.params.path={tmp_path / 'train.jsonl'}",
                                  "task.params.test_fraction=0", f"output_dir={tmp_path / 'data-run'}"]))
-    assert [row["epoch"] for row in read_metrics(run / "metrics.jsonl")] == [0.4, 0.8, 1.2]  # 5 rows, 2 a step
+    data_rows = read_metrics(run / "metrics.jsonl")
+    assert [row["epoch"] for row in data_rows] == [0.4, 0.8, 1.2]  # 5 rows, 2 a step
+    assert all(0 < row["time/cpu"] and 0 < row["seconds"] for row in data_rows)  # CPU seconds beside the wall clock, as GRPO's
     run = sft(load_config(None, [*common, "task.name=letter_task:LetterTask", f"output_dir={tmp_path / 'gen-run'}"]))
     assert all("epoch" not in row for row in read_metrics(run / "metrics.jsonl"))

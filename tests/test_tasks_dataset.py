@@ -317,3 +317,42 @@ def test_the_fingerprint_of_a_saved_folder_and_of_a_python_dataset(tmp_path):
     assert differences(first, prints(edited)) == [f"split train: {first['split train']} -> "
                                                    f"{prints(edited)['split train']}"]
     assert differences({"a": "1"}, {"b": "1"}) == ["a removed", "b added"]
+
+
+@pytest.mark.parametrize("template, answer_format, target, reward_kwargs", [
+    ("{prompt}", "auto", "<think> </think> <answer> {} </answer>", {}),
+    ("{prompt}\nPut the final answer in \\boxed{{}}.", "auto", "\\boxed{{{}}}", {"extract": "boxed"}),
+    ("{prompt}\nAnswer with one word.", "whole", "{}", {"extract": "whole"}),
+])
+def test_the_target_made_from_an_answer_is_the_answer_in_the_runs_format(tmp_path, template, answer_format, target,
+                                                                           reward_kwargs):
+    from vlmrl.rewards.checks import check_rewards
+    from vlmrl.rewards.reward import resolve
+
+    task = get_task("dataset", path=str(write_layout(tmp_path, "trl")), template=template, answer_format=answer_format)
+    examples = [task.example(i) for i in range(4)]
+    for example in examples:  # nothing made up around the answer (it was a 31-token fixed sentence)
+        assert example.reference_completion == target.format(example.answer) and example.meta["made_reference"]
+        assert task.score(example, example.reference_completion) == {"accuracy": 1.0, "format": 1.0, "total": 1.5}
+    rewards = [resolve("task", task=task), resolve("accuracy", kwargs=reward_kwargs), resolve("exact", kwargs=reward_kwargs)]
+    check_rewards(rewards, task, examples)  # the run's rewards give the made target full marks
+    if reward_kwargs:  # a reward that reads <answer> tags would pay the target 0: refused before step 1, in one line
+        with pytest.raises(VlmrlError, match=r"^reward 'accuracy' gives 0, not 1, to the SFT target made from the "
+                                             r"answer of train example 0 .*task.params.answer_format[^\n]*$"):
+            check_rewards([resolve("accuracy")], task, examples)
+        check_rewards([*rewards, resolve("accuracy", weight=0.0)], task, examples)  # logged only: not held to it
+
+
+def test_a_made_target_keeps_the_reasoning_of_a_solution_and_a_given_target_is_not_made(tmp_path):
+    write_images(tmp_path)
+    data = [{"prompt": r["question"], "images": r["charts"],
+             "solution": f"<think> It is {r['answer']}. </think> <answer> {r['answer']} </answer>"} for r in rows()]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in data))
+    example = get_task("dataset", path=str(tmp_path / "train.jsonl")).example(0)
+    assert example.reference_completion == f"<think> It is {example.answer}. </think> <answer> {example.answer} </answer>"
+    boxed = get_task("dataset", path=str(tmp_path / "train.jsonl"), answer_format="boxed").example(0)
+    assert boxed.reference_completion == f"It is {boxed.answer}. \\boxed{{{boxed.answer}}}"
+    given = get_task("dataset", path=str(tmp_path / "train.jsonl"), columns={"reference": "solution"}).example(0)
+    assert not given.meta["made_reference"] and given.reference_completion == data[given.meta["row"]]["solution"]
+    with pytest.raises(VlmrlError, match=r"^answer_format must be one of auto, answer_tag, boxed, whole, got 'tags'$"):
+        get_task("dataset", path=str(tmp_path / "train.jsonl"), answer_format="tags")

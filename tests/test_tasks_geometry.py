@@ -136,7 +136,7 @@ def test_geoqa_schema_jsonl_with_relative_image_paths(data):
     row = example.meta["row"]
     assert example.answer == f"{100 + row}°" and example.meta["schema"] == "geoqa"
     assert example.image.getpixel((0, 0)) == Image.new("RGB", (1, 1), COLORS[row % 5]).getpixel((0, 0))
-    assert example.reference_completion.endswith(f"<answer> {100 + row}° </answer>")
+    assert example.reference_completion == f"<think> </think> <answer> {100 + row}° </answer>"  # made from the answer alone
     good = task.score(example, f"<think> angles </think> <answer> {100 + row} </answer>")
     assert good == {"accuracy": 1.0, "format": 1.0, "total": 1.5}
     assert get_task("geometry", source=str(data / "geoqa" / "train.jsonl")).example(0).meta["schema"] == "open_r1"

@@ -7,7 +7,11 @@
   (written as `<answer>gold</answer>`, `\\boxed{gold}` or bare: the best of the three): a gold answer
   a verifier cannot read would score every completion 0, or None, silently;
 - a run trains on some reward (`check_weights`): with every weight 0 the total is 0 and nothing is
-  learnt, unless a teacher gives the signal (distillation, the rewards logged beside it).
+  learnt, unless a teacher gives the signal (distillation, the rewards logged beside it);
+- every built-in reward that compares, the built-in `format` and the task's own accuracy give full
+  marks to an SFT target the task made from a gold answer (`meta["made_reference"]`): a target in
+  another answer format than the rewards read (`<answer>` tags against `\\boxed{}`) would be learnt
+  in SFT and then paid 0 by GRPO (a reward of weight 0, only logged, may read another format).
 """
 
 from __future__ import annotations
@@ -52,6 +56,28 @@ def check_weights(rewards: list[Reward], teacher: bool) -> None:
                          "total of 0; give one a weight (0 only logs a reward)")
 
 
+def check_made_reference(reward: Reward, task, examples: list) -> None:
+    """VlmrlError unless `reward` (a built-in, or the task's own score by its accuracy) gives full marks
+    (1) to each SFT target made from a gold answer (an example whose meta["made_reference"] is true);
+    a reward of weight 0 (logged, not paid) is not held to it."""
+    made = [e for e in examples if e.meta.get("made_reference") and str(e.answer).strip()]
+    if not made or reward.weight == 0:
+        return
+    if reward.of_task:
+        values = [task.score(e, e.reference_completion).get("accuracy") for e in made]
+    else:
+        values = reward.fn(**reward.keywords({
+            "completions": [[{"role": "assistant", "content": e.reference_completion}] for e in made],
+            "answer": [str(e.answer) for e in made]}))
+    for example, value in zip(made, values):
+        if value is not None and value < 1.0:
+            raise VlmrlError(f"reward {reward.name!r} gives {value:g}, not 1, to the SFT target made from the answer of "
+                             f"{example.meta.get('split', 'train')} example {example.meta.get('idx', '?')} "
+                             f"({example.reference_completion[:80]!r}): it reads the answer in another format; give the "
+                             "reward the task's answer format (kwargs: {extract: answer_tag|boxed|whole}) or set "
+                             "task.params.answer_format to the one the rewards read (docs/data.md)")
+
+
 def check_rewards(rewards: list[Reward], task, examples: list) -> None:
     """Every check of this module on `examples` (the first train examples)."""
     columns = {name for e in examples for name in (e.meta.get("columns") or {})}
@@ -59,5 +85,8 @@ def check_rewards(rewards: list[Reward], task, examples: list) -> None:
     if examples and any(r.of_task for r in rewards):
         check_task_score(task, examples[0])
     for reward in rewards:
-        if reward.spec in COMPARING and BUILTIN.get(reward.spec) is not None:
+        builtin = BUILTIN.get(reward.spec) is not None
+        if reward.spec in COMPARING and builtin:
             check_gold(reward, examples)
+        if reward.of_task or (builtin and (reward.spec in COMPARING or reward.spec == "format")):
+            check_made_reference(reward, task, examples)

@@ -148,9 +148,7 @@ class GeometryFiles(DatasetTask):
 
     def answer_and_reference(self, text: RowText) -> tuple[str, str]:
         gold = _TAGS.sub(" ", text.answer).strip()
-        reasoning = (reasoning_from_solution(text.solution)
-                     or "I read the figure and the question, and work out the answer step by step.")
-        return gold, reference_of(reasoning, gold)
+        return gold, reference_of(reasoning_from_solution(text.solution), gold, self.answer_format)
 
     def _example(self, idx: int, split: str) -> Example:
         example = super()._example(idx, split)

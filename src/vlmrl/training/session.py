@@ -520,6 +520,18 @@ class TrainingSession:
         return self.run_dir
 
 
+class StepClock:
+    """A step's clocks, started when made: `metrics()` gives its wall-clock `seconds` and `time/cpu`,
+    this process's CPU seconds in it (user + sys, all its threads), as GRPO and SFT log them."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def metrics(self) -> dict[str, float]:
+        """{"seconds": wall-clock seconds since the clock started, "time/cpu": CPU seconds since then}."""
+        return {"seconds": time.perf_counter() - self.wall, "time/cpu": time.process_time() - self.cpu}
+
+
 def epoch_metric(task: Task, seen: int) -> dict[str, float]:
     """{"epoch": passes over the train rows that `seen` train examples make (1.5: one and a half)} for a
     task whose train split has a size (a file-backed one: `size`), {} for a generator (no end)."""

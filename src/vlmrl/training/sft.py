@@ -26,7 +26,6 @@ first time it is drawn.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -45,7 +44,7 @@ from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
 from vlmrl.training.logprobs import LogprobScorer
-from vlmrl.training.session import TrainingSession, epoch_metric
+from vlmrl.training.session import StepClock, TrainingSession, epoch_metric
 
 
 def completion_text(processor, example: Example) -> str:
@@ -98,7 +97,7 @@ def sft(config: Config, task: Task | None = None) -> Path:
                         total=config.train.steps, desc="sft", unit="step", disable=not session.main,
                         dynamic_ncols=True)
         for step in progress:
-            started = time.perf_counter()
+            clock = StepClock()
             first = step * batch + session.rank * per_process
             wanted = list(range(first, first + per_process))
             used, examples = rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
@@ -113,8 +112,8 @@ def sft(config: Config, task: Task | None = None) -> Path:
             metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
             metrics |= epoch_metric(task, (step + 1) * batch)
             metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
-                        "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped,
-                        "seconds": time.perf_counter() - started}
+                        "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped}
+            metrics |= clock.metrics()
             metrics |= session.maybe_evaluate(step + 1, task)
             session.record(metrics)
             progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")

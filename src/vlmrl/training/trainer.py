@@ -36,7 +36,7 @@ from vlmrl.tasks import Task
 from vlmrl.training.experience import Experience, GroupSampler, collect_experience
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training.policy_update import update_policy
-from vlmrl.training.session import TrainingSession, epoch_metric
+from vlmrl.training.session import StepClock, TrainingSession, epoch_metric
 
 
 def train(config: Config, task: Task | None = None) -> Path:
@@ -60,7 +60,7 @@ def train(config: Config, task: Task | None = None) -> Path:
                         total=config.train.steps, desc="train", unit="step", disable=not session.main,
                         dynamic_ncols=True)
         for step in progress:
-            started, cpu_started = time.perf_counter(), time.process_time()
+            clock = StepClock()
             session.policy.eval()
             experience, next_cursor = collect_experience(sampler, step, cursor)
             session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
@@ -77,8 +77,7 @@ def train(config: Config, task: Task | None = None) -> Path:
                                    distilling=session.teacher is not None) | update
             metrics |= epoch_metric(task, cursor)
             metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
-                        "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped,
-                        "seconds": time.perf_counter() - started, "time/cpu": time.process_time() - cpu_started}
+                        "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped} | clock.metrics()
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
             metrics |= observe(session, step + 1, experience)
             metrics |= fallback_metrics(session)
