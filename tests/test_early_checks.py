@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from read_only import read_only_probe
 
 from vlmrl.cli import main
 from vlmrl.config import load_config
@@ -236,22 +237,6 @@ def test_train_epochs_of_a_task_without_end_and_out_of_range_are_refused(tiny_mo
             load_config(None, [f"train.epochs={bad}"])
 
 
-def refusing_new_files(monkeypatch, folder) -> None:
-    """`folder` refuses new files, as a read-only folder does to a user who is not root (as root, chmod
-    refuses nothing)."""
-    import errno
-    from pathlib import Path
-
-    real = Path.write_bytes
-
-    def write_bytes(path, data):
-        if path.parent == folder:
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path, data)
-
-    monkeypatch.setattr(Path, "write_bytes", write_bytes)
-
-
 @pytest.mark.parametrize("made", [True, False])
 def test_an_output_folder_that_cannot_be_written_fails_vlmrl_check_before_the_model_loads(
         made, tmp_path, tiny_model_dir, monkeypatch, capsys, no_model_load):
@@ -260,7 +245,7 @@ def test_an_output_folder_that_cannot_be_written_fails_vlmrl_check_before_the_mo
     run = parent / "run"
     if made:
         run.mkdir()
-    refusing_new_files(monkeypatch, run if made else parent)  # read-only: the run folder, or where it is to be made
+    read_only_probe(monkeypatch, run if made else parent)  # read-only: the run folder, or where it is to be made
     capsys.readouterr()
     assert main(["check", f"model.name_or_path={tiny_model_dir}", f"output_dir={run}"]) == 2
     where = run if made else parent

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from read_only import read_only_probe
 from safetensors.torch import save_file
 
 from vlmrl.cli import main
@@ -202,18 +203,6 @@ def test_a_checkpoint_place_taken_by_a_file_or_a_link_is_one_line(tmp_path):
         save_step(tmp_path, 3)
     assert (tmp_path / "checkpoints" / "step_000002").read_text() == "notes"
     assert left_in(tmp_path) == ["step_000001", "step_000002", "step_000003"]
-
-
-def read_only_probe(monkeypatch, folder: Path) -> None:
-    """`folder` refuses new files, as a read-only folder does to a user who is not root."""
-    real = Path.write_bytes
-
-    def write_bytes(path, data):
-        if path.parent == folder:
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path, data)
-
-    monkeypatch.setattr(Path, "write_bytes", write_bytes)
 
 
 @pytest.mark.parametrize("block, message", [
