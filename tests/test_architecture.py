@@ -19,7 +19,8 @@ STEP_MODULES = ("training/trainer", "training/sft", "training/policy_update", "t
                 "training/session", "training/reference", "training/logprobs", "training/packing",
                 "training/output_layer", "rollout/scoring", "rollout/generation", "rollout/prefill",
                 "rollout/completions", "rollout/prompts", "rollout/tool_rollout", "rollout/trajectories",
-                "models/token_inputs", "models/support", "safety/faults", "report/rollout_log", "tasks/tools",
+                "models/token_inputs", "models/support", "safety/faults", "report/rollout_log", "tools/calls",
+                "tools/running", "tools/results",
                 "grpo", "seeds")
 """The modules a training step runs through (docs/development.md, "One training step, file by file")."""
 

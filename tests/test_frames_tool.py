@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from vlmrl.tasks import Example, Video
-from vlmrl.tasks.tools import FRAMES_PER_CALL, ToolCall, ToolContext, ToolLimits, frames, resolve_tools, run_tool
+from vlmrl.tools import ToolCall, ToolContext, ToolLimits, frames, resolve_tools, run_tool
+from vlmrl.tools.video_tools import FRAMES_PER_CALL
 
 
 def clip(n: int = 10, side: int = 64) -> Video:

@@ -132,7 +132,7 @@ def test_a_bouncing_square_shown_in_two_frames_needs_the_frames_tool():
     reference calls `frames` on the first half of the full video, which shows the way it went."""
     import json
 
-    from vlmrl.tasks.tools import ToolContext, frames
+    from vlmrl.tools import ToolContext, frames
 
     task = get_task("motion", bounce=True, frames=9, view_frames=2, directions="left,right")
     example = task.example(4)

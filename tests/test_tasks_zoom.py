@@ -17,7 +17,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, Task, get_task
 from vlmrl.tasks import inspect as task_inspect
 from vlmrl.tasks.shapes import RGB
-from vlmrl.tasks.tools import ToolCall, Trajectory, Turn
+from vlmrl.tools import ToolCall, Trajectory, Turn
 from vlmrl.tasks.zoom import text_color
 
 TASK = get_task("zoom", seed=0)
@@ -374,7 +374,8 @@ def test_show_task_saves_every_image_and_the_originals_that_differ(tmp_path, mon
 
 @pytest.mark.parametrize("split", ["train", "test", "ood"])
 def test_window_style_references_pick_a_window_holding_the_tag_and_score_the_maximum(split):
-    from vlmrl.tasks.tools import ToolContext, window_box, zoom_window
+    from vlmrl.tools import ToolContext, zoom_window
+    from vlmrl.tools.image_tools import window_box
 
     task = get_task("zoom", seed=0, call_style="window")
     for idx in range(30):
@@ -425,7 +426,7 @@ def test_panels_put_each_tag_alone_in_a_shaded_panel(split):
 
 @pytest.mark.parametrize("call_style, tool", [("window", "zoom_window"), ("box", "zoom")])
 def test_panels_reference_zooms_on_the_targets_panel_and_scores_the_maximum(call_style, tool):
-    from vlmrl.tasks.tools import BUILTIN_TOOLS, ToolContext
+    from vlmrl.tools import BUILTIN_TOOLS, ToolContext
     from vlmrl.tasks.zoom import PANEL_NAMES, panel_box, panel_of
 
     task = get_task("zoom", seed=0, call_style=call_style, **PANELS)

@@ -13,25 +13,24 @@ import pytest
 from PIL import Image, ImageDraw
 
 from vlmrl.errors import VlmrlError
-from vlmrl.tasks import tools
-from vlmrl.tasks.tools import (
+from vlmrl.tools import calls, contract, image_tools, registry
+from vlmrl.tools import (
     BUILTIN_TOOLS,
-    ERROR_KINDS,
-    MAX_VIDEO_FRAMES,
     ToolCall,
     ToolContext,
     ToolLimits,
     ToolResult,
     Trajectory,
     Turn,
-    ends_with_call,
-    fit_side,
     parse_tool_call,
     resolve_tools,
     run_tool,
-    tool_result_text,
     zoom,
 )
+from vlmrl.tools.calls import ends_with_call, tool_result_text
+from vlmrl.tools.contract import ERROR_KINDS
+from vlmrl.tools.image_tools import fit_side
+from vlmrl.tools.results import MAX_VIDEO_FRAMES
 
 TESTS = Path(__file__).parent
 RED, GREEN, WHITE = (255, 0, 0), (0, 255, 0), (255, 255, 255)
@@ -372,8 +371,8 @@ def test_a_tool_that_never_returns_does_not_keep_the_process_from_exiting(tmp_pa
                                              "    threading.Event().wait()\n")
     script = ("import sys\n"
               f"sys.path.insert(0, {str(tmp_path)!r})\n"
-              "from vlmrl.tasks.tool_worker import WORKER\n"
-              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+              "from vlmrl.tools.worker import WORKER\n"
+              "from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
               f"call = ToolCall('stuck', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
               "tools = resolve_tools(['stuck_tools:stuck'])\n"
               "result = run_tool(call, tools, ToolContext([]), ToolLimits(timeout_s=0.1))\n"
@@ -390,7 +389,7 @@ def test_a_worker_whose_parent_is_killed_mid_call_ends_itself(tmp_path):
     """SIGKILL to the trainer while its tool computes: the worker sees its parent gone and exits."""
     script = ("import sys\n"
               f"sys.path.insert(0, {str(TESTS)!r})\n"
-              "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+              "from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
               f"call = ToolCall('busy_tool', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
               "tools = resolve_tools(['tool_helpers:busy_tool'])\n"
               "run_tool(call, tools, ToolContext([]), ToolLimits(timeout_s=60))\n")
@@ -428,7 +427,7 @@ def test_what_a_tool_starts_ends_with_the_worker(tmp_path):
         "    return 'started'\n")
     done = run_script("import sys\n"
                       f"sys.path.insert(0, {str(tmp_path)!r})\n"
-                      "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+                      "from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
                       f"call = ToolCall('spawn', {{'pid_file': {str(tmp_path / 'pid')!r}}})\n"
                       "tools = resolve_tools(['spawning_tools:spawn'])\n"
                       "print(run_tool(call, tools, ToolContext([]), ToolLimits()).text)\n")
@@ -450,7 +449,7 @@ def test_a_tool_signalling_its_process_group_cannot_stop_the_trainer(tmp_path):
         "    return 'sent'\n")
     done = run_script("import sys\n"
                       f"sys.path.insert(0, {str(tmp_path)!r})\n"
-                      "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+                      "from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
                       "result = run_tool(ToolCall('stop_group', {}), resolve_tools(['group_tools:stop_group']),\n"
                       "                  ToolContext([]), ToolLimits())\n"
                       "print(result.error, 'alive')\n")
@@ -467,7 +466,7 @@ def test_a_tool_module_that_exits_or_hangs_at_import_is_one_line(tmp_path, monke
     silently, a hang hung it."""
     (tmp_path / "bad_import.py").write_text(body + "def f(context):\n    return 'x'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(tools, "IMPORT_S", 1.0)
+    monkeypatch.setattr(registry, "IMPORT_S", 1.0)
     started = time.monotonic()
     with pytest.raises(VlmrlError, match=message):
         resolve_tools(["bad_import:f"])
@@ -479,8 +478,8 @@ def test_a_tool_module_slow_to_import_is_said_in_one_line_naming_it_and_the_limi
     (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(600)\ndef f(context):\n    return 'x'\n")
     (tmp_path / "quick_import.py").write_text("def f(context):\n    return 'x'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(tools, "IMPORT_S", 2.0)
-    monkeypatch.setattr(tools, "SLOW_IMPORT_S", 0.5)
+    monkeypatch.setattr(registry, "IMPORT_S", 2.0)
+    monkeypatch.setattr(registry, "SLOW_IMPORT_S", 0.5)
     with pytest.raises(VlmrlError, match="did not finish importing within 2 s"):
         resolve_tools(["slow_import:f"])
     assert capsys.readouterr().err == ("warning: the module slow_import of tool 'slow_import:f' is slow to import "
@@ -497,7 +496,7 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_worker(tmp_path):
     (tmp_path / "script.py").write_text(
         "from pathlib import Path\n"
         "with open(Path(__file__).with_name('runs.txt'), 'a') as log:\n    log.write('ran\\n')\n"
-        "from vlmrl.tasks.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
+        "from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool\n"
         "result = run_tool(ToolCall('echo', {'text': 'hi'}), resolve_tools(['my_tools:echo']), ToolContext([]),\n"
         "                  ToolLimits())\n"
         "print(result.text)\n")
@@ -584,10 +583,10 @@ def test_a_trajectory_reads_its_final_answer_calls_and_errors():
 # ---------------------------------------------------------------- the coarse zoom
 
 def test_window_boxes_are_half_size_a_quarter_apart():
-    assert tools.window_box(448, 448, 0) == [0, 0, 224, 224]
-    assert tools.window_box(448, 448, 4) == [112, 112, 336, 336]  # the centre
-    assert tools.window_box(448, 448, 8) == [224, 224, 448, 448]
-    assert tools.window_box(400, 200, 5) == [200, 50, 400, 150]  # row 1, column 2
+    assert image_tools.window_box(448, 448, 0) == [0, 0, 224, 224]
+    assert image_tools.window_box(448, 448, 4) == [112, 112, 336, 336]  # the centre
+    assert image_tools.window_box(448, 448, 8) == [224, 224, 448, 448]
+    assert image_tools.window_box(400, 200, 5) == [200, 50, 400, 150]  # row 1, column 2
 
 
 def test_every_small_region_lies_in_some_window():
@@ -595,18 +594,18 @@ def test_every_small_region_lies_in_some_window():
     for x in range(0, side - tag + 1, 7):
         for y in range(0, side - tag + 1, 7):
             assert any(b[0] <= x and b[1] <= y and x + tag <= b[2] and y + tag <= b[3]
-                       for b in (tools.window_box(side, side, w) for w in range(9))), (x, y)
+                       for b in (image_tools.window_box(side, side, w) for w in range(9))), (x, y)
 
 
 def test_zoom_window_zooms_on_its_window_and_refuses_others():
     original = Image.new("RGB", (448, 448), "white")
     original.paste((200, 10, 10), (224, 224, 448, 448))  # the bottom-right quarter is red
-    context = tools.ToolContext([original], max_side=112)
-    assert tools.zoom_window(context, 8).getextrema() == ((200, 200), (10, 10), (10, 10))
-    assert tools.zoom_window(context, 0).getextrema() == ((255, 255), (255, 255), (255, 255))
+    context = contract.ToolContext([original], max_side=112)
+    assert image_tools.zoom_window(context, 8).getextrema() == ((200, 200), (10, 10), (10, 10))
+    assert image_tools.zoom_window(context, 0).getextrema() == ((255, 255), (255, 255), (255, 255))
     for bad in (9, -1, 2.0, True, "4"):
         with pytest.raises(ValueError, match="window must be a whole number from 0 to 8"):
-            tools.zoom_window(context, bad)
+            image_tools.zoom_window(context, bad)
 
 
 
@@ -665,7 +664,7 @@ def test_text_with_a_lone_surrogate_is_made_valid(helpers, context):
     result = run_tool(call("surrogate_tool"), resolve_tools(["tool_helpers:surrogate_tool"]), context, ToolLimits())
     assert result == ToolResult(text="left ? right")
     assert tool_result_text(ToolResult(text="a\udcff")) == "a?"
-    assert tools.valid_text("caf\u00e9 \ud83d") == "caf\u00e9 ?"
+    assert contract.valid_text("caf\u00e9 \ud83d") == "caf\u00e9 ?"
 
 
 def test_a_family_s_markers_in_tool_text_are_broken_and_nothing_else_is():
@@ -673,8 +672,8 @@ def test_a_family_s_markers_in_tool_text_are_broken_and_nothing_else_is():
     markers = ["<image>", "<start_of_image>", "<end_of_utterance>", "<|image_pad|>", "a", " "]
     assert tool_result_text(ToolResult(text=text), markers) == \
         "< image> x< start_of_image>y < end_of_utterance> <imagery> < |image_pad| >"
-    assert tools.neutralise("<<image>image>>", ["<image>"]) == "<< image>image>>"
-    assert tools.neutralise("plain", []) == "plain"
+    assert calls.neutralise("<<image>image>>", ["<image>"]) == "<< image>image>>"
+    assert calls.neutralise("plain", []) == "plain"
 
 
 def test_a_zoom_on_a_one_pixel_strip_is_padded_too(context):
@@ -687,12 +686,41 @@ def test_a_zoom_on_a_one_pixel_strip_is_padded_too(context):
 def test_a_tool_timeout_past_an_hour_is_refused():
     """1e300 s overflowed the worker's wait (connection.poll) mid-rollout."""
     from vlmrl.errors import VlmrlError
-    from vlmrl.tasks.tools import ToolLimits
-
     from vlmrl import config
-    from vlmrl.tasks import tools as tools_module
 
-    assert tools_module.MAX_TOOL_TIMEOUT_S == config.MAX_TOOL_TIMEOUT_S == 3600  # one bound, checked in two places
+    assert contract.MAX_TOOL_TIMEOUT_S == config.MAX_TOOL_TIMEOUT_S == 3600  # one bound, checked in two places
     ToolLimits(timeout_s=3600).validate()
     with pytest.raises(VlmrlError, match=r"^tool timeout_s must be at most 3,600 s; got 1e\+300$"):
         ToolLimits(timeout_s=1e300).validate()
+
+
+def test_the_tools_former_homes_in_tasks_name_the_same_objects_and_hold_none_of_their_own():
+    """The tools moved from tasks/ to tools/ (a stage of their own): `vlmrl.tasks.tools`,
+    `vlmrl.tasks.tool_worker` and `vlmrl.tasks.video` stay importable for user code and docs, each name
+    the very object of its new home, and nothing is defined there any more."""
+    import importlib
+    import inspect
+    import pickle
+
+    import vlmrl.tools
+    from vlmrl import tasks
+    from vlmrl.data.video import Video
+    from vlmrl.tasks import tool_worker as old_worker
+    from vlmrl.tasks import tools as old_tools
+    from vlmrl.tasks import video as old_video
+    from vlmrl.tools import running, worker
+
+    for module in (old_tools, old_worker, old_video):
+        own = [name for name, value in vars(module).items()
+               if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == module.__name__]
+        assert own == [], (module.__name__, own)
+    for name in vlmrl.tools.__all__:
+        assert getattr(old_tools, name) is getattr(vlmrl.tools, name), name
+    assert (old_tools.WORKER, old_worker.WORKER) == (worker.WORKER, worker.WORKER)
+    assert old_tools.IMPORT_S == registry.IMPORT_S and old_tools.BUILTIN_TOOLS is BUILTIN_TOOLS
+    assert old_video.Video is tasks.Video is Video
+    # a job travels to the tool worker pickled by name: its name is the new home, and the old one resolves too
+    assert pickle.loads(pickle.dumps(running.call_tool)) is running.call_tool
+    assert pickle.loads(b"cvlmrl.tasks.tools\ncall_tool\n.") is running.call_tool
+    assert [importlib.import_module(module).__name__ for module in worker.WORKER.preload] == [
+        "vlmrl.tools.running", "vlmrl.tools.registry"]

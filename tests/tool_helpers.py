@@ -10,7 +10,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from vlmrl.tasks.tools import ToolContext
+from vlmrl.tools import ToolContext
 
 NOT_A_TOOL = 3
 MARKERS = ("<image> <|image_pad|> <start_of_image> <end_of_image> <image_soft_token> <fake_token_around_image> "

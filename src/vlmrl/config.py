@@ -30,7 +30,7 @@ from vlmrl.urls import redact
 TOOL_IMAGE_SIDES = (28, 1024)
 """Smallest and largest `tool_image_side` (rollout.tool_image_side, `vlmrl eval --tool-image-side`):
 28 pixels is one merged vision patch of Qwen2-VL-style models (a zoom smaller than that shows
-nothing); 1024 x 1024 is the most pixels a tool may return (tasks/tools.py ToolLimits), so a larger
+nothing); 1024 x 1024 is the most pixels a tool may return (tools/contract.py ToolLimits), so a larger
 side only builds an image to refuse (a side of 100000 made the zoom draw 114 megapixels first)."""
 
 
@@ -364,7 +364,7 @@ class RolloutConfig(GenerationSettings):
     number of processes as long as this size is the same."""
     tools: list[str] = field(default_factory=list)
     """Tools the model may call during a rollout: built-in zoom (alias crop), or your own function
-    as `package.module:function` (see vlmrl/tasks/tools.py). [] = single-turn rollouts."""
+    as `package.module:function` (see vlmrl/tools/registry.py). [] = single-turn rollouts."""
     max_turns: int = 4
     """With tools: most model turns per trajectory (a call in the last one is not run)."""
     max_trajectory_tokens: int = 1024

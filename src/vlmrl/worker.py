@@ -1,6 +1,6 @@
 """A worker process that runs one job at a time and is killed and replaced when a job runs past its time.
 
-User code that must not run in the trainer's interpreter runs here: your own tools (tasks/tool_worker.py)
+User code that must not run in the trainer's interpreter runs here: your own tools (tools/worker.py)
 and your own reward functions (rewards/contain.py), each kind in a worker of its own (`Worker(kind,
 preload)`). A Python thread cannot be stopped: a CPU-bound tool or reward past its timeout would keep
 computing in the trainer's interpreter, holding the GIL and stalling the step. A process can be killed,

@@ -2,7 +2,7 @@
 dict of bytes or path, a path relative to the data file, a list of any of these) and the forms JSON
 data writes (base64 text under `bytes`, a `data:image/...;base64,` URI: decoded here, never fetched),
 decoded once, converted and downscaled. Paths are read inside the data folder (data/paths.py). The
-images of a data row (tasks/dataset.py) and what a tool returns (tasks/tools.py) go through the same
+images of a data row (tasks/dataset.py) and what a tool returns (tools/results.py) go through the same
 conversion.
 
 Every image becomes RGB: transparency is laid over white (diagrams are often black lines on a

@@ -55,7 +55,8 @@ from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task, Video
-from vlmrl.tasks.tools import ToolLimits, resolve_tools
+from vlmrl.tools.contract import ToolLimits
+from vlmrl.tools.registry import resolve_tools
 
 BLANK_COLOR = "white"
 """Colour of the blank image in the blind check (the background of the built-in tasks)."""

@@ -27,19 +27,11 @@ from vlmrl.config import RolloutConfig
 from vlmrl.rollout.generation import Rollout, generation_inputs, sample, stop_token_ids, suppressed_token_ids
 from vlmrl.rollout.trajectories import Segment, encode_trajectories, tool_turn
 from vlmrl.tasks import Example
-from vlmrl.tasks.tools import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    ToolContext,
-    ToolLimits,
-    Trajectory,
-    Turn,
-    ends_with_call,
-    parse_tool_call,
-    resolve_tools,
-    run_tool,
-    tool_result_text,
-)
+from vlmrl.tools.calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ends_with_call, parse_tool_call, tool_result_text
+from vlmrl.tools.contract import ToolContext, ToolLimits
+from vlmrl.tools.registry import resolve_tools
+from vlmrl.tools.running import run_tool
+from vlmrl.tools.trajectory import Trajectory, Turn
 
 
 @dataclass

@@ -41,7 +41,7 @@ from vlmrl.rewards.builtin import COMPARING
 from vlmrl.rewards.checks import check_rewards, check_weights
 from vlmrl.rewards.reward import build_rewards, evaluation_rewards
 from vlmrl.tasks import Example, Task, run_task
-from vlmrl.tasks.tools import resolve_tools
+from vlmrl.tools.registry import resolve_tools
 
 
 def launched_world() -> int:

@@ -26,10 +26,10 @@ from vlmrl.data.order import stable_unit
 from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, build, closest, field_docs, type_name
 from vlmrl.imports import is_import_spec, load_object
-from vlmrl.tasks.video import Video
+from vlmrl.data.video import Video
 
 if TYPE_CHECKING:
-    from vlmrl.tasks.tools import Trajectory
+    from vlmrl.tools.trajectory import Trajectory
 
 TEST_FRACTION = 0.5
 """Share of the content space (by stable hash) that belongs to the test split."""
@@ -197,7 +197,7 @@ class Task:
         return None
 
     def score_trajectory(self, example: Example, trajectory: Trajectory) -> dict[str, float]:
-        """Reward components of a tool-using rollout (`vlmrl.tasks.tools.Trajectory`). By default `score`
+        """Reward components of a tool-using rollout (`vlmrl.tools.Trajectory`). By default `score`
         of its final text (the model's last turn), so every task takes trajectories; a task that
         rewards the tool use itself (zoom) overrides it."""
         return self.score(example, trajectory.final_text)

@@ -1,11 +1,6 @@
-"""The worker process your own tools run in (tools.py): a `vlmrl.worker.Worker` of its own, which
-imports the tools' module before it is ready. See vlmrl/worker.py for what a worker guarantees."""
+"""The tool worker's former home: it lives in vlmrl/tools/worker.py now; this name stays for code that
+imports it from here (the same `WORKER` object)."""
 
-from __future__ import annotations
-
-from vlmrl.worker import Worker, WorkerFailed, WorkerTimeout
+from vlmrl.tools.worker import WORKER, WorkerFailed, WorkerTimeout
 
 __all__ = ["WORKER", "WorkerFailed", "WorkerTimeout"]
-
-WORKER = Worker("tool", ("vlmrl.tasks.tools",))
-"""The process's tool worker, stopped when the process exits."""

@@ -9,7 +9,7 @@ the downscaled view keeps each tag's hue). Nothing overlaps, and every tag has t
 free space around it (so the reference zoom shows that tag alone). The model first sees the original
 DOWNSCALED to `view_side` (default 112, box filter): `Example.images` = [the view], where tag
 colours show but a 20-26 px tag is 5-7 px and its digits are blobs; `Example.originals` = [the
-original], which the zoom tool (`vlmrl.tasks.tools`) reads. The prompt gives both sizes, names the tag
+original], which the zoom tool (`vlmrl.tools`) reads. The prompt gives both sizes, names the tag
 colour, shows the call
 
     <tool_call>
@@ -85,7 +85,8 @@ from PIL import Image, ImageDraw, ImageFont
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
 from vlmrl.rewards.verify import Rubric, extract_tag, think_answer_format
 from vlmrl.tasks.shapes import KINDS, MAX_FILL, RGB, draw_shape, place_squares
-from vlmrl.tasks.tools import WINDOW_GRID, Trajectory, window_box
+from vlmrl.tools.image_tools import WINDOW_GRID, window_box
+from vlmrl.tools.trajectory import Trajectory
 
 ZOOM_TOOLS = ("zoom", "crop", "zoom_window")
 """Tool names whose calls count as zooming (`crop` is the tool's alias)."""
@@ -175,7 +176,7 @@ def call_text(box: list[int]) -> str:
 
 
 def window_call_text(window: int) -> str:
-    """The coarse zoom call on window number `window` (vlmrl.tasks.tools.zoom_window)."""
+    """The coarse zoom call on window number `window` (vlmrl.tools.zoom_window)."""
     return "<tool_call>\n" + json.dumps({"name": "zoom_window", "arguments": {"window": window}}) + "\n</tool_call>"
 
 
