@@ -64,6 +64,7 @@ from vlmrl.errors import VlmrlError, warn
 from vlmrl.data.images import to_rgb
 from vlmrl.imports import is_file_spec, load_module
 from vlmrl.tasks.video import Video
+from vlmrl.tasks.cv_tools import find_objects, measure
 from vlmrl.tasks.tool_worker import WORKER, WorkerFailed, WorkerTimeout
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -354,8 +355,8 @@ def frames(context: ToolContext, start: float, end: float, video: int = 0) -> li
 
 
 BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoom_window": zoom_window,
-                                                "frames": frames}
-"""Tools known by name alone; `crop` is another name for `zoom`."""
+                                                "frames": frames, "find_objects": find_objects, "measure": measure}
+"""Tools known by name alone; `crop` is another name for `zoom`; find_objects and measure: cv_tools.py."""
 
 
 # --------------------------------------------------------------------------- the registry
