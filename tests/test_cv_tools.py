@@ -218,6 +218,8 @@ BAD = [
     ("measure", {"boxes": [[0, 0, float("inf"), 1]]}, "box must be 4 numbers [x1, y1, x2, y2]; got inf in it"),
     ("measure", {"boxes": [[0, 0, 1, 1]] * 9}, "measure takes at most 8 ids and boxes together; got 9"),
     ("measure", {"colour": "magenta"}, "unknown colour 'magenta'"),
+    ("measure", {"boxes": [[0, 0, 5, 5]], "colour": 7}, "colour must be a colour's name"),
+    ("measure", {"boxes": [[0, 0, 5, 5]], "box": [0, 0, float("nan"), 1]}, "got nan in it"),
     ("measure", {"image": -1}, "image must be a whole number from 0 to 0"),
 ]
 

@@ -42,6 +42,7 @@ this module to register the tools: tests/test_cv_tools.py holds the two equal). 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -158,18 +159,33 @@ class Region:
     """(y2 - y1, x2 - x1) bool: which pixels of its box are its own."""
 
 
+LEVELS = 64
+"""Levels per channel at which `colour_labels` reads a pixel (its table has LEVELS ** 3 entries)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _nearest_table() -> np.ndarray:
+    """(LEVELS ** 3,) int8: for each colour read to LEVELS levels a channel (the middle of its bin), the index
+    in PALETTE's order of the nearest PALETTE colour within COLOUR_TOLERANCE, else -1. Made once (ms)."""
+    step = 256 // LEVELS
+    middles = np.arange(LEVELS, dtype=np.float32) * step + (step - 1) / 2  # (LEVELS,)
+    grid = np.stack(np.meshgrid(middles, middles, middles, indexing="ij"), axis=-1).reshape(-1, 3)  # (L^3, 3)
+    palette = np.array(list(PALETTE.values()), np.float32)  # (K, 3)
+    distance = ((grid[:, None, :] - palette[None, :, :]) ** 2).sum(axis=2)  # (L^3, K)
+    nearest = distance.argmin(axis=1)  # (L^3,)
+    inside = distance[np.arange(len(grid)), nearest] <= COLOUR_TOLERANCE ** 2
+    return np.where(inside, nearest, -1).astype(np.int8)
+
+
 def colour_labels(pixels: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
     """(H, W) int8: for each pixel of `pixels` (H, W, 3) uint8, the index in PALETTE's order of its nearest
-    PALETTE colour when that is one of `names` within COLOUR_TOLERANCE, else -1."""
-    rgb = pixels.astype(np.int32)  # (H, W, 3)
-    best = np.full(pixels.shape[:2], COLOUR_TOLERANCE ** 2 + 1, np.int32)  # (H, W)
-    label = np.full(pixels.shape[:2], -1, np.int8)  # (H, W)
-    for index, value in enumerate(PALETTE.values()):  # every colour competes, only `names` are kept
-        distance = ((rgb - np.array(value, np.int32)) ** 2).sum(axis=2)  # (H, W)
-        closer = distance < best
-        best[closer], label[closer] = distance[closer], index
-    wanted = [list(PALETTE).index(name) for name in names]
-    return np.where(np.isin(label, wanted), label, -1).astype(np.int8)
+    PALETTE colour when that is one of `names` within COLOUR_TOLERANCE, else -1 (every PALETTE colour
+    competes; the pixel is read to LEVELS levels a channel, through a table made once)."""
+    q = (pixels // (256 // LEVELS)).astype(np.int32)  # (H, W, 3)
+    label = _nearest_table()[(q[..., 0] * LEVELS + q[..., 1]) * LEVELS + q[..., 2]]  # (H, W)
+    keep = np.zeros(len(PALETTE) + 1, bool)  # index -1 reads the last entry: never kept
+    keep[[list(PALETTE).index(name) for name in names]] = True
+    return np.where(keep[label], label, -1).astype(np.int8)
 
 
 def shape_class(mask: np.ndarray) -> str:
@@ -254,7 +270,7 @@ def _marks(original: Image.Image, regions: list[Region], box: tuple[int, int, in
     size = (max(1, round((x2 - x1) * scale)), max(1, round((y2 - y1) * scale)))  # tools.fit_side
     shown = original.crop(box).convert("RGB").resize(size, Image.Resampling.LANCZOS)
     draw = ImageDraw.Draw(shown)
-    font = ImageFont.load_default(size=max(10, max_side // 40))
+    font = ImageFont.load_default(size=max(10, max_side // 32))
     for number, region in enumerate(regions, start=1):
         a, b, c, d = ((v - o) * scale for v, o in zip(region.box, (x1, y1, x1, y1)))
         draw.rectangle((a - 1, b - 1, c, d), outline=(0, 0, 0), width=1)
@@ -356,7 +372,8 @@ def measure(context: Any, ids: Any = None, boxes: Any = None, colour: Any = None
     distance between centres and direction; without ids and boxes, the count and area statistics of
     the regions. ValueError for a bad argument."""
     original = _image(context, image)
-    found = find_regions(original, colour, shape, box)
+    _colours(colour), _shape(shape), box is None or pixel_box(box, *original.size)  # checked even when unused
+    found = find_regions(original, colour, shape, box) if ids is not None or boxes is None else ([], None)
     if ids is None and boxes is None:
         return _summary(found[0], _what(colour, shape), found[1])
     items = _items(original, ids, boxes, found)
