@@ -181,8 +181,13 @@ def colour_labels(pixels: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
     """(H, W) int8: for each pixel of `pixels` (H, W, 3) uint8, the index in PALETTE's order of its nearest
     PALETTE colour when that is one of `names` within COLOUR_TOLERANCE, else -1 (every PALETTE colour
     competes; the pixel is read to LEVELS levels a channel, through a table made once)."""
-    q = (pixels // (256 // LEVELS)).astype(np.int32)  # (H, W, 3)
-    label = _nearest_table()[(q[..., 0] * LEVELS + q[..., 1]) * LEVELS + q[..., 2]]  # (H, W)
+    step = 256 // LEVELS
+    index = (pixels[..., 0] // step).astype(np.int32)  # (H, W): one int32 array, not (H, W, 3) of them
+    index *= LEVELS
+    index += pixels[..., 1] // step
+    index *= LEVELS
+    index += pixels[..., 2] // step
+    label = _nearest_table()[index]  # (H, W)
     keep = np.zeros(len(PALETTE) + 1, bool)  # index -1 reads the last entry: never kept
     keep[[list(PALETTE).index(name) for name in names]] = True
     return np.where(keep[label], label, -1).astype(np.int8)
