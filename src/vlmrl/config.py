@@ -363,7 +363,8 @@ class RolloutConfig(GenerationSettings):
     divide. Each call is seeded from (seed, step, first prompt), so samples do not depend on the
     number of processes as long as this size is the same."""
     tools: list[str] = field(default_factory=list)
-    """Tools the model may call during a rollout: built-in zoom (alias crop), or your own function
+    """Tools the model may call during a rollout: built-in zoom (alias crop), zoom_window, frames,
+    find_objects and measure (OpenCV: regions by colour and shape, their boxes, areas, distances), or your own function
     as `package.module:function` (see vlmrl/tools/registry.py). [] = single-turn rollouts."""
     max_turns: int = 4
     """With tools: most model turns per trajectory (a call in the last one is not run)."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from vlmrl.tools.cv_tools import find_objects, measure
 from vlmrl.tools.image_tools import zoom, zoom_window
 from vlmrl.tools.video_tools import frames
 
 
 BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"zoom": zoom, "crop": zoom, "zoom_window": zoom_window,
-                                                "frames": frames}
-"""Tools known by name alone; `crop` is another name for `zoom`."""
+                                                "frames": frames, "find_objects": find_objects, "measure": measure}
+"""Tools known by name alone; `crop` is another name for `zoom`; find_objects and measure: cv_tools.py."""

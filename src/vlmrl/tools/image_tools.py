@@ -24,7 +24,7 @@ def _number(value: Any) -> float:
     return float(value)
 
 
-def _pixel_box(box: Any, width: int, height: int) -> tuple[int, int, int, int]:
+def pixel_box(box: Any, width: int, height: int) -> tuple[int, int, int, int]:
     """`box` = [x1, y1, x2, y2] clamped to a width x height image and rounded to whole pixels."""
     if not isinstance(box, (list, tuple)) or len(box) != 4:
         raise ValueError(f"box must be 4 numbers [x1, y1, x2, y2]; got {box!r}")
@@ -37,6 +37,18 @@ def _pixel_box(box: Any, width: int, height: int) -> tuple[int, int, int, int]:
     return x1, y1, x2, y2
 
 
+_pixel_box = pixel_box  # its name before tools/ (vlmrl.tasks.tools re-exports it)
+
+
+def context_image(context: ToolContext, image: Any) -> Image.Image:
+    """Image number `image` of the context (its full-resolution original); ValueError for a bad number."""
+    count = len(context.images)
+    if isinstance(image, bool) or not isinstance(image, int) or not 0 <= image < count:
+        raise ValueError(f"image must be a whole number from 0 to {count - 1} (the example has {count} "
+                         f"image{'s' if count != 1 else ''}); got {image!r}")
+    return context.images[image]
+
+
 def fit_side(width: int, height: int, max_side: int) -> tuple[int, int]:
     """(width, height) scaled, aspect kept, so that the longest side is `max_side` (others at least 1)."""
     scale = max_side / max(width, height)
@@ -47,12 +59,8 @@ def zoom(context: ToolContext, box: list[float], image: int = 0) -> Image.Image:
     """Region `box` = [x1, y1, x2, y2] of image number `image`, in the pixels of the full-resolution
     original, clamped to the image, as an RGB image resized (LANCZOS, aspect kept) so that its longest
     side is `context.max_side`: small regions are enlarged. ValueError for a bad box or image number."""
-    count = len(context.images)
-    if isinstance(image, bool) or not isinstance(image, int) or not 0 <= image < count:
-        raise ValueError(f"image must be a whole number from 0 to {count - 1} (the example has {count} "
-                         f"image{'s' if count != 1 else ''}); got {image!r}")
-    original = context.images[image]
-    x1, y1, x2, y2 = _pixel_box(box, *original.size)
+    original = context_image(context, image)
+    x1, y1, x2, y2 = pixel_box(box, *original.size)
     region = original.crop((x1, y1, x2, y2)).convert("RGB")
     return region.resize(fit_side(x2 - x1, y2 - y1, context.max_side), Image.Resampling.LANCZOS)
 
