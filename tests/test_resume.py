@@ -126,10 +126,11 @@ def test_sft_does_not_continue_a_grpo_run_nor_the_reverse(tmp_path, tiny_model_d
 
 
 class Weights(torch.nn.Linear):
-    """A model as save_checkpoint sees it: save_pretrained writes model.safetensors."""
+    """A model as save_checkpoint sees it: save_pretrained writes model.safetensors and config.json."""
 
     def save_pretrained(self, folder: Path, state_dict: dict | None = None) -> None:
         save_file({k: v.contiguous() for k, v in (state_dict or self.state_dict()).items()}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text('{"model_type": "linear"}')
 
 
 class Processor:
