@@ -50,12 +50,12 @@ ANSWERS = ["I see.<answer>3</answer>", "<answer>2</answer>"]
 
 
 def paint_call(colour: tuple[int, int, int], width: int, height: int) -> str:
+    """The text of a call of tests/tool_helpers.py's paint_tool."""
     arguments = {"colour": list(colour), "width": width, "height": height}
     return f'<tool_call>\n{json.dumps({"name": "paint_tool", "arguments": arguments})}\n</tool_call>'
 
 
-SCRIPT = [[*map(lambda p: paint_call(*p), PAINTS[:3]), ANSWERS[0]],
-          [*map(lambda p: paint_call(*p), PAINTS[3:]), ANSWERS[1]]]
+SCRIPT = [[*(paint_call(*p) for p in PAINTS[:3]), ANSWERS[0]], [*(paint_call(*p) for p in PAINTS[3:]), ANSWERS[1]]]
 """Each trajectory's model turns."""
 
 
@@ -240,7 +240,9 @@ def test_the_packed_training_pass_equals_the_plain_one_with_several_tool_images(
 def test_swapped_tool_images_swap_their_pixel_rows(arch, built):
     """A trajectory with the first two tool images swapped: each image's pixel inputs move with it (no
     part of one holds another's), the rest stay, and each tool turn's image tokens follow its image; in
-    the packed pass's inputs too, where the family packs."""
+    the packed pass's inputs too, where the family packs. Two trajectories with 4 and 3 images scored in
+    one plain forward get the log-probs each gets alone, and the rollout's batched turn-3 forward gives
+    each trajectory the next-token logits it gets alone."""
     b = built(arch)
     first, second, third = tool_images(b, 0)
     tokens = b.processor.tokenizer
@@ -269,6 +271,18 @@ def test_swapped_tool_images_swap_their_pixel_rows(arch, built):
         assert [torch.equal(a, b) for a, b in zip(rows, [moved[0], moved[2], moved[1], moved[3]])] == [True] * 4, key
     assert any(not torch.equal(a, b) for a, b in zip(parts["order"]["pixel_values"][1:3],
                                                     parts["swapped"]["pixel_values"][1:3]))  # the swap is seen
+    scorer = LogprobScorer(b.processor, 1.0, False, 0)
+    with torch.no_grad():  # two trajectories of 4 and 3 images in one plain forward: each its own images
+        together = scorer(b.model, b.rollout)[0]  # (2, T)
+        for row in range(2):
+            single = scorer(b.model, b.rollout.select([row]))[0][0]  # (T_row,)
+            assert (together[row, :len(single)] - single).abs().max() < 1e-5
+        batch = b.generated[2]  # the rollout's turn-3 forward: both trajectories, left-padded, 3 images each
+        assert batch["input_ids"].shape[0] == 2
+        last = b.model(**batch).logits[:, -1]  # (2, V)
+        for row in range(2):
+            inputs = encode_trajectories(b.processor, [b.example], [b.rollout.segments[row][:4]], torch.device("cpu"))
+            assert (last[row] - b.model(**inputs).logits[0, -1]).abs().max() < 1e-4
     if arch in PACKED:
         inputs, _ = pack_trajectories(b.model, b.processor, b.rollout.rows, b.rollout.segments,
                                       b.rollout.completion_ids.shape[1])
