@@ -154,3 +154,11 @@ def argument_first(box: list) -> str:
 def annotated_context(view: ToolContext, box: list) -> str:
     """The context under another name, told by its annotation: a tool."""
     return f"{box}"
+
+
+def paint_tool(context, colour: list, width: int, height: int) -> Image.Image:
+    """A `colour` (r, g, b) image of the size asked for, its top-left quarter white: no two images of
+    other colours or sizes alike, and not every patch of one alike."""
+    image = Image.new("RGB", (width, height), tuple(colour))
+    ImageDraw.Draw(image).rectangle((0, 0, width // 2 - 1, height // 2 - 1), fill=(255, 255, 255))
+    return image
