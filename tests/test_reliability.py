@@ -421,7 +421,8 @@ def test_pickled_weights_are_refused(tiny_model_dir, tmp_path):
     shutil.copytree(tiny_model_dir, folder)
     torch.save(params(folder), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
-    with pytest.raises(VlmrlError, match="cannot load model"):
+    with pytest.raises(VlmrlError, match=r"holds its weights as pytorch_model.bin \(PyTorch pickle\) and no "
+                                         r"model.safetensors: vlmrl loads safetensors weights only"):
         load_policy(str(folder), device="cpu")
 
 

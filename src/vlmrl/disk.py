@@ -23,6 +23,7 @@ import errno
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,11 +115,18 @@ def _writable_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(folder))
     folder.mkdir(parents=True, exist_ok=True)
-    probe = folder / f".vlmrl-write-check.{os.getpid()}"
+    probe_writable(folder)
+
+
+def probe_writable(folder: Path) -> None:
+    """Make and remove a file in `folder`; OSError, said of the folder (the probe's name means nothing
+    to the user), when it cannot be. The name is this process's and this thread's own: two runs that
+    start at once (two processes, two threads of a notebook) never remove each other's probe."""
+    probe = folder / f".vlmrl-write-check.{os.getpid()}.{threading.get_ident()}"
     try:
         probe.write_bytes(b"")
         probe.unlink()
-    except OSError as error:  # said of the folder: the probe's name means nothing to the user
+    except OSError as error:
         raise type(error)(error.errno, error.strerror, str(folder)) from error
 
 

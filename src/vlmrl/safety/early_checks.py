@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 from vlmrl.config import Config, TrainConfig, check_config
-from vlmrl.disk import cannot_write
+from vlmrl.disk import cannot_write, probe_writable
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
@@ -125,12 +125,7 @@ def check_output_writable(output_dir: str) -> None:
     try:
         if not existing.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(existing))
-        probe = existing / f".vlmrl-write-check.{os.getpid()}"
-        try:
-            probe.write_bytes(b"")
-        except OSError as error:  # said of the folder: the probe's name means nothing to the user
-            raise type(error)(error.errno, error.strerror, str(existing)) from error
-        probe.unlink()
+        probe_writable(existing)
     except OSError as error:
         raise cannot_write("the run", folder, error) from error
 
