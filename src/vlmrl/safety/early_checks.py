@@ -161,8 +161,8 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
         check_weights(rewards, bool(config.algorithm.teacher))
     elif config.rewards:  # sft evaluates with them, and a train run of this config trains on them: said now
         check_rewards(evaluation_rewards(config.rewards, task), task, first_examples(task, 1))
-    if config.rollout.tools:
-        resolve_tools(config.rollout.tools)
+    if config.rollout.tools or config.rollout.tool_models:
+        resolve_tools(config.rollout.tools, config.rollout.tool_models)  # a model tool's folder checked here
     check_trackers(config.train.trackers)
     check_device(config.model.device)
     check_attention_kernel(config.model.attn_implementation, config.model.device)
