@@ -15,7 +15,9 @@ into an error turn.
 `build_tiny_tool_model(out, "detect")` writes a random OWLv2 of about 85k parameters with a tokenizer
 trained offline (`vlmrl tiny-model OUT --tool detect`), in about a second; its box head's last layer is
 zero, so patch k's box is OWLv2's grid box of patch k (centred on the patch's bottom-right corner, a
-patch wide and high, in the padded square): boxes the tests can predict.
+patch wide and high, in the padded square): boxes the tests can predict; and its logits are 3 times the
+cosine of a patch's and a phrase's embeddings (a fixed logit scale and no shift), so that its scores
+spread over (0.05, 0.95) instead of saturating at 0 or 1.
 """
 
 from __future__ import annotations
@@ -130,6 +132,9 @@ def build_tiny_tool_model(out_dir: str | Path, tool: str = "detect", seed: int =
     with torch.no_grad():  # the box head's last layer at zero: each patch's box is its grid box (known answers)
         model.box_head.dense2.weight.zero_()
         model.box_head.dense2.bias.zero_()
+        for layer, bias in ((model.class_head.logit_shift, 0.0), (model.class_head.logit_scale, 2.0)):
+            layer.weight.zero_()  # logits = 3 x cosine(patch, phrase): scores spread over (0.05, 0.95)
+            layer.bias.fill_(bias)
     with writing("the tool model", out):
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

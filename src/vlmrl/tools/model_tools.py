@@ -144,7 +144,7 @@ class Detection:
 
     query: int
     box: tuple[int, int, int, int]
-    """[x1, y1, x2, y2] rounded to whole pixels of the original (x2, y2 exclusive, as zoom takes it)."""
+    """[x1, y1, x2, y2] rounded to the nearest pixel edges of the original (x2, y2 exclusive, as zoom takes it)."""
     score: float
 
 
@@ -167,7 +167,8 @@ def select(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, origin: tu
     found = []
     for index in chosen:
         x1, y1, x2, y2 = boxes[index]
-        box = (origin[0] + math.floor(x1), origin[1] + math.floor(y1), origin[0] + math.ceil(x2), origin[1] + math.ceil(y2))
+        x1, y1, x2, y2 = (math.floor(v + 0.5) for v in (x1, y1, x2, y2))  # to the nearest pixel edge; still >= 1 px
+        box = (origin[0] + x1, origin[1] + y1, origin[0] + x2, origin[1] + y2)
         found.append(Detection(int(labels[index]), box, round(float(scores[index]), 3)))
     return found
 
