@@ -101,16 +101,17 @@ def _check_takes_context(name: str, function: Callable[..., Any]) -> None:
 
 
 def _model_tools(names: list[str], models: dict[str, str] | None) -> dict[str, ModelTool]:
-    """The model tools among `names`, each bound to its checked folder in `models` (rollout.tool_models);
-    VlmrlError for a model named for a tool that is not a model tool, or a missing or damaged folder."""
+    """The model tools among `names` and in `models` (rollout.tool_models), each bound to its checked folder
+    (a folder configured is checked even when no tool names it); VlmrlError for a model named for a tool
+    that is not a model tool, a model tool without a folder, or a missing or damaged folder."""
     models = models or {}
     if not isinstance(models, dict):
         raise VlmrlError(f"rollout.tool_models maps a model tool to its folder ({{detect: PATH}}); got {models!r}")
     unknown = sorted(str(name) for name in models if name not in MODEL_KINDS)
     if unknown:
         raise VlmrlError(f"rollout.tool_models names {', '.join(unknown)}; the model tools are {', '.join(MODEL_KINDS)}")
-    return {name: ModelTool(name, tool_model_folder(name, models.get(name))) for name in dict.fromkeys(names)
-            if isinstance(name, str) and name in MODEL_KINDS}
+    wanted = dict.fromkeys([*models, *(name for name in names if isinstance(name, str) and name in MODEL_KINDS)])
+    return {name: ModelTool(name, tool_model_folder(name, models.get(name))) for name in wanted}
 
 
 def resolve_tools(names: list[str], models: dict[str, str] | None = None) -> dict[str, Callable[..., Any]]:
