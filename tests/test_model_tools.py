@@ -262,3 +262,38 @@ def test_a_missing_tool_model_stops_the_run_before_step_1(tiny_model_dir, tmp_pa
                                 f"rollout.tool_models.detect={tmp_path / 'gone'}", f"output_dir={tmp_path / 'run'}"])
     with pytest.raises(VlmrlError, match=r"rollout.tool_models.detect .*gone.* is neither a folder"):
         check_before_loading(config, "train")
+
+
+def test_detect_in_a_rollout_shows_its_overlay_and_its_errors_as_turns(detector_dir, tiny_model_dir):
+    from test_tool_rollout import ANSWER, scripted, settings
+
+    from vlmrl.models import load_policy
+    from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
+    from vlmrl.tasks import Example
+
+    original = Image.new("RGB", (224, 112), (255, 255, 255))
+    example = Example(original.resize((56, 28)), "How many red circles?", "3", originals=[original])
+    good = '<tool_call>\n{"name": "detect", "arguments": {"query": "red circle"}}\n</tool_call>'
+    bad = '<tool_call>\n{"name": "detect", "arguments": {"query": 7}}\n</tool_call>'
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    scripted(model, processor, [[good, ANSWER], [bad, ANSWER]])
+    toolbox = ToolBox.from_config(settings("rollout.tools=[detect]", f"rollout.tool_models.detect={detector_dir}"))
+    rollout = generate_trajectories(model, processor, [example], toolbox)
+    found, failed = rollout.trajectories
+    assert [t.role for t in found.turns] == ["assistant", "tool", "assistant"] and found.errors == []
+    assert "found for 'red circle' in box [0, 0, 224, 112] of image 0 (224x112)" in found.turns[1].text
+    assert [image.size for image in found.turns[1].images] == [(448, 224)]
+    assert failed.errors == ["bad_arguments"] and "query must be a phrase" in failed.turns[1].text
+
+
+def test_an_evaluation_of_a_run_takes_its_tool_models(tmp_path):
+    from vlmrl.evaluation.eval_settings import EvalSettings, resolve_run_eval
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "config.yaml").write_text("task:\n  name: shapes\nrollout:\n  tools: [zoom, detect]\n"
+                                     "  tool_models: {detect: models/owlv2}\n")
+    resolved = resolve_run_eval(run, None, {}, {})
+    assert resolved.values["tool_models"] == {"detect": "models/owlv2"}
+    assert "tools zoom, detect; tool models detect models/owlv2" in resolved.line()
+    assert EvalSettings(**resolved.values).tool_models == {"detect": "models/owlv2"}
