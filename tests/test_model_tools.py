@@ -297,3 +297,31 @@ def test_an_evaluation_of_a_run_takes_its_tool_models(tmp_path):
     assert resolved.values["tool_models"] == {"detect": "models/owlv2"}
     assert "tools zoom, detect; tool models detect models/owlv2" in resolved.line()
     assert EvalSettings(**resolved.values).tool_models == {"detect": "models/owlv2"}
+
+
+def test_a_turns_detect_calls_run_in_one_forward_equal_to_one_at_a_time(detector_dir, tiny_model_dir):
+    from test_tool_rollout import ANSWER, scripted, settings
+
+    from vlmrl.models import load_policy
+    from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
+    from vlmrl.tasks import Example
+
+    rng = np.random.default_rng(1)
+    original = Image.fromarray(rng.integers(0, 255, (120, 200, 3), dtype=np.uint8))
+    example = Example(original.resize((50, 30)), "How many red circles?", "3", originals=[original])
+    arguments = [{"query": "red circle"}, {"query": ["dog", "cat"], "box": [10, 5, 150, 100]},
+                 {"query": "red circle"}, {"query": "tree", "box": [100, 0, 200, 120]}]
+    calls = ['<tool_call>\n' + json.dumps({"name": "detect", "arguments": a}) + '\n</tool_call>' for a in arguments]
+    model, processor = load_policy(tiny_model_dir, device="cpu")
+    scripted(model, processor, [[call, ANSWER] for call in calls])
+    toolbox = ToolBox.from_config(settings("rollout.group_size=4", "rollout.tools=[detect]",
+                                           f"rollout.tool_models.detect={detector_dir}"))
+    detect = toolbox.tools["detect"]
+    rollout = generate_trajectories(model, processor, [example], toolbox)
+    assert (detect.forwards, detect.computed, detect.calls, detect.cache_hits) == (1, 3, 4, 1)  # one forward, 3 distinct
+    alone = ModelTool("detect", detect.folder, cache_size=0)
+    for trajectory, given in zip(rollout.trajectories, arguments):
+        text, overlay = alone(ToolContext([original]), **given)
+        assert text in trajectory.turns[1].text and trajectory.errors == []
+        assert trajectory.turns[1].images[0].tobytes() == overlay.tobytes()
+    assert alone.forwards == 4

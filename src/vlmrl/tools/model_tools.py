@@ -24,13 +24,17 @@ memory is a "raised" error turn (call_tool), never a crash.
 
 Repeated calls: the G completions of a group often ask the same thing of the same image, so each
 ModelTool keeps the last CACHE_SIZE answers keyed by (the image's content, the arguments): a repeated
-call within a step is computed once (`cache_hits` counts them).
+call within a step is computed once (`cache_hits` counts them). And the calls of one turn (one per
+trajectory still going) are computed together: the rollout hands them to `ModelTool.prefetch`, which
+runs the ones not cached in one forward (up to MAX_BATCH images) and caches them, before each call is
+run as usual, from the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import math
 from collections import OrderedDict
@@ -61,6 +65,8 @@ NMS_IOU = 0.3
 """A box overlapping a better box of the same phrase by more than this (intersection over union) is dropped."""
 CACHE_SIZE = 256
 """Answers each model tool keeps for repeated calls (G completions x a few calls of a step's prompts)."""
+MAX_BATCH = 16
+"""Most calls `ModelTool.prefetch` puts in one forward."""
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -223,36 +229,88 @@ def describe(found: list[Detection], phrases: tuple[str, ...], where: tuple, ima
     return "\n".join(lines)
 
 
+@dataclass
+class Prepared:
+    """One call's checked arguments: what it is cached under, the image and the searched box."""
+
+    key: tuple
+    original: Image.Image
+    phrases: tuple[str, ...]
+    where: tuple[int, int, int, int]
+    image: int
+
+
 class ModelTool:
     """A model tool (`detect`) bound to its checked folder: callable as a tool, `tool(context, query, box=None,
-    image=0)`; loads its model at the first call (`loaded_model`) and answers repeated calls from its cache."""
+    image=0)`; loads its model at the first call (`loaded_model`) and answers repeated calls from its cache.
+    `prefetch` computes several calls in one forward (a turn's calls, before they are run one by one)."""
 
     def __init__(self, name: str, folder: Path, cache_size: int = CACHE_SIZE):
         self.name, self.folder, self.cache_size = name, folder, cache_size
         self.cache: OrderedDict[tuple, tuple[str, Image.Image]] = OrderedDict()
-        self.calls = self.cache_hits = 0
+        self.calls = self.computed = self.forwards = 0
 
     def __repr__(self) -> str:
         return f"ModelTool({self.name!r}, {str(self.folder)!r})"
 
-    def __call__(self, context: Any, query: Any, box: Any = None, image: Any = 0) -> list:
-        """[text, overlay image] (module docstring); ValueError for a bad argument."""
+    @property
+    def cache_hits(self) -> int:
+        """Calls answered without computing anything of their own (repeats of a call already computed)."""
+        return self.calls - self.computed
+
+    def _prepare(self, context: Any, query: Any, box: Any, image: Any) -> Prepared:
+        """The call's arguments checked (ValueError for a bad one) and its cache key: the image's content,
+        the phrases, the box, the image's number (it is in the text) and the overlay's side."""
         original = context_image(context, image)
         phrases = queries_of(query)
         where = pixel_box([0, 0, *original.size] if box is None else box, *original.size)
-        key = (image_key(original), phrases, where, image, context.max_side)
+        return Prepared((image_key(original), phrases, where, image, context.max_side), original, phrases, where, image)
+
+    def _compute(self, calls: list[Prepared]) -> list[tuple[str, Image.Image]]:
+        """The (text, overlay) of each of `calls`, computed in one forward of the model, and kept in the cache."""
+        regions = [call.original.crop(call.where).convert("RGB") for call in calls]
+        outputs = loaded_model(self.name, self.folder).detect(regions, [call.phrases for call in calls])
+        self.forwards += 1
+        answers = []
+        for call, (boxes, scores, labels) in zip(calls, outputs):
+            found = select(boxes, scores, labels, call.where[:2])
+            text = describe(found, call.phrases, call.where, call.image, call.original.size)
+            answers.append((text, _marks(call.original, found, call.where, call.key[-1])))
+            self.computed += 1
+            if self.cache_size > 0:
+                self.cache[call.key] = answers[-1]
+                if len(self.cache) > self.cache_size:
+                    self.cache.popitem(last=False)
+        return answers
+
+    def __call__(self, context: Any, query: Any, box: Any = None, image: Any = 0) -> list:
+        """[text, overlay image] (module docstring); ValueError for a bad argument."""
+        call = self._prepare(context, query, box, image)
         self.calls += 1
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            self.cache_hits += 1
-            text, overlay = self.cache[key]
-            return [text, overlay.copy()]
-        region = original.crop(where).convert("RGB")
-        [(boxes, scores, labels)] = loaded_model(self.name, self.folder).detect([region], [phrases])
-        found = select(boxes, scores, labels, where[:2])
-        text = describe(found, phrases, where, image, original.size)
-        overlay = _marks(original, found, where, context.max_side)
-        self.cache[key] = (text, overlay)
-        if len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
+        if call.key in self.cache:
+            self.cache.move_to_end(call.key)
+            text, overlay = self.cache[call.key]
+        else:
+            [(text, overlay)] = self._compute([call])
         return [text, overlay.copy()]
+
+    def prefetch(self, calls: list[tuple[Any, dict]]) -> None:
+        """Compute the (context, arguments) `calls` not yet cached in one forward per MAX_BATCH, so that the calls
+        themselves, run one by one next, are answered from the cache; a call whose arguments are bad is left to
+        fail as itself, and a model that fails here fails again, as an error turn, when its call runs."""
+        pending: dict[tuple, Prepared] = {}
+        for context, arguments in calls:
+            try:
+                bound = inspect.signature(self.__call__).bind(context, **arguments)
+                bound.apply_defaults()
+                call = self._prepare(*bound.args)
+            except (TypeError, ValueError):
+                continue
+            if call.key not in self.cache:
+                pending.setdefault(call.key, call)
+        waiting = list(pending.values())
+        for start in range(0, len(waiting) if self.cache_size > 0 else 0, MAX_BATCH):
+            try:
+                self._compute(waiting[start:start + MAX_BATCH])
+            except Exception:  # noqa: BLE001 - the call itself turns it into an error turn
+                return
