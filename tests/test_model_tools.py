@@ -325,3 +325,21 @@ def test_a_turns_detect_calls_run_in_one_forward_equal_to_one_at_a_time(detector
         assert text in trajectory.turns[1].text and trajectory.errors == []
         assert trajectory.turns[1].images[0].tobytes() == overlay.tobytes()
     assert alone.forwards == 4
+
+
+def test_vlmrl_check_counts_the_tool_models_memory(detector_dir, tiny_model_dir, letter_task):
+    from vlmrl.config import load_config
+    from vlmrl.disk import gib
+    from vlmrl.safety.preflight import check
+
+    base = [f"model.name_or_path={tiny_model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+            "rollout.generation_batch_size=2", "train.micro_batch_size=4"]
+    without = check(load_config(None, base)).memory
+    report = check(load_config(None, base + ["rollout.tools=[zoom, detect]",
+                                             f"rollout.tool_models.detect={detector_dir}"]))
+    detector = model_tools.loaded_model("detect", tool_model_folder("detect", detector_dir)).model
+    weights = sum(p.numel() * 4 for p in detector.parameters())
+    assert without.tool_models == 0 and report.memory.tool_models == weights
+    assert report.memory.peak - report.memory.tool_models == without.peak
+    assert f"tool models {gib(weights)}" in "\n".join(report.lines())

@@ -23,6 +23,7 @@ spread over (0.05, 0.95) instead of saturating at 0 or 1.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from PIL import Image
 
 from vlmrl.disk import output_folder, write_text, writing
 from vlmrl.errors import VlmrlError
+from vlmrl.models.folder_check import tensor_shapes
 from vlmrl.models.tiny_model import train_bpe
 from vlmrl.tools.model_tools import MODEL_KINDS, original_boxes, tool_model_folder
 
@@ -99,6 +101,21 @@ class Detector:
             corners = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)  # (P, 4)
             results.append((original_boxes(corners, *image.size, self.padded_square), scores, labels))
         return results
+
+
+def tool_model_bytes(tools: list, models: dict) -> int:
+    """Bytes of the float32 weights of the model tools `tools` names (rollout.tools) with a folder in `models`
+    (rollout.tool_models), read from their safetensors headers; 0 for one whose folder cannot be read (the
+    early checks refuse it)."""
+    total = 0
+    for name in [name for name in dict.fromkeys(tools) if name in MODEL_KINDS and name in (models or {})]:
+        try:
+            folder = tool_model_folder(name, models[name])
+        except VlmrlError:
+            continue
+        for file in sorted(folder.glob("*.safetensors")):
+            total += sum(4 * math.prod(shape) for shape in tensor_shapes(file).values())
+    return total
 
 
 def load_tool_model(name: str, folder: Path) -> Detector:
