@@ -343,3 +343,21 @@ def test_vlmrl_check_counts_the_tool_models_memory(detector_dir, tiny_model_dir,
     assert without.tool_models == 0 and report.memory.tool_models == weights
     assert report.memory.peak - report.memory.tool_models == without.peak
     assert f"tool models {gib(weights)}" in "\n".join(report.lines())
+
+
+def test_owl_vit_stretches_the_image_so_its_boxes_span_width_and_height(tmp_path):
+    from vlmrl.models.tool_models import build_tiny_tool_model
+
+    folder = build_tiny_tool_model(tmp_path / "owlvit", "detect", arch="owlvit")
+    tools = resolve_tools(["detect"], {"detect": str(folder)})
+    result = run(tools, Image.new("RGB", (300, 120), (200, 40, 40)), query="red circle")
+    rows = listed(result.text)
+    assert result.error is None and rows
+    centres = (np.arange(6) + 1) / 6
+    cx, cy = np.meshgrid(centres, centres, indexing="xy")
+    corners = np.stack([cx - 1 / 12, cy - 1 / 12, cx + 1 / 12, cy + 1 / 12], axis=-1).reshape(-1, 4)
+    expected = original_boxes(corners, 300, 120, padded_square=False)  # no padding: the whole height is used
+    for _, box, _ in rows:
+        assert np.abs(expected - np.array(box)).max(axis=1).min() <= 1, box
+    # a patch's box is 300 / 6 wide and 120 / 6 high here (OWLv2's would be 300 / 6 both ways, in a padded square)
+    assert all(box[2] - box[0] <= 51 and box[3] - box[1] <= 21 for _, box, _ in rows)

@@ -47,6 +47,20 @@ def run_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _square_size(folder: Path, processor) -> tuple[int, int]:
+    """(width, height) the processor resizes to; VlmrlError for a size or a centre crop whose boxes this module
+    cannot map back (a shortest edge, a crop smaller than the resized image)."""
+    size, crop = processor.size, getattr(processor, "crop_size", None)
+    height, width = getattr(size, "height", None), getattr(size, "width", None)
+    if not height or not width:
+        raise VlmrlError(f"the detector in {str(folder)!r} resizes to {size}; detect maps boxes back from a fixed "
+                         "height and width only")
+    if getattr(processor, "do_center_crop", False) and crop is not None and (crop.height, crop.width) != (height, width):
+        raise VlmrlError(f"the detector in {str(folder)!r} crops its {width}x{height} input to {crop.width}x"
+                         f"{crop.height}; detect maps boxes back through a resize and a pad only")
+    return width, height
+
+
 class Detector:
     """An OWLv2 or OWL-ViT checkpoint, its tokenizer and its image processor's settings, on one device."""
 
@@ -59,8 +73,8 @@ class Detector:
         self.model = AutoModelForZeroShotObjectDetection.from_pretrained(folder, dtype=torch.float32).to(device).eval()
         self.device = device
         self.padded_square = config.model_type == "owlv2" and bool(getattr(processor, "do_pad", True))
-        size = processor.size
-        self.size = (size["width"], size["height"]) if "height" in size else (size["shortest_edge"],) * 2
+        self.size = _square_size(folder, processor)
+        self.resample = Image.Resampling(int(getattr(processor, "resample", None) or Image.Resampling.BILINEAR))
         self.mean = np.array(processor.image_mean, np.float32)
         self.std = np.array(processor.image_std, np.float32)
         self.text_length = config.text_config.max_position_embeddings
@@ -73,7 +87,7 @@ class Detector:
             square = Image.new("RGB", (side, side), (0, 0, 0))  # OWLv2 pads with 0 at the bottom and right
             square.paste(image, (0, 0))
             image = square
-        resized = np.asarray(image.resize(self.size, Image.Resampling.BILINEAR), np.float32) / 255.0  # (H, W, 3)
+        resized = np.asarray(image.resize(self.size, self.resample), np.float32) / 255.0  # (H, W, 3)
         return ((resized - self.mean) / self.std).transpose(2, 0, 1)
 
     @torch.inference_mode()
@@ -125,38 +139,59 @@ def load_tool_model(name: str, folder: Path) -> Detector:
     return Detector(tool_model_folder(name, str(folder)), run_device())
 
 
-def build_tiny_tool_model(out_dir: str | Path, tool: str = "detect", seed: int = 0) -> Path:
-    """A random-weight OWLv2 (`tool` "detect") with a tokenizer trained offline and an image processor of
-    TINY_IMAGE pixels, saved so that it loads like a hub checkpoint. Returns the folder."""
-    from transformers import Owlv2Config, Owlv2ForObjectDetection, PreTrainedTokenizerFast
-    from transformers.models.owlv2.image_processing_pil_owlv2 import Owlv2ImageProcessorPil
+DETECTOR_ARCHES = ("owlv2", "owlvit")
+"""The detectors `build_tiny_tool_model` builds (the command line builds OWLv2)."""
 
-    if tool not in TOOLS:
-        raise VlmrlError(f"unknown tool model {tool!r}; choose one of {', '.join(TOOLS)}")
-    out = output_folder(out_dir, "the tool model")
-    bos, eos = "<|startoftext|>", "<|endoftext|>"
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=train_bpe(512, (bos, eos)), bos_token=bos, eos_token=eos,
-                                        pad_token=eos, unk_token=None)
+
+def _tiny_detector(arch: str, tokenizer):
+    """A random OWLv2 or OWL-ViT of TINY_IMAGE pixels with known boxes and spread scores (module docstring),
+    and its PIL image processor."""
+    from transformers import Owlv2Config, Owlv2ForObjectDetection, OwlViTConfig, OwlViTForObjectDetection
+    from transformers.models.owlv2.image_processing_pil_owlv2 import Owlv2ImageProcessorPil
+    from transformers.models.owlvit.image_processing_pil_owlvit import OwlViTImageProcessorPil
+
+    config_class, model_class, processor_class = ((Owlv2Config, Owlv2ForObjectDetection, Owlv2ImageProcessorPil)
+                                                  if arch == "owlv2" else
+                                                  (OwlViTConfig, OwlViTForObjectDetection, OwlViTImageProcessorPil))
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}
-    config = Owlv2Config(
+    config = config_class(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, max_position_embeddings=16, **ids),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                            image_size=TINY_IMAGE, patch_size=16), projection_dim=32)
-    torch.manual_seed(seed)
-    model = Owlv2ForObjectDetection(config)
+    model = model_class(config)
     with torch.no_grad():  # the box head's last layer at zero: each patch's box is its grid box (known answers)
         model.box_head.dense2.weight.zero_()
         model.box_head.dense2.bias.zero_()
         for layer, bias in ((model.class_head.logit_shift, 0.0), (model.class_head.logit_scale, 2.0)):
             layer.weight.zero_()  # logits = 3 x cosine(patch, phrase): scores spread over (0.05, 0.95)
             layer.bias.fill_(bias)
+    side = {"height": TINY_IMAGE, "width": TINY_IMAGE}
+    return model, processor_class(size=side, crop_size=side)
+
+
+def build_tiny_tool_model(out_dir: str | Path, tool: str = "detect", seed: int = 0, arch: str = "owlv2") -> Path:
+    """A random-weight detector (`tool` "detect"; `arch` one of DETECTOR_ARCHES) with a tokenizer trained
+    offline and an image processor of TINY_IMAGE pixels, saved so that it loads like a hub checkpoint.
+    Returns the folder."""
+    from transformers import PreTrainedTokenizerFast
+
+    if tool not in TOOLS:
+        raise VlmrlError(f"unknown tool model {tool!r}; choose one of {', '.join(TOOLS)}")
+    if arch not in DETECTOR_ARCHES:
+        raise VlmrlError(f"unknown detector {arch!r}; choose one of {', '.join(DETECTOR_ARCHES)}")
+    out = output_folder(out_dir, "the tool model")
+    bos, eos = "<|startoftext|>", "<|endoftext|>"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=train_bpe(512, (bos, eos)), bos_token=bos, eos_token=eos,
+                                        pad_token=eos, unk_token=None)
+    torch.manual_seed(seed)
+    model, processor = _tiny_detector(arch, tokenizer)
     with writing("the tool model", out):
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-        Owlv2ImageProcessorPil(size={"height": TINY_IMAGE, "width": TINY_IMAGE}).save_pretrained(out)
+        processor.save_pretrained(out)
     write_text(out / "vlmrl_tiny.json", "the tool model", json.dumps(
-        {"tool": tool, "arch": "owlv2", "seed": seed, "parameters": sum(p.numel() for p in model.parameters())},
+        {"tool": tool, "arch": arch, "seed": seed, "parameters": sum(p.numel() for p in model.parameters())},
         indent=2))
     return out
