@@ -361,3 +361,48 @@ def test_owl_vit_stretches_the_image_so_its_boxes_span_width_and_height(tmp_path
         assert np.abs(expected - np.array(box)).max(axis=1).min() <= 1, box
     # a patch's box is 300 / 6 wide and 120 / 6 high here (OWLv2's would be 300 / 6 both ways, in a padded square)
     assert all(box[2] - box[0] <= 51 and box[3] - box[1] <= 21 for _, box, _ in rows)
+
+
+def test_a_phrases_tokens_are_found_by_their_characters():
+    from vlmrl.models.tool_models import phrase_tokens
+
+    # "red circle. cat." tokens: [CLS] "red" " circle" "." " cat" "." [SEP]
+    offsets = [(0, 0), (0, 3), (3, 10), (10, 11), (11, 15), (15, 16), (0, 0)]
+    assert phrase_tokens(offsets, ("red circle", "cat")).tolist() == [
+        [False, True, True, False, False, False, False], [False, False, False, False, True, False, False]]
+
+
+@pytest.mark.parametrize("arch, size", [("owlv2", (200, 100)), ("owlv2", (90, 150)), ("owlvit", (200, 100)),
+                                        ("grounding-dino", (200, 100)), ("grounding-dino", (70, 140))])
+def test_boxes_equal_the_processors_own_post_processing(arch, size, tmp_path):
+    """detect's boxes (before they are clipped, selected and rounded) are what transformers' own post-processing
+    makes of the same outputs for the image's original size, clipped to the image."""
+    from transformers import AutoImageProcessor
+
+    from vlmrl.models.tool_models import Detector, build_tiny_tool_model
+
+    folder = build_tiny_tool_model(tmp_path / arch, "detect", arch=arch)
+    detector = Detector(folder, torch.device("cpu"))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+    [(boxes, scores, labels)] = detector.detect([image], [("red circle", "cat")])
+    outputs = []
+    real = detector.model.forward
+    detector.model.forward = lambda **inputs: outputs.append(real(**inputs)) or outputs[-1]
+    detector.detect([image], [("red circle", "cat")])
+    processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+    expected = processor.post_process_object_detection(outputs[0], threshold=0.0, target_sizes=[size[::-1]])[0]
+    limit = np.array([*size, *size], np.float64)
+    np.testing.assert_allclose(boxes, np.clip(expected["boxes"].numpy(), 0, limit), atol=1e-3)
+    assert len(boxes) == len(scores) == len(labels) and set(labels.tolist()) <= {0, 1}
+
+
+def test_detect_runs_a_grounding_dino(tmp_path):
+    from vlmrl.models.tool_models import build_tiny_tool_model
+
+    folder = build_tiny_tool_model(tmp_path / "gdino", "detect", arch="grounding-dino")
+    tools = resolve_tools(["detect"], {"detect": str(folder)})
+    result = run(tools, Image.new("RGB", (300, 120), (200, 40, 40)), query=["red circle", "cat"], box=[20, 10, 220, 110])
+    rows = listed(result.text)
+    assert result.error is None and rows and "in box [20, 10, 220, 110] of image 0 (300x120)" in result.text
+    assert all(p in ("red circle", "cat") and 20 <= b[0] < b[2] <= 220 and 10 <= b[1] < b[3] <= 110 for p, b, _ in rows)
+    assert run(tools, Image.new("RGB", (300, 120)), query=5).error == "bad_arguments"

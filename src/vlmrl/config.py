@@ -368,7 +368,8 @@ class RolloutConfig(GenerationSettings):
     (a detector named in tool_models), or your own function
     as `package.module:function` (see vlmrl/tools/registry.py). [] = single-turn rollouts."""
     tool_models: dict[str, str] = field(default_factory=dict)
-    """Model tools' checkpoints: {detect: PATH} makes `detect` (open-vocabulary detection: OWLv2, OWL-ViT) a
+    """Model tools' checkpoints: {detect: PATH} makes `detect` (open-vocabulary detection: OWLv2, OWL-ViT,
+    Grounding DINO) a
     tool rollout.tools may name. PATH is a local folder or a hub id already in the local hub cache (never
     downloaded); checked before step 1, loaded once per process at the first call, on the run's device
     (docs/tools.md, "Model tools"). `vlmrl tiny-model OUT --tool detect` builds a tiny random one."""

@@ -1,4 +1,5 @@
-"""Pre-trained models as tools: `detect(query, box=None, image=0)`, open-vocabulary detection (OWLv2, OWL-ViT).
+"""Pre-trained models as tools: `detect(query, box=None, image=0)`, open-vocabulary detection (OWLv2, OWL-ViT,
+Grounding DINO).
 
 A tool model is a Hugging Face checkpoint named in `rollout.tool_models` ({detect: PATH}): a local folder,
 or a hub id already in the local hub cache (never downloaded: tools run offline). The folder is checked
@@ -49,7 +50,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.tools.cv_tools import _marks
 from vlmrl.tools.image_tools import context_image, pixel_box
 
-MODEL_KINDS: dict[str, tuple[str, ...]] = {"detect": ("owlv2", "owlvit")}
+MODEL_KINDS: dict[str, tuple[str, ...]] = {"detect": ("owlv2", "owlvit", "grounding-dino")}
 """Each model tool's name, and the `model_type`s (config.json) of the checkpoints it runs."""
 MODEL_CODE = "vlmrl.models.tool_models"
 """The module that loads and runs the models (torch), imported by name at the first call."""
@@ -114,7 +115,7 @@ def tool_model_folder(name: str, path: Any) -> Path:
     if weights[0] == "model.safetensors" and (folder / weights[0]).stat().st_size < 16:
         raise VlmrlError(f"{where}: model.safetensors is damaged ({(folder / weights[0]).stat().st_size} bytes)")
     for part, files in (("an image processor", ("preprocessor_config.json",)),
-                        ("a tokenizer", ("tokenizer.json", "vocab.json", "tokenizer_config.json"))):
+                        ("a tokenizer", ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer_config.json"))):
         if not any((folder / f).is_file() for f in files):
             raise VlmrlError(f"{where} has no {part} ({' or '.join(files)})")
     return folder
