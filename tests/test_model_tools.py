@@ -264,6 +264,25 @@ def test_a_missing_tool_model_stops_the_run_before_step_1(tiny_model_dir, tmp_pa
         check_before_loading(config, "train")
 
 
+def test_a_truncated_tool_model_stops_the_run_before_step_1(detector_dir, tiny_model_dir, tmp_path):
+    from vlmrl.config import load_config
+    from vlmrl.safety.early_checks import check_before_loading
+
+    damaged = tmp_path / "truncated"
+    shutil.copytree(detector_dir, damaged)
+    weights = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(weights[:len(weights) // 2])  # the header whole, the tensors cut
+    config = load_config(None, ["task.name=shapes", "rollout.tools=[detect]", f"model.name_or_path={tiny_model_dir}",
+                                f"rollout.tool_models.detect={damaged}", f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(VlmrlError) as error:
+        check_before_loading(config, "train")
+    assert str(error.value).startswith("the detect model (rollout.tool_models.detect): the model's weights file")
+    assert "is truncated" in str(error.value) and "\n" not in str(error.value)
+    tools = resolve_tools(["detect"], {"detect": str(damaged)})  # evaluate resolves without the early checks:
+    result = run(tools, Image.new("RGB", (40, 40)), query="cat")  # the first call says it, as an error turn
+    assert result.error == "raised" and "is truncated" in result.text
+
+
 def test_detect_in_a_rollout_shows_its_overlay_and_its_errors_as_turns(detector_dir, tiny_model_dir):
     from test_tool_rollout import ANSWER, scripted, settings
 

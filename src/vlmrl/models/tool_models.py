@@ -33,9 +33,9 @@ from PIL import Image
 
 from vlmrl.disk import output_folder, write_text, writing
 from vlmrl.errors import VlmrlError
-from vlmrl.models.folder_check import tensor_shapes
+from vlmrl.models.folder_check import check_weight_files, tensor_shapes
 from vlmrl.models.tiny_model import train_bpe
-from vlmrl.tools.model_tools import MODEL_KINDS, original_boxes, tool_model_folder
+from vlmrl.tools.model_tools import MODEL_KINDS, ModelTool, original_boxes, tool_model_folder
 
 TOOLS = tuple(MODEL_KINDS)
 """The model tools `vlmrl tiny-model --tool` builds."""
@@ -180,11 +180,30 @@ def tool_model_bytes(tools: list, models: dict) -> int:
     return total
 
 
+def check_tool_model_weights(name: str, folder: Path) -> None:
+    """VlmrlError in one line unless tool `name`'s weights in `folder` are whole safetensors files (folder_check's
+    `check_weight_files`, as for the policy: a truncated or pickled file is refused, never loaded)."""
+    try:
+        check_weight_files(str(folder))
+    except VlmrlError as error:
+        raise VlmrlError(f"the {name} model (rollout.tool_models.{name}): {error}") from None
+
+
+def check_tool_models(tools: dict) -> None:
+    """`check_tool_model_weights` for each model tool of a resolved registry (the early checks, before step 1)."""
+    for tool in tools.values():
+        if isinstance(tool, ModelTool):
+            check_tool_model_weights(tool.name, tool.folder)
+
+
 def load_tool_model(name: str, folder: Path) -> Detector:
-    """Tool `name`'s model from its folder, checked again (`tool_model_folder`), on the run's device."""
+    """Tool `name`'s model from its folder, checked again (`tool_model_folder`, its weights whole), on the run's
+    device."""
     if name not in MODEL_KINDS:
         raise VlmrlError(f"unknown model tool {name!r}; model tools: {', '.join(MODEL_KINDS)}")
-    return Detector(tool_model_folder(name, str(folder)), run_device())
+    folder = tool_model_folder(name, str(folder))
+    check_tool_model_weights(name, folder)
+    return Detector(folder, run_device())
 
 
 DETECTOR_ARCHES = ("owlv2", "owlvit", "grounding-dino")
