@@ -425,3 +425,16 @@ def test_detect_runs_a_grounding_dino(tmp_path):
     assert result.error is None and rows and "in box [20, 10, 220, 110] of image 0 (300x120)" in result.text
     assert all(p in ("red circle", "cat") and 20 <= b[0] < b[2] <= 220 and 10 <= b[1] < b[3] <= 110 for p, b, _ in rows)
     assert run(tools, Image.new("RGB", (300, 120)), query=5).error == "bad_arguments"
+
+
+def test_a_hub_id_is_read_from_the_local_hub_cache_never_downloaded(detector_dir, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "models--someone--tiny-owlv2" / "snapshots" / ("0" * 40)
+    shutil.copytree(detector_dir, snapshot)
+    (tmp_path / "models--someone--tiny-owlv2" / "refs").mkdir()
+    (tmp_path / "models--someone--tiny-owlv2" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    assert tool_model_folder("detect", "someone/tiny-owlv2") == snapshot
+    with pytest.raises(VlmrlError, match="neither a folder nor in the local hub cache"):
+        tool_model_folder("detect", "someone/not-cached")
