@@ -128,8 +128,9 @@ def original_boxes(corners: np.ndarray, width: int, height: int, padded_square: 
     """(N, 4) boxes [x1, y1, x2, y2] in pixels of a width x height image, from the model's `corners` (N, 4)
     in [0, 1] of what it saw: OWLv2 pads the image at the bottom and right to a square of side
     max(width, height) before resizing, so its [0, 1] spans that square (`padded_square`); OWL-ViT
-    resizes the image itself to its square, so [0, 1] spans the width and the height. Clipped to the
-    image (a box may reach into the padding)."""
+    resizes the image itself to its square, and Grounding DINO's boxes are relative to the image it was
+    given (its batch padding is masked), so [0, 1] spans the width and the height. Clipped to the image
+    (a box may reach into the padding)."""
     scale = (np.array([max(width, height)] * 4, np.float64) if padded_square
              else np.array([width, height, width, height], np.float64))
     boxes = np.asarray(corners, np.float64).reshape(-1, 4) * scale  # (N, 4)
