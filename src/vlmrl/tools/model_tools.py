@@ -64,8 +64,9 @@ SCORE_THRESHOLD = 0.1
 """Lowest score an object is listed with (OWL-ViT's and OWLv2's own default)."""
 NMS_IOU = 0.3
 """A box overlapping a better box of the same phrase by more than this (intersection over union) is dropped."""
-CACHE_SIZE = 256
-"""Answers each model tool keeps for repeated calls (G completions x a few calls of a step's prompts)."""
+CACHE_SIZE = 64
+"""Answers each model tool keeps for repeated calls (the distinct calls of a step, about: G completions of a
+group often make the same call). Each keeps its overlay image: about 0.6 MB at 448 px, 40 MB in all."""
 MAX_BATCH = 16
 """Most calls `ModelTool.prefetch` puts in one forward."""
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -298,8 +299,9 @@ class ModelTool:
 
     def prefetch(self, calls: list[tuple[Any, dict]]) -> None:
         """Compute the (context, arguments) `calls` not yet cached in one forward per MAX_BATCH, so that the calls
-        themselves, run one by one next, are answered from the cache; a call whose arguments are bad is left to
-        fail as itself, and a model that fails here fails again, as an error turn, when its call runs."""
+        themselves, run one by one next, are answered from the cache (at most `cache_size` of them: the rest run
+        alone); a call whose arguments are bad is left to fail as itself, and a model that fails here fails
+        again, as an error turn, when its call runs."""
         pending: dict[tuple, Prepared] = {}
         for context, arguments in calls:
             try:
@@ -310,7 +312,7 @@ class ModelTool:
                 continue
             if call.key not in self.cache:
                 pending.setdefault(call.key, call)
-        waiting = list(pending.values())
+        waiting = list(pending.values())[:self.cache_size]  # more would push the first out before their calls
         for start in range(0, len(waiting) if self.cache_size > 0 else 0, MAX_BATCH):
             try:
                 self._compute(waiting[start:start + MAX_BATCH])
