@@ -158,7 +158,7 @@ class Blind:
 
 
 def test_a_model_that_raises_is_an_error_turn_and_nothing_found_is_an_answer(detect, detector_dir, monkeypatch):
-    key = ("detect", str(tool_model_folder("detect", detector_dir)))
+    key = ("detect", str(tool_model_folder("detect", detector_dir)), None)
     monkeypatch.setitem(model_tools._LOADED, key, Failing())
     result = run(detect, Image.new("RGB", (64, 48)), query="cat")
     assert result.error == "raised" and result.text.startswith("error: tool detect raised RuntimeError: CUDA out of")
@@ -189,7 +189,8 @@ def test_the_model_loads_once_per_process(detector_dir, monkeypatch):
 
     loads = []
     real = tool_models.load_tool_model
-    monkeypatch.setattr(tool_models, "load_tool_model", lambda name, folder: loads.append(name) or real(name, folder))
+    monkeypatch.setattr(tool_models, "load_tool_model",
+                        lambda name, folder, device: loads.append(name) or real(name, folder, device))
     monkeypatch.setattr(model_tools, "_LOADED", {})
     for _ in range(2):
         tools = resolve_tools(["detect"], {"detect": detector_dir})
@@ -338,6 +339,7 @@ def test_a_turns_detect_calls_run_in_one_forward_equal_to_one_at_a_time(detector
     detect = toolbox.tools["detect"]
     rollout = generate_trajectories(model, processor, [example], toolbox)
     assert (detect.forwards, detect.computed, detect.calls, detect.cache_hits) == (1, 3, 4, 1)  # one forward, 3 distinct
+    assert detect.device == "cpu" and ("detect", str(detect.folder), "cpu") in model_tools._LOADED  # the policy's
     alone = ModelTool("detect", detect.folder, cache_size=0)
     for trajectory, given in zip(rollout.trajectories, arguments):
         text, overlay = alone(ToolContext([original]), **given)

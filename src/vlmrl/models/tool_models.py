@@ -196,14 +196,14 @@ def check_tool_models(tools: dict) -> None:
             check_tool_model_weights(tool.name, tool.folder)
 
 
-def load_tool_model(name: str, folder: Path) -> Detector:
-    """Tool `name`'s model from its folder, checked again (`tool_model_folder`, its weights whole), on the run's
-    device."""
+def load_tool_model(name: str, folder: Path, device: str | None = None) -> Detector:
+    """Tool `name`'s model from its folder, checked again (`tool_model_folder`, its weights whole), on `device`
+    (the policy's; None: `run_device`)."""
     if name not in MODEL_KINDS:
         raise VlmrlError(f"unknown model tool {name!r}; model tools: {', '.join(MODEL_KINDS)}")
     folder = tool_model_folder(name, str(folder))
     check_tool_model_weights(name, folder)
-    return Detector(folder, run_device())
+    return Detector(folder, torch.device(device) if device else run_device())
 
 
 DETECTOR_ARCHES = ("owlv2", "owlvit", "grounding-dino")

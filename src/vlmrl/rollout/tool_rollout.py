@@ -198,6 +198,9 @@ def generate_trajectories(model, processor, examples: list[Example], toolbox: To
     settings = toolbox.settings
     if seed is not None:
         torch.manual_seed(seed)
+    for tool in toolbox.tools.values():
+        if isinstance(tool, ModelTool):  # a model tool runs where the policy runs
+            tool.device = str(next(model.parameters()).device)
     ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples for _ in range(settings.group_size)]
     active = list(range(len(ongoing)))
     while active:

@@ -4,7 +4,8 @@ Grounding DINO).
 A tool model is a Hugging Face checkpoint named in `rollout.tool_models` ({detect: PATH}): a local folder,
 or a hub id already in the local hub cache (never downloaded: tools run offline). The folder is checked
 when the tools are resolved, before step 1 (`tool_model_folder`: missing, damaged or of another kind is
-a one-line VlmrlError), and loaded once per process at the first call (`ModelTool`), on the run's device.
+a one-line VlmrlError), and loaded once per process at the first call (`ModelTool`), on the run's device
+(the policy's: the tool rollout sets `ModelTool.device`).
 
 Where it runs: in the trainer's process, like the built-in tools (running.py), not in the tool worker:
 the model then loads once per process, on the GPU the policy uses, and stays loaded (a worker is killed
@@ -207,16 +208,16 @@ def image_key(image: Image.Image) -> tuple:
 # --------------------------------------------------------------------------- the tool
 
 
-_LOADED: dict[tuple[str, str], Any] = {}
-"""The models this process has loaded, by (tool name, folder): each loads once per process."""
+_LOADED: dict[tuple[str, str, str | None], Any] = {}
+"""The models this process has loaded, by (tool name, folder, device): each loads once per process."""
 
 
-def loaded_model(name: str, folder: Path) -> Any:
+def loaded_model(name: str, folder: Path, device: str | None = None) -> Any:
     """Tool `name`'s model in `folder`, loaded at the first call of this process (MODEL_CODE's `load_tool_model`,
-    on the run's device) and kept."""
-    key = (name, str(folder))
+    on `device`: the policy's, as the rollout sets it; None: the current CUDA device, else the CPU) and kept."""
+    key = (name, str(folder), device)
     if key not in _LOADED:
-        _LOADED[key] = importlib.import_module(MODEL_CODE).load_tool_model(name, folder)
+        _LOADED[key] = importlib.import_module(MODEL_CODE).load_tool_model(name, folder, device)
     return _LOADED[key]
 
 
@@ -250,6 +251,9 @@ class ModelTool:
 
     def __init__(self, name: str, folder: Path, cache_size: int = CACHE_SIZE):
         self.name, self.folder, self.cache_size = name, folder, cache_size
+        self.device: str | None = None
+        """Where the model runs: the policy's device, set by the tool rollout before the first call (None: the
+        current CUDA device, else the CPU)."""
         self.cache: OrderedDict[tuple, tuple[str, Image.Image]] = OrderedDict()
         self.calls = self.computed = self.forwards = 0
 
@@ -272,7 +276,7 @@ class ModelTool:
     def _compute(self, calls: list[Prepared]) -> list[tuple[str, Image.Image]]:
         """The (text, overlay) of each of `calls`, computed in one forward of the model, and kept in the cache."""
         regions = [call.original.crop(call.where).convert("RGB") for call in calls]
-        outputs = loaded_model(self.name, self.folder).detect(regions, [call.phrases for call in calls])
+        outputs = loaded_model(self.name, self.folder, self.device).detect(regions, [call.phrases for call in calls])
         self.forwards += 1
         answers = []
         for call, (boxes, scores, labels) in zip(calls, outputs):
