@@ -93,8 +93,8 @@ class EvalSettings:
 
 RUN_CONFIGS = ("config.resumed.yaml", "config.yaml")
 """A run folder's configs, the latest first (safety/resume.py writes them)."""
-TAKEN_FROM_RUN = ("max_new_tokens", "tools", "tool_models", "max_turns", "max_trajectory_tokens", "tool_image_side", "decode",
-                  "rewards")
+TAKEN_FROM_RUN = ("max_new_tokens", "tools", "tool_models", "max_turns", "max_trajectory_tokens", "tool_image_side",
+                  "decode", "rewards")
 """The EvalSettings fields an evaluation of a run's model takes from the run's config (`run_values`);
 the task (name and parameters: data, template, system, verifier, ...) comes with them."""
 

@@ -68,7 +68,8 @@ class ToolBox:
     def from_config(cls, settings: RolloutConfig) -> ToolBox:
         """The tools of `settings.tools` resolved, model tools bound to `settings.tool_models` (VlmrlError for an
         unknown tool or a bad model folder)."""
-        return cls(settings, resolve_tools(settings.tools, settings.tool_models), ToolLimits(timeout_s=settings.tool_timeout_s))
+        tools = resolve_tools(settings.tools, settings.tool_models)
+        return cls(settings, tools, ToolLimits(timeout_s=settings.tool_timeout_s))
 
 
 def tool_tag_ids(tokenizer) -> set[int]:

@@ -1,8 +1,8 @@
 """The registry: the configured tool names (`rollout.tools`) turned into the tools `run_tool` reads.
 
 Built-in names (builtin.py) are known by name alone. Model tools (model_tools.py: `detect`) are known
-by name and need their model's folder in `rollout.tool_models`, checked here. Your own tools: any Python callable named by
-import path (`module:function`, known to the model as `function`), called as
+by name and need their model's folder in `rollout.tool_models`, checked here. Your own tools: any
+Python callable named by import path (`module:function`, known to the model as `function`), called as
 `function(context, **arguments)`; its module is imported first in the tool worker (worker.py), so a
 module that hangs, exits or kills its process at import stops there in one line. This runs when the
 config is read, before step 1: an unknown name, a failed import or two tools of one name is a
