@@ -52,6 +52,7 @@ VALUES: dict[str, list] = {
     "rollout.max_prompt_length": [0, 10, 4096],
     "rollout.generation_batch_size": [0, 1, 2, 3],
     "rollout.tools": [[], ["zoom"], ["zom"]],
+    "rollout.tool_models": [{}, {"detect": "runs/missing-detector"}, {"segment": "runs/x"}, {"detect": 3}],
     "rollout.max_turns": [0, 1, 2],
     "rollout.max_trajectory_tokens": [0, 8, 64],
     "rollout.tool_timeout_s": [0.0, 1.0, NAN],

@@ -20,6 +20,11 @@ def _tiny_model(args: argparse.Namespace) -> None:
     from vlmrl.models import build_tiny_model
     from vlmrl.models.tiny_model import model_summary
 
+    if args.tool:
+        from vlmrl.models.tool_models import build_tiny_tool_model
+
+        print(build_tiny_tool_model(args.out, args.tool, seed=args.seed))
+        return
     out = build_tiny_model(args.out, size=args.size, arch=args.arch, seed=args.seed)
     print(model_summary(out))
 
@@ -248,7 +253,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
 
 
 def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
-    """`vlmrl tiny-model OUT [--size] [--arch] [--seed]`."""
+    """`vlmrl tiny-model OUT [--size] [--arch] [--seed] [--tool]`."""
     from vlmrl.models.tiny_model import ARCHES, SIZES
 
     tiny = commands.add_parser(
@@ -261,6 +266,8 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
                       help="tiny: ~0.2M parameters, for tests; small: ~4M, learns the built-in tasks")
     tiny.add_argument("--arch", choices=ARCHES, default="qwen2_5_vl", help="architecture family")
     tiny.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    tiny.add_argument("--tool", choices=("detect",), default=None,
+                      help="build a model tool's model instead (rollout.tool_models): detect = a tiny random OWLv2")
     tiny.set_defaults(func=_tiny_model)
 
 

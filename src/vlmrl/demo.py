@@ -228,7 +228,7 @@ def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
     task = run_task(config.task.name, config.seed, config.task.params)
     rollout = config.rollout
     settings = EvalSettings(batch_size=32, max_new_tokens=rollout.max_new_tokens, blind_check=True,
-                            tools=list(rollout.tools), max_turns=rollout.max_turns,
+                            tools=list(rollout.tools), tool_models=dict(rollout.tool_models), max_turns=rollout.max_turns,
                             max_trajectory_tokens=rollout.max_trajectory_tokens, tool_image_side=rollout.tool_image_side,
                             decode=rollout.decode)
     runs = [(split, split, settings) for split in ("test", "ood") if split in task.splits]

@@ -47,6 +47,8 @@ class EvalSettings:
     tools: list[str] = field(default_factory=list)
     """Tools the model may call while answering (as rollout.tools: zoom, crop, module:function);
     [] = single-turn answers. The blind check blanks the images the tools read too."""
+    tool_models: dict[str, str] = field(default_factory=dict)
+    """Model tools' checkpoints, as rollout.tool_models ({detect: PATH})."""
     max_turns: int = 4
     """With tools: most model turns per answer."""
     max_trajectory_tokens: int = 1024
@@ -91,8 +93,8 @@ class EvalSettings:
 
 RUN_CONFIGS = ("config.resumed.yaml", "config.yaml")
 """A run folder's configs, the latest first (safety/resume.py writes them)."""
-TAKEN_FROM_RUN = ("max_new_tokens", "tools", "max_turns", "max_trajectory_tokens", "tool_image_side", "decode",
-                  "rewards")
+TAKEN_FROM_RUN = ("max_new_tokens", "tools", "tool_models", "max_turns", "max_trajectory_tokens", "tool_image_side",
+                  "decode", "rewards")
 """The EvalSettings fields an evaluation of a run's model takes from the run's config (`run_values`);
 the task (name and parameters: data, template, system, verifier, ...) comes with them."""
 
@@ -131,6 +133,9 @@ class RunEval:
                 parts.append("rewards " + (", ".join(r.label or r.name for r in value) or "the task's own score"))
             elif name == "tools":
                 parts.append("tools " + (", ".join(value) or "none"))
+            elif name == "tool_models":
+                if with_tools and value:
+                    parts.append("tool models " + ", ".join(f"{key} {path}" for key, path in value.items()))
             elif with_tools or name not in ("max_turns", "max_trajectory_tokens", "tool_image_side"):
                 parts.append(f"{name} {value}")
         return f"from the run's {self.config_file}: model {self.model}; {'; '.join(parts)}"
@@ -153,9 +158,11 @@ def run_config_of(model: str | Path) -> tuple[Path, Path] | None:
 
 def run_values(config) -> dict[str, Any]:
     """The TAKEN_FROM_RUN fields of a run's `Config`: its held-out evaluation's length (eval.max_new_tokens,
-    else rollout.max_new_tokens), its tools and decode path as rollout.* sets them, and its rewards."""
+    else rollout.max_new_tokens), its tools (and their models) and decode path as rollout.* sets them, and
+    its rewards."""
     rollout = config.rollout
     return {"max_new_tokens": config.eval.max_new_tokens or rollout.max_new_tokens, "tools": list(rollout.tools),
+            "tool_models": dict(rollout.tool_models),
             "max_turns": rollout.max_turns, "max_trajectory_tokens": rollout.max_trajectory_tokens,
             "tool_image_side": rollout.tool_image_side, "decode": rollout.decode, "rewards": list(config.rewards)}
 

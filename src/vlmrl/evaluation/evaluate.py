@@ -243,7 +243,7 @@ def _answer(sample, rewards: list[Reward], examples: list[Example], prompts_per_
 def _sampler(model, processor, settings: EvalSettings):
     """`sample(rows, generation)` -> a function of (batch, first index) giving a Rollout: single-turn,
     or multi-turn with `settings.tools`; seeded from (seed, "eval", first index)."""
-    tools = resolve_tools(settings.tools)  # once, and an unknown tool is an error before any generation
+    tools = resolve_tools(settings.tools, settings.tool_models)  # once, and an unknown tool is an error before any generation
 
     def sample(generation: GenerationSettings):
         rollout = _tool_settings(settings, generation)
@@ -273,7 +273,8 @@ def stop_at_broken_logits(model) -> None:
 
 def _tool_settings(settings: EvalSettings, generation: GenerationSettings) -> RolloutConfig:
     """The rollout settings of a multi-turn answer: `generation`'s sampling, `settings`' tools and limits."""
-    return RolloutConfig(**vars(generation), tools=list(settings.tools), max_turns=settings.max_turns,
+    return RolloutConfig(**vars(generation), tools=list(settings.tools), tool_models=dict(settings.tool_models),
+                         max_turns=settings.max_turns,
                          max_trajectory_tokens=settings.max_trajectory_tokens,
                          tool_image_side=settings.tool_image_side)
 

@@ -27,8 +27,10 @@ from vlmrl.config import RolloutConfig
 from vlmrl.rollout.generation import Rollout, generation_inputs, sample, stop_token_ids, suppressed_token_ids
 from vlmrl.rollout.trajectories import Segment, encode_trajectories, tool_turn
 from vlmrl.tasks import Example
-from vlmrl.tools.calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ends_with_call, parse_tool_call, tool_result_text
+from vlmrl.tools.calls import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, ends_with_call, parse_tool_call,
+                               tool_result_text)
 from vlmrl.tools.contract import ToolContext, ToolLimits
+from vlmrl.tools.model_tools import ModelTool
 from vlmrl.tools.registry import resolve_tools
 from vlmrl.tools.running import run_tool
 from vlmrl.tools.trajectory import Trajectory, Turn
@@ -64,8 +66,10 @@ class ToolBox:
 
     @classmethod
     def from_config(cls, settings: RolloutConfig) -> ToolBox:
-        """The tools of `settings.tools` resolved (VlmrlError for an unknown one)."""
-        return cls(settings, resolve_tools(settings.tools), ToolLimits(timeout_s=settings.tool_timeout_s))
+        """The tools of `settings.tools` resolved, model tools bound to `settings.tool_models` (VlmrlError for an
+        unknown tool or a bad model folder)."""
+        tools = resolve_tools(settings.tools, settings.tool_models)
+        return cls(settings, tools, ToolLimits(timeout_s=settings.tool_timeout_s))
 
 
 def tool_tag_ids(tokenizer) -> set[int]:
@@ -146,6 +150,18 @@ class Ongoing:
         """Tokens after the prompt so far, the model's and the tools'."""
         return sum(len(s.ids) for s in self.segments)
 
+    def context(self, settings: RolloutConfig) -> ToolContext:
+        """What a tool called in this trajectory reads: the example's originals, the tool image side."""
+        return ToolContext(self.example.originals, max_side=settings.tool_image_side, videos=self.example.video_originals)
+
+    def pending_call(self, turn: Segment, processor, settings: RolloutConfig) -> ToolCall | None:
+        """The call `add_turn` will run for the model's `turn`: one that fits the token budget, parses, and
+        leaves a turn to read its result; else None."""
+        text = turn_text(processor.tokenizer, turn.ids[:max(settings.max_trajectory_tokens - self.used, 0)])
+        turns = len([t for t in self.trajectory.turns if t.role == "assistant"]) + 1
+        call = parse_tool_call(text) if ends_with_call(text) and turns < settings.max_turns else None
+        return call if isinstance(call, ToolCall) else None
+
     def add_turn(self, turn: Segment, processor, toolbox: ToolBox) -> bool:
         """Append the model's `turn`; when it ends in a call, run the tool and append its result.
         Returns whether the trajectory goes on (a result was appended and turns and tokens are left)."""
@@ -163,9 +179,7 @@ class Ongoing:
         if len([t for t in self.trajectory.turns if t.role == "assistant"]) >= settings.max_turns:
             self.trajectory.cut = True  # a call with no turn left to read its result
             return False
-        context = ToolContext(self.example.originals, max_side=settings.tool_image_side,
-                              videos=self.example.video_originals)
-        result = parsed if call is None else run_tool(call, toolbox.tools, context, toolbox.limits)
+        result = parsed if call is None else run_tool(call, toolbox.tools, self.context(settings), toolbox.limits)
         shown = tool_result_text(result, family_markers(processor))  # its text cannot add an image or end a turn
         segment = tool_turn(processor, self.example, shown, result.images, result.videos)
         if self.used + len(segment.ids) >= settings.max_trajectory_tokens:
@@ -185,13 +199,32 @@ def generate_trajectories(model, processor, examples: list[Example], toolbox: To
     settings = toolbox.settings
     if seed is not None:
         torch.manual_seed(seed)
+    for tool in toolbox.tools.values():
+        if isinstance(tool, ModelTool):  # a model tool runs where the policy runs
+            tool.device = str(next(model.parameters()).device)
     ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples for _ in range(settings.group_size)]
     active = list(range(len(ongoing)))
     while active:
         turns = sample_turn(model, processor, [ongoing[i].example for i in active],
                             [ongoing[i].segments for i in active], settings)
+        prefetch_model_calls([ongoing[i] for i in active], turns, processor, toolbox)
         active = [i for i, turn in zip(active, turns) if ongoing[i].add_turn(turn, processor, toolbox)]
     return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
+
+
+def prefetch_model_calls(rows: list[Ongoing], turns: list[Segment], processor, toolbox: ToolBox) -> None:
+    """The model tools' calls of this turn computed together, in one forward per tool (`ModelTool.prefetch`):
+    each call then runs as usual (`add_turn`), answered from its tool's cache."""
+    if not any(isinstance(tool, ModelTool) for tool in toolbox.tools.values()):
+        return
+    by_tool: dict[ModelTool, list] = {}
+    for row, turn in zip(rows, turns):
+        call = row.pending_call(turn, processor, toolbox.settings)
+        tool = None if call is None else toolbox.tools.get(call.name)
+        if isinstance(tool, ModelTool) and isinstance(call.arguments, dict):
+            by_tool.setdefault(tool, []).append((row.context(toolbox.settings), call.arguments))
+    for tool, calls in by_tool.items():
+        tool.prefetch(calls)
 
 
 def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> ToolRollout:

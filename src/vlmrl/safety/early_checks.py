@@ -36,6 +36,7 @@ from vlmrl.disk import cannot_write, probe_writable
 from vlmrl.errors import VlmrlError
 from vlmrl.models.model_source import check_model_source
 from vlmrl.models.teacher_check import check_teacher
+from vlmrl.models.tool_models import check_tool_models
 from vlmrl.report.tracking import check_trackers
 from vlmrl.rewards.builtin import COMPARING
 from vlmrl.rewards.checks import check_rewards, check_weights
@@ -156,8 +157,8 @@ def check_before_loading(config: Config, mode: str, task: Task | None = None) ->
         check_weights(rewards, bool(config.algorithm.teacher))
     elif config.rewards:  # sft evaluates with them, and a train run of this config trains on them: said now
         check_rewards(evaluation_rewards(config.rewards, task), task, first_examples(task, 1))
-    if config.rollout.tools:
-        resolve_tools(config.rollout.tools)
+    if config.rollout.tools or config.rollout.tool_models:
+        check_tool_models(resolve_tools(config.rollout.tools, config.rollout.tool_models))  # model tools' folders
     check_trackers(config.train.trackers)
     check_device(config.model.device)
     check_attention_kernel(config.model.attn_implementation, config.model.device)

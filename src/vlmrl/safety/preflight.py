@@ -57,6 +57,7 @@ from vlmrl.models.support import (
     tool_rollouts_unsupported,
 )
 from vlmrl.models.teacher_check import teacher_weight_bytes
+from vlmrl.models.tool_models import tool_model_bytes
 from vlmrl.models.vision_attention import batched_vision_unsupported
 from vlmrl.rollout.decoding import cache_length, decode_mode, kept_cache_bytes, kv_cache_bytes
 from vlmrl.models.video_processing import takes_video
@@ -151,11 +152,14 @@ class MemoryEstimate:
     teacher: int = 0
     """The distillation teacher's weights (algorithm.teacher), this process's part: sharded like the
     policy under FSDP2, whole under ZeRO-3 (training/teacher.py)."""
+    tool_models: int = 0
+    """The weights of the model tools the rollouts call (rollout.tool_models, float32), whole in every
+    process: each loads its own at its first call (tools/model_tools.py)."""
 
     @property
     def peak(self) -> int:
         # Generation runs before the update, under no_grad: the two are never alive together.
-        return (self.weights + self.gradients + self.optimizer + self.reference + self.teacher
+        return (self.weights + self.gradients + self.optimizer + self.reference + self.teacher + self.tool_models
                 + max(self.generation + self.gathered_generation,
                       self.activations + self.kept_cache + self.gathered_training))
 
@@ -212,6 +216,8 @@ class PreflightReport:
             parts.append(f"{'whole reference' if m.deepspeed else 'reference'} {gib(m.reference)}")
         if m.teacher:
             parts.append(f"{'whole teacher' if m.deepspeed else 'teacher'} {gib(m.teacher)}")
+        if m.tool_models:
+            parts.append(f"tool models {gib(m.tool_models)}")
         kept = f" + the decode cache kept {gib(m.kept_cache)}" if m.kept_cache else ""
         if m.shards > 1:
             parts[0] = f"1/{m.shards} of the weights {gib(m.weights)}"
@@ -610,12 +616,12 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         device=str(device), weights=part, gradients=gradients // shards, optimizer=2 * gradients // shards + master,
         reference=(weights if sharding.deepspeed else part) if copy_reference else 0, generation=generation,
         activations=activations, loaded=part if loaded is None else loaded, free=free_memory(device),
-        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache, shards=shards,
-        deepspeed=sharding.deepspeed,
+        sharers=world if device.type == "cpu" else 1, kept_cache=kept_cache, shards=shards, deepspeed=sharding.deepspeed,
         gathered_generation=((weights - part if whole
                               else gathered_units(policy) * (shards - 1) // shards) if shards > 1 else 0),
         gathered_training=gathered_units(policy) * (shards - 1) // shards if shards > 1 else 0,
-        whole_generation=whole, teacher=teacher if sharding.deepspeed else teacher // shards)
+        whole_generation=whole, teacher=teacher if sharding.deepspeed else teacher // shards,
+        tool_models=tool_model_bytes(config.rollout.tools, config.rollout.tool_models))
 
 
 def gathered_units(policy) -> int:

@@ -1,7 +1,8 @@
 """The registry: the configured tool names (`rollout.tools`) turned into the tools `run_tool` reads.
 
-Built-in names (builtin.py) are known by name alone. Your own tools: any Python callable named by
-import path (`module:function`, known to the model as `function`), called as
+Built-in names (builtin.py) are known by name alone. Model tools (model_tools.py: `detect`) are known
+by name and need their model's folder in `rollout.tool_models`, checked here. Your own tools: any
+Python callable named by import path (`module:function`, known to the model as `function`), called as
 `function(context, **arguments)`; its module is imported first in the tool worker (worker.py), so a
 module that hangs, exits or kills its process at import stops there in one line. This runs when the
 config is read, before step 1: an unknown name, a failed import or two tools of one name is a
@@ -19,6 +20,7 @@ from typing import Any, Callable
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.imports import is_file_spec, load_module
 from vlmrl.tools.builtin import BUILTIN_TOOLS
+from vlmrl.tools.model_tools import MODEL_KINDS, ModelTool, tool_model_folder
 from vlmrl.tools.worker import WORKER, WorkerFailed, WorkerTimeout
 
 
@@ -69,10 +71,10 @@ def _import_tool(path: str) -> Callable[..., Any]:
 
 def _unknown_tool(name: str) -> VlmrlError:
     """The error for a name that is neither built in nor an import path, with "did you mean"."""
-    close = difflib.get_close_matches(name, list(BUILTIN_TOOLS), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name, list(BUILTIN_TOOLS) + list(MODEL_KINDS), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return VlmrlError(f"unknown tool {name!r}; {hint}built-in: {', '.join(sorted(BUILTIN_TOOLS))}; "
-                      "or your own as package.module:function")
+                      f"model tools (rollout.tool_models): {', '.join(MODEL_KINDS)}; or your own as package.module:function")
 
 
 def _check_takes_context(name: str, function: Callable[..., Any]) -> None:
@@ -98,17 +100,35 @@ def _check_takes_context(name: str, function: Callable[..., Any]) -> None:
                      f"parameter is {first.name!r}, which would receive the context instead of the model's argument")
 
 
-def resolve_tools(names: list[str]) -> dict[str, Callable[..., Any]]:
+def _model_tools(names: list[str], models: dict[str, str] | None) -> dict[str, ModelTool]:
+    """The model tools among `names` and in `models` (rollout.tool_models), each bound to its checked folder
+    (a folder configured is checked even when no tool names it); VlmrlError for a model named for a tool
+    that is not a model tool, a model tool without a folder, or a missing or damaged folder."""
+    models = models or {}
+    if not isinstance(models, dict):
+        raise VlmrlError(f"rollout.tool_models maps a model tool to its folder ({{detect: PATH}}); got {models!r}")
+    unknown = sorted(str(name) for name in models if name not in MODEL_KINDS)
+    if unknown:
+        raise VlmrlError(f"rollout.tool_models names {', '.join(unknown)}; the model tools are {', '.join(MODEL_KINDS)}")
+    wanted = dict.fromkeys([*models, *(name for name in names if isinstance(name, str) and name in MODEL_KINDS)])
+    return {name: ModelTool(name, tool_model_folder(name, models.get(name))) for name in wanted}
+
+
+def resolve_tools(names: list[str], models: dict[str, str] | None = None) -> dict[str, Callable[..., Any]]:
     """The registry `run_tool` reads, keyed by the names the model writes: built-in names as they are,
-    `module:function` as `function`. VlmrlError for an unknown name, a failed import or two tools
-    with the same name (this runs when the config is read, before step 1)."""
+    model tools (`detect`) bound to their folder in `models` (rollout.tool_models), `module:function` as
+    `function`. VlmrlError for an unknown name, a missing or damaged model folder, a failed import or two
+    tools with the same name (this runs when the config is read, before step 1)."""
     tools: dict[str, Callable[..., Any]] = {}
     given: dict[str, str] = {}
+    bound = _model_tools(names, models)
     for entry in names:
         if not isinstance(entry, str):
             raise VlmrlError(f"a tool is named by a string (zoom, package.module:function); got {entry!r}")
         if entry in BUILTIN_TOOLS:
             key, function = entry, BUILTIN_TOOLS[entry]
+        elif entry in bound:
+            key, function = entry, bound[entry]
         elif ":" in entry:
             key, function = entry.partition(":")[2], _import_tool(entry)
             _check_takes_context(entry, function)

@@ -1,7 +1,8 @@
 """Running one call: `run_tool` against the registry, within the limits; it never raises.
 
-Where a tool runs: the built-in tools (builtin.py) run in this process on the example's images as they
-are (they only read them). Your own tools run in a worker process (worker.py) that a timeout kills and
+Where a tool runs: the built-in tools (builtin.py) and the model tools (model_tools.py: their model loads
+once per process, on the run's device) run in this process on the example's images as they are (they
+only read them). Your own tools run in a worker process (worker.py) that a timeout kills and
 replaces, so a tool that computes past `ToolLimits.timeout_s` cannot stall training, and a tool gets
 copies of the images, so drawing on them cannot change the prompt the model trains on. A ValueError
 or TypeError from inside a tool counts as "bad_arguments": a tool says its arguments are wrong by
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from vlmrl.tools.builtin import BUILTIN_TOOLS
 from vlmrl.tools.calls import ToolCall
 from vlmrl.tools.contract import ToolContext, ToolLimits, ToolResult, error_result
+from vlmrl.tools.model_tools import ModelTool
 from vlmrl.tools.results import _returned
 from vlmrl.tools.worker import WORKER, WorkerFailed, WorkerTimeout
 
@@ -58,7 +60,7 @@ def run_tool(call: ToolCall, tools: dict[str, Callable[..., Any]], context: Tool
         return error_result("bad_arguments", f"bad arguments for {call.name}: {error}")
     except ValueError:  # no signature to read: the call itself will tell
         pass
-    if function in BUILTIN_TOOLS.values():  # trusted, total and quick: in this process, on the originals
+    if function in BUILTIN_TOOLS.values() or isinstance(function, ModelTool):  # trusted: here, on the originals
         return call_tool(call.name, function, context, call.arguments, limits)
     try:
         return WORKER.run(call_tool, (call.name, function, context, call.arguments, limits), limits.timeout_s)

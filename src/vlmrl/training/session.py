@@ -487,7 +487,8 @@ class TrainingSession:
         max_new_tokens = settings.max_new_tokens or self.config.rollout.max_new_tokens
         rollout = self.config.rollout
         eval_settings = EvalSettings(batch_size=settings.batch_size, max_new_tokens=max_new_tokens,
-                                     seed=self.config.seed, tools=list(rollout.tools), max_turns=rollout.max_turns,
+                                     seed=self.config.seed, tools=list(rollout.tools), tool_models=dict(rollout.tool_models),
+                                     max_turns=rollout.max_turns,
                                      max_trajectory_tokens=rollout.max_trajectory_tokens,
                                      tool_image_side=rollout.tool_image_side, decode=rollout.decode,
                                      blind_check=settings.blind_check and not who, rewards=list(self.config.rewards))
