@@ -29,7 +29,7 @@ def key(example: Example) -> tuple[str, str, bytes]:
 
 
 def test_registry_lists_the_built_in_tasks():
-    assert list_tasks() == ["cryptogram", "dataset", "geometry", "grounding", "motion", "shapes", "zoom"]
+    assert list_tasks() == ["census", "cryptogram", "dataset", "geometry", "grounding", "motion", "shapes", "zoom"]
     assert all(isinstance(get_task(name), Task) for name in PROCEDURAL)
 
 
@@ -178,7 +178,7 @@ def test_examples_have_rgb_images_and_prompts_that_state_the_format(name):
 def test_importing_the_tasks_does_not_import_torch():
     code = ("import sys, vlmrl.tasks, vlmrl.rewards.verify, vlmrl.tasks.inspect\n"
             "from vlmrl.tasks import get_task\n"
-            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
+            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom', 'census'):\n"
             "    t = get_task(name); e = t.example(0); t.score(e, e.reference_completion)\n"
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -220,7 +220,7 @@ def test_show_task_names_the_images_of_a_task_given_by_import_path_without_a_col
 
 def test_examples_are_the_same_in_another_process_with_another_hash_seed():
     code = ("import hashlib\nfrom vlmrl.tasks import get_task\n"
-            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
+            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom', 'census'):\n"
             "    e = get_task(name, seed=9).example(77, 'test')\n"
             "    print(hashlib.sha256(e.prompt.encode() + e.answer.encode() + e.image.tobytes()).hexdigest())")
     here = []
