@@ -165,6 +165,7 @@ def test_the_prototype_fact_raw_regions_are_rarely_exact_and_area_rounding_fixes
     ({"questions": ["ratio"]}, "questions must be names from count, difference"),
     ({"ood_max": 60, "image_size": 224}, "do not fit a 224 px image"),
     ({"max_count": 10}, "need max_count < ood_min"),
+    ({"min_count": 4, "max_count": 4}, "a difference question needs two colours of different counts"),
 ])
 def test_bad_parameters_are_refused_in_one_line(params, message):
     with pytest.raises(VlmrlError, match=message) as error:

@@ -156,6 +156,8 @@ class CensusParams(TaskParams):
         check(self.gap >= 2, f"gap must be >= 2 (separate groups must not merge), got {self.gap}")
         check(len(self.questions) > 0 and set(self.questions) <= set(QUESTIONS),
               f"questions must be names from {', '.join(QUESTIONS)}, got {self.questions!r}")
+        check("difference" not in self.questions or self.min_count < self.max_count, "a difference question needs two "
+              f"colours of different counts: need min_count < max_count, got {self.min_count}, {self.max_count}")
         check(self.teacher in TEACHERS, f"teacher must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
         check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         most = self.ood_max + (len(self.colours) - 1) * self.max_count
