@@ -162,3 +162,13 @@ def test_the_census_demo_evaluates_four_tool_arms_on_the_same_held_out_images(tm
         assert all(p == prompts["test"] for p in prompts.values())  # the same held-out images in every arm
         assert set(summary[phase]["test"]["blind"]) == {"blank", "shuffled"}
         assert summary[phase]["zoom_only"]["blind"] is None
+
+
+def test_the_before_after_table_widens_its_label_column_for_the_tool_arms():
+    results = {"test": {"accuracy": 0.5, "blind": None}, "no_tools": {"accuracy": 0.25},
+               "cv_only": {"accuracy": 0.75}}
+    arms = (("cv_only", ("find_objects", "measure")), ("zoom_only", ("zoom",)))  # zoom_only was not evaluated
+    lines = demo.before_after_table(results, results, arms).splitlines()
+    assert lines[4] == "  test, only find_objects, measure       75.0%     75.0%     +0.0 pts"
+    assert lines[1].startswith("  test accuracy" + " " * 21) and len({len(lines[k]) for k in (1, 3, 4)}) == 1
+    assert not any("zoom" in line for line in lines)

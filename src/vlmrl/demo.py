@@ -307,22 +307,25 @@ def attention_table(attention: dict) -> str:
 def before_after_table(before: dict, after: dict, arms: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> str:
     """Test and OOD accuracy, the tool arms (`DemoPreset.tool_arms`) and the blind-image drop, before and after
     RL."""
+    labels = [f"test, only {', '.join(tools)}" for name, tools in arms if name in before]
+    width = max([30, *(len(label) + 2 for label in labels)])  # the label column, wide enough for every arm
+
     def row(name: str, pick) -> str:
         a, b = pick(before), pick(after)
         if a is None or b is None:
-            return f"  {name:<30}{'n/a':>10}{'n/a':>10}"
-        return f"  {name:<30}{a:>10.1%}{b:>10.1%}{100 * (b - a):>+9.1f} pts"
+            return f"  {name:<{width}}{'n/a':>10}{'n/a':>10}"
+        return f"  {name:<{width}}{a:>10.1%}{b:>10.1%}{100 * (b - a):>+9.1f} pts"
 
     def blind(results, kind):
         summary = (results["test"].get("blind") or {}).get(kind)
         return None if summary is None else summary["accuracy"]
 
-    lines = [f"  {'':<30}{'SFT':>10}{'+GRPO':>10}{'change':>13}",
+    lines = [f"  {'':<{width}}{'SFT':>10}{'+GRPO':>10}{'change':>13}",
              row("test accuracy", lambda r: r["test"]["accuracy"]),
              row("OOD accuracy", lambda r: r["ood"]["accuracy"] if "ood" in r else None),
              *([row("test, tools disabled", lambda r: r["no_tools"]["accuracy"])] if "no_tools" in before else []),
-             *[row(f"test, only {', '.join(tools)}", lambda r, name=name: r[name]["accuracy"])
-               for name, tools in arms if name in before],
+             *[row(label, lambda r, name=name: r[name]["accuracy"])
+               for label, name in zip(labels, [name for name, _ in arms if name in before])],
              row("test, blank image", lambda r: blind(r, "blank")),
              row("test, shuffled image", lambda r: blind(r, "shuffled"))]
     in_time = [kind for kind in TIME_CONTROLS if kind in (before["test"].get("blind") or {})]
