@@ -15,7 +15,7 @@ from vlmrl.tasks import Example, Task, get_task, list_tasks
 from vlmrl.tasks.base import in_split
 from vlmrl.tasks.inspect import format_task_list, show_task
 
-PROCEDURAL = ["cryptogram", "shapes", "grounding", "zoom"]
+PROCEDURAL = ["cryptogram", "shapes", "grounding", "zoom", "census"]
 MAX_TOTAL = {("cryptogram", "chapter"): 3.0, ("shapes", "chapter"): 1.7, ("shapes", "strict"): 2.0,
              ("grounding", "chapter"): 1.5, ("zoom", "chapter"): 1.5}
 
@@ -143,6 +143,9 @@ def _content_key(name: str, example: Example) -> str:
         x1, y1, x2, y2 = meta["box"]
         side = meta["original_size"][0]
         return f"{meta['code']}|{meta['color']}|{(x1 + x2) * 2 // side},{(y1 + y2) * 2 // side}"
+    if name == "census":  # the question, the colours asked and every group's colour and corners
+        groups = ";".join(f"{colour}{[tuple(xy) for xy in corners]}" for colour, corners in meta["groups"])
+        return f"{meta['question']}|{','.join(meta['asked'])}|{groups}"
     return ";".join(",".join(map(str, s)) for s in meta["shapes"])
 
 
