@@ -140,3 +140,35 @@ def test_the_before_after_table_lists_the_checks_in_time_where_the_videos_had_th
                           "  test, reversed frames              10.0%      0.0%    -10.0 pts"]
     images = {"test": {"accuracy": 0.5, "blind": {"blank": {"accuracy": 0.2}, "shuffled": {"accuracy": 0.3}}}}
     assert demo.before_after_table(images, images).splitlines()[-1].startswith("  test, shuffled image")
+
+
+def test_the_census_demo_evaluates_four_tool_arms_on_the_same_held_out_images(tmp_path, monkeypatch, capsys):
+    """The preset's setting at one step: SFT on the weak teacher's find_objects trajectories, GRPO, then the
+    same held-out test images answered with all tools, none, zoom only and find_objects/measure only, and the
+    blind-image checks."""
+    preset = demo.PRESETS["census"]
+    assert dict(preset.tool_arms) == {"zoom_only": ("zoom",), "cv_only": ("find_objects", "measure")}
+    assert "rollout.tools=[zoom,find_objects,measure]" in preset.shared and "task.params.teacher=regions" in preset.shared
+    monkeypatch.setitem(demo.PRESETS, "smoke_census", one_step_preset("census", tool_arms=preset.tool_arms))
+    summary = demo.run_demo(str(tmp_path / "demo"), "smoke_census")
+    rows = [line.split("  ")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  test")]
+    assert rows == ["test accuracy", "test, tools disabled", "test, only zoom", "test, only find_objects, measure",
+                    "test, blank image", "test, shuffled image"]
+    for phase in ("sft", "grpo"):
+        arms = {name: json.loads((tmp_path / "demo" / phase / f"eval_{name}.json").read_text())
+                for name in ("test", "no_tools", "zoom_only", "cv_only")}
+        assert all(summary[phase][name]["n"] == 2 for name in arms)
+        prompts = {name: [(record["idx"], record["prompt"]) for record in saved["examples"]] for name, saved in arms.items()}
+        assert all(p == prompts["test"] for p in prompts.values())  # the same held-out images in every arm
+        assert set(summary[phase]["test"]["blind"]) == {"blank", "shuffled"}
+        assert summary[phase]["zoom_only"]["blind"] is None
+
+
+def test_the_before_after_table_widens_its_label_column_for_the_tool_arms():
+    results = {"test": {"accuracy": 0.5, "blind": None}, "no_tools": {"accuracy": 0.25},
+               "cv_only": {"accuracy": 0.75}}
+    arms = (("cv_only", ("find_objects", "measure")), ("zoom_only", ("zoom",)))  # zoom_only was not evaluated
+    lines = demo.before_after_table(results, results, arms).splitlines()
+    assert lines[4] == "  test, only find_objects, measure       75.0%     75.0%     +0.0 pts"
+    assert lines[1].startswith("  test accuracy" + " " * 21) and len({len(lines[k]) for k in (1, 3, 4)}) == 1
+    assert not any("zoom" in line for line in lines)

@@ -15,7 +15,7 @@ from vlmrl.tasks import Example, Task, get_task, list_tasks
 from vlmrl.tasks.base import in_split
 from vlmrl.tasks.inspect import format_task_list, show_task
 
-PROCEDURAL = ["cryptogram", "shapes", "grounding", "zoom"]
+PROCEDURAL = ["cryptogram", "shapes", "grounding", "zoom", "census"]
 MAX_TOTAL = {("cryptogram", "chapter"): 3.0, ("shapes", "chapter"): 1.7, ("shapes", "strict"): 2.0,
              ("grounding", "chapter"): 1.5, ("zoom", "chapter"): 1.5}
 
@@ -29,7 +29,7 @@ def key(example: Example) -> tuple[str, str, bytes]:
 
 
 def test_registry_lists_the_built_in_tasks():
-    assert list_tasks() == ["cryptogram", "dataset", "geometry", "grounding", "motion", "shapes", "zoom"]
+    assert list_tasks() == ["census", "cryptogram", "dataset", "geometry", "grounding", "motion", "shapes", "zoom"]
     assert all(isinstance(get_task(name), Task) for name in PROCEDURAL)
 
 
@@ -143,6 +143,9 @@ def _content_key(name: str, example: Example) -> str:
         x1, y1, x2, y2 = meta["box"]
         side = meta["original_size"][0]
         return f"{meta['code']}|{meta['color']}|{(x1 + x2) * 2 // side},{(y1 + y2) * 2 // side}"
+    if name == "census":  # the question, the colours asked and every group's colour and corners
+        groups = ";".join(f"{colour}{[tuple(xy) for xy in corners]}" for colour, corners in meta["groups"])
+        return f"{meta['question']}|{','.join(meta['asked'])}|{groups}"
     return ";".join(",".join(map(str, s)) for s in meta["shapes"])
 
 
@@ -178,7 +181,7 @@ def test_examples_have_rgb_images_and_prompts_that_state_the_format(name):
 def test_importing_the_tasks_does_not_import_torch():
     code = ("import sys, vlmrl.tasks, vlmrl.rewards.verify, vlmrl.tasks.inspect\n"
             "from vlmrl.tasks import get_task\n"
-            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
+            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom', 'census'):\n"
             "    t = get_task(name); e = t.example(0); t.score(e, e.reference_completion)\n"
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -220,7 +223,7 @@ def test_show_task_names_the_images_of_a_task_given_by_import_path_without_a_col
 
 def test_examples_are_the_same_in_another_process_with_another_hash_seed():
     code = ("import hashlib\nfrom vlmrl.tasks import get_task\n"
-            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom'):\n"
+            "for name in ('cryptogram', 'shapes', 'grounding', 'zoom', 'census'):\n"
             "    e = get_task(name, seed=9).example(77, 'test')\n"
             "    print(hashlib.sha256(e.prompt.encode() + e.answer.encode() + e.image.tobytes()).hexdigest())")
     here = []

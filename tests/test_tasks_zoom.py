@@ -333,7 +333,8 @@ def test_bad_parameters_are_one_line_errors(params, message):
 
 def test_show_task_saves_the_view_and_the_original(tmp_path):
     text = task_inspect.show_task("zoom", {}, split="test", n=1, out_dir=str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoom_test_0.png", "zoom_test_0_original.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoom_test_0.png", "zoom_test_0_original.png",
+                                                          "zoom_test_0_tool_0.png"]  # the reference zoom's image
     example = TASK.example(0, "test")
     assert f"image: 112x112 -> {tmp_path / 'zoom_test_0.png'}" in text
     assert f"original: 448x448 -> {tmp_path / 'zoom_test_0_original.png'}" in text

@@ -60,6 +60,9 @@ class DemoPreset:
     """Held-out test examples on which the share of image attention that each answer part puts on
     its region of the image (`Task.answer_regions`: the cryptogram's decoded letters and their table
     cells) is measured before training, after SFT and after GRPO; 0: not measured."""
+    tool_arms: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Further evaluation arms of a preset with tools, on the same held-out test examples: (name, the
+    tools the model may call), besides the run's own tools ("test") and none at all ("no_tools")."""
 
 
 # Why the shapes preset looks like this (measured on 2 CPU cores; docs/results.md "What it took"):
@@ -196,6 +199,31 @@ PRESETS = {
               "train.micro_batch_size=64", "train.save_every=5", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=64"],
         eval_n=200, max_new_tokens=64),
+    # Vision models as tools (issue 52): count the shapes of one colour, some touching, in a 112 px view
+    # of a 448 px image, with find_objects (a touching group is one region; its area says how many).
+    # - the weak teacher (teacher=regions): SFT learns the calls and the form of the answer from a teacher
+    #   that counts every region as one shape, wrong exactly where shapes touch; GRPO, paid for the true
+    #   count, is what has to learn to read the areas;
+    # - count questions and the short prompt (the question and one shape's area): a trajectory of ~42
+    #   tokens of call, ~25 tokens per listed region, 16 image tokens of the 112 px set-of-marks image,
+    #   and ~25 of answer;
+    # - four arms on the same 200 held-out images: all three tools ("test"), none ("no_tools"), zoom
+    #   only, find_objects and measure only; the blind-image checks on the first.
+    # Not tuned: the sizes below are a first setting, not measured to reach the issue's targets.
+    "census": DemoPreset(
+        shared=["task.name=census", "task.params.questions=[count]", "task.params.instructions=false",
+                "task.params.teacher=regions", "model.vision_lr_scale=0",
+                "rollout.tools=[zoom,find_objects,measure]", "rollout.tool_image_side=112", "rollout.max_turns=3",
+                "rollout.max_trajectory_tokens=512"],
+        sft=["sft.batch_size=32", "train.steps=200", "train.lr=1e-3", "train.warmup_steps=30",
+             "train.schedule=cosine", "train.micro_batch_size=16", "train.save_every=50", "eval.every=100",
+             "eval.n=64"],
+        grpo=[*GRPO_8X8,
+              "train.steps=20", "train.lr=1e-4", "train.warmup_steps=5", "train.schedule=cosine",
+              "train.micro_batch_size=32", "train.save_every=5", "train.log_rollouts_every=5", "eval.every=10",
+              "eval.n=64"],
+        eval_n=200, max_new_tokens=64,
+        tool_arms=(("zoom_only", ("zoom",)), ("cv_only", ("find_objects", "measure")))),
 }
 
 
@@ -218,12 +246,13 @@ def phase_config(preset: DemoPreset, phase: str, model: Path, out: Path) -> Conf
     return load_config(None, overrides)
 
 
-def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
+def evaluate_model(model_dir: Path, config: Config, n: int, out: Path,
+                   arms: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> dict:
     """Test and OOD accuracy, with the blind-image check on test; eval JSON files into `out`.
 
     With tools (rollout.tools), answers are multi-turn with the run's tools and limits, and test is
     answered once more by the same model with the tools disabled ("no_tools"), in one turn of up to
-    the trajectory's whole token budget."""
+    the trajectory's whole token budget, and once per arm of `arms` (name, tools) with those tools only."""
     model, processor = load_policy(str(model_dir), device="cpu")
     task = run_task(config.task.name, config.seed, config.task.params)
     rollout = config.rollout
@@ -235,6 +264,7 @@ def evaluate_model(model_dir: Path, config: Config, n: int, out: Path) -> dict:
     if rollout.tools:
         runs.append(("no_tools", "test", replace(settings, tools=[], blind_check=False,
                                                        max_new_tokens=rollout.max_trajectory_tokens)))
+        runs += [(name, "test", replace(settings, tools=list(tools), blind_check=False)) for name, tools in arms]
     results = {}
     for name, split, run_settings in runs:
         evaluation = evaluate(model, processor, task, held_out_examples(task, split, n), run_settings)
@@ -274,22 +304,28 @@ def attention_table(attention: dict) -> str:
     return "\n".join(lines)
 
 
-def before_after_table(before: dict, after: dict) -> str:
-    """Test and OOD accuracy and the blind-image drop, before and after RL."""
+def before_after_table(before: dict, after: dict, arms: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> str:
+    """Test and OOD accuracy, the tool arms (`DemoPreset.tool_arms`) and the blind-image drop, before and after
+    RL."""
+    labels = [f"test, only {', '.join(tools)}" for name, tools in arms if name in before]
+    width = max([30, *(len(label) + 2 for label in labels)])  # the label column, wide enough for every arm
+
     def row(name: str, pick) -> str:
         a, b = pick(before), pick(after)
         if a is None or b is None:
-            return f"  {name:<30}{'n/a':>10}{'n/a':>10}"
-        return f"  {name:<30}{a:>10.1%}{b:>10.1%}{100 * (b - a):>+9.1f} pts"
+            return f"  {name:<{width}}{'n/a':>10}{'n/a':>10}"
+        return f"  {name:<{width}}{a:>10.1%}{b:>10.1%}{100 * (b - a):>+9.1f} pts"
 
     def blind(results, kind):
         summary = (results["test"].get("blind") or {}).get(kind)
         return None if summary is None else summary["accuracy"]
 
-    lines = [f"  {'':<30}{'SFT':>10}{'+GRPO':>10}{'change':>13}",
+    lines = [f"  {'':<{width}}{'SFT':>10}{'+GRPO':>10}{'change':>13}",
              row("test accuracy", lambda r: r["test"]["accuracy"]),
              row("OOD accuracy", lambda r: r["ood"]["accuracy"] if "ood" in r else None),
              *([row("test, tools disabled", lambda r: r["no_tools"]["accuracy"])] if "no_tools" in before else []),
+             *[row(label, lambda r, name=name: r[name]["accuracy"])
+               for label, name in zip(labels, [name for name, _ in arms if name in before])],
              row("test, blank image", lambda r: blind(r, "blank")),
              row("test, shuffled image", lambda r: blind(r, "shuffled"))]
     in_time = [kind for kind in TIME_CONTROLS if kind in (before["test"].get("blind") or {})]
@@ -328,7 +364,7 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
             sft(sft_config)
         lap("sft")
         print("\n== 2/4 evaluate the warm start ==")
-        summary["sft"] = evaluate_model(warm, sft_config, preset.eval_n, out / "sft")
+        summary["sft"] = evaluate_model(warm, sft_config, preset.eval_n, out / "sft", preset.tool_arms)
         if preset.attention_n:
             attention["sft"] = attention_on_regions(warm, sft_config, preset.attention_n, out / "sft" / "attention")
         lap("eval_sft")
@@ -338,7 +374,8 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
             train(grpo_config)
         lap("grpo")
         print("\n== 4/4 evaluate after GRPO ==")
-        summary["grpo"] = evaluate_model(out / "grpo" / "final", grpo_config, preset.eval_n, out / "grpo")
+        summary["grpo"] = evaluate_model(out / "grpo" / "final", grpo_config, preset.eval_n, out / "grpo",
+                                         preset.tool_arms)
         if preset.attention_n:
             attention["grpo"] = attention_on_regions(out / "grpo" / "final", grpo_config, preset.attention_n,
                                                      out / "grpo" / "attention")
@@ -347,7 +384,7 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
         for phase in ("sft", "grpo"):
             write_report(out / phase)
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    table = before_after_table(summary["sft"], summary["grpo"])
+    table = before_after_table(summary["sft"], summary["grpo"], preset.tool_arms)
     print(f"\n{preset_name}: held-out accuracy before and after GRPO ({sum(seconds.values()) / 60:.1f} min of "
           f"training and evaluation)\n{table}\n"
           + (f"\nattention of each decoded part on its region ({preset.attention_n} held-out examples, "

@@ -5,10 +5,10 @@
     example = task.example(7, split="train")
     task.score(example, completion)  # {"total": ..., "accuracy": ..., components by name}
 
-Built in: cryptogram, shapes, geometry, grounding, zoom, motion (video), and `dataset` for your own data (docs/data.md). Pure Python (PIL), no torch.
+Built in: census, cryptogram, shapes, geometry, grounding, zoom, motion (video), and `dataset` for your own data (docs/data.md). Pure Python (PIL), no torch.
 """
 
-from vlmrl.tasks import cryptogram, dataset, geometry, grounding, motion, shapes, zoom  # noqa: F401  (registers the tasks)
+from vlmrl.tasks import census, cryptogram, dataset, geometry, grounding, motion, shapes, zoom  # noqa: F401  (registers the tasks)
 from vlmrl.tasks.base import Example, Task, TaskParams, Video, get_task, list_tasks, register_task, run_task
 
 __all__ = ["Example", "Task", "TaskParams", "Video", "get_task", "list_tasks", "register_task", "run_task"]

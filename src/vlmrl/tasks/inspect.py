@@ -4,7 +4,8 @@
 examples (the system turn when there is one, prompt, answer, reference completion and the score it gets) and saves their images (every
 image shown, and the full-resolution originals tools read when they differ) and their videos (as
 animated GIFs), so a person can check
-the images are legible and the rewards sensible.
+the images are legible and the rewards sensible. A reference trajectory's calls (`meta["reference_turns"]`)
+are run with the built-in tools, as SFT runs them: each tool's text is printed and its images saved.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from PIL import Image
 from vlmrl.disk import output_folder, safe_filename, write_file
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, get_task, list_tasks, param_table, task_class
+from vlmrl.tools.builtin import BUILTIN_TOOLS
+from vlmrl.tools.calls import ends_with_call, parse_tool_call
+from vlmrl.tools.contract import ToolContext, ToolLimits, ToolResult
+from vlmrl.tools.running import run_tool
 
 
 def format_task_list() -> str:
@@ -66,10 +71,34 @@ def show_task(name: str, params: dict[str, Any], split: str = "train", n: int = 
         if isinstance(turns, list) and len(turns) > 1:
             lines.append("reference turns (a tool runs between them):")
             lines += [_indent(f"[{k}] {turn}") for k, turn in enumerate(turns)]
+            lines += _tool_lines(example, turns, folder, safe_filename(f"{name}_{split}_{i}"))
         lines += ["reference completion:", _indent(example.reference_completion),
                   "reference score: " + ", ".join(f"{k}={v:.3f}" for k, v in scores.items())]
         lines += _image_lines(example, folder, safe_filename(f"{name}_{split}_{i}"))
     return "\n".join(lines)
+
+
+def _tool_lines(example: Example, turns: list[Any], folder: Path | None, stem: str) -> list[str]:
+    """What the built-in tools answer to the reference turns' calls, run on the example's originals as SFT
+    runs them: each result's text, and each image it returns (saved under `folder` as
+    `{stem}_tool_{k}.png`, `..._tool_{k}_{j}.png` for its image j >= 1, k the turn that called)."""
+    context = ToolContext(images=list(example.originals), videos=list(example.video_originals))
+    lines = []
+    for k, text in enumerate(turns):
+        if not (isinstance(text, str) and ends_with_call(text)):
+            continue
+        call = parse_tool_call(text)
+        result = call if isinstance(call, ToolResult) else run_tool(call, BUILTIN_TOOLS, context, ToolLimits())
+        lines += [f"tool result of turn [{k}]:", _indent(result.text or "(no text)")]
+        for j, image in enumerate(result.images):
+            where = ""
+            if folder is not None:
+                path = folder / f"{stem}_tool_{k}{'' if j == 0 else f'_{j}'}.png"
+                write_file(path, "a tool's image", lambda temporary, image=image: image.save(temporary, format="PNG"))
+                where = f" -> {path}"
+            lines.append(_indent(f"tool image: {image.size[0]}x{image.size[1]}{where}"))
+        lines += [_indent(f"tool video: {len(video.frames)} frames") for video in result.videos]
+    return lines
 
 
 def _same_image(a: Image.Image, b: Image.Image) -> bool:
