@@ -110,7 +110,7 @@ class Segmenter:
             result = self._decode(embeddings[which], layers and [layer[which] for layer in layers], prompts, not has_box)
             scores = result.iou_scores[:, 0].float()  # (M, K)
             best = scores.argmax(dim=1)  # (M,)
-            masks = result.pred_masks[:, 0][torch.arange(len(rows)), best].float().cpu()  # (M, h, w)
+            masks = result.pred_masks[:, 0][torch.arange(len(rows), device=best.device), best].float().cpu()  # (M, h, w)
             for m, k in enumerate(rows):
                 size = images[k].size[::-1]  # (H, W)
                 [full] = self.processor.post_process_masks([masks[m][None, None]], [size], [resized[image_of[m]]])
