@@ -12,14 +12,26 @@ a folder of another kind refused in one line."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import shutil
+
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from vlmrl.errors import VlmrlError
+from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool
+from vlmrl.tools import model_tools
+from vlmrl.tools.keypoints_tool import KeypointsTool
+from vlmrl.tools.model_tools import tool_model_folder
+
 torch = pytest.importorskip("torch")
 
 from vlmrl.models import keypoint_model  # noqa: E402
-from vlmrl.models.keypoint_model import COCO_KEYPOINTS, SUPERPOINT_CELL, TINY_SUPERPOINT, decode_heatmaps  # noqa: E402
+from vlmrl.models.keypoint_model import (COCO_KEYPOINTS, SUPERPOINT_CELL, TINY_SUPERPOINT, Points,  # noqa: E402
+                                         decode_heatmaps)
 
 COLOURS = {"Nose": (255, 0, 0), "L_Eye": (0, 255, 0), "R_Eye": (0, 0, 255)}
 """The colour each of the tiny ViTPose's three live keypoints finds."""
@@ -27,14 +39,31 @@ COLOURS = {"Nose": (255, 0, 0), "L_Eye": (0, 255, 0), "R_Eye": (0, 0, 255)}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict:
-    """The tiny ViTPose and SuperPoint, built once, and their runners on the CPU."""
+    """The tiny ViTPose (the default) and SuperPoint, built once through the command line, and their runners as
+    the tool loads them (once per process)."""
+    from vlmrl.cli import main
+
     out = {}
-    for arch in keypoint_model.ARCHES:
+    for arch, extra in (("vitpose", []), ("superpoint", ["--arch", "superpoint"])):
         folder = tmp_path_factory.mktemp("keypoints") / arch
-        folder.mkdir()
-        keypoint_model.build_tiny(folder, arch, 0)
-        out[arch] = (str(folder), keypoint_model.RUNNER(folder, torch.device("cpu")))
+        assert main(["tiny-model", str(folder), "--tool", "keypoints", *extra]) in (0, None)
+        assert json.loads((folder / "vlmrl_tiny.json").read_text())["arch"] == arch
+        out[arch] = (str(folder), model_tools.loaded_model("keypoints", tool_model_folder("keypoints", str(folder))))
     return out
+
+
+def run(tools, picture: Image.Image, **arguments):
+    return run_tool(ToolCall("keypoints", arguments), tools, ToolContext([picture]), ToolLimits())
+
+
+def listed(text: str) -> list[tuple[str, int, int, float]]:
+    """(name, x, y, score) of each point line of keypoints' text, every line checked for its format."""
+    rows = []
+    for n, line in enumerate(text.splitlines()[1:], 1):
+        match = re.fullmatch(rf"{n} (\S+) x (\d+) y (\d+) score (\d\.\d\d)", line)
+        assert match, line
+        rows.append((match[1], int(match[2]), int(match[3]), float(match[4])))
+    return rows
 
 
 def scene(size: tuple[int, int], squares: dict[str, tuple[int, int]], side: int = 12) -> tuple[Image.Image, dict]:
@@ -154,3 +183,127 @@ def test_superpoint_points_are_in_the_bright_cells_mapped_back_through_the_resiz
         cell = 8 * max((box[2] - box[0]) / TINY_SUPERPOINT[1], (box[3] - box[1]) / TINY_SUPERPOINT[0])
         for x, y in found:
             assert 60 - cell <= x <= 119 + cell and 30 - cell <= y <= 69 + cell
+
+
+# --------------------------------------------------------------------------- the tool
+
+
+@pytest.mark.parametrize("box, squares, side", [
+    ([20, 30, 140, 80], {"Nose": (30, 36), "L_Eye": (112, 56), "R_Eye": (70, 40)}, 24),
+    ([60, 4, 100, 116], {"Nose": (64, 10), "L_Eye": (84, 96), "R_Eye": (70, 56)}, 12),
+])
+def test_keypoints_lists_the_points_in_the_original_images_pixels(models, box, squares, side):
+    folder, runner = models["vitpose"]
+    tools = resolve_tools(["keypoints"], {"keypoints": folder})
+    image, centres = scene((160, 120), squares, side)
+    result = run(tools, image, box=box)
+    assert result.error is None, result.text
+    head, *_ = result.text.splitlines()
+    assert head.startswith(f"3 keypoints in box {box} of image 0 (160x120); x, y: the pixel's column and row")
+    rows = listed(result.text)
+    assert sorted(name for name, *_ in rows) == ["L_Eye", "Nose", "R_Eye"]  # the 14 others never score
+    assert [score for *_, score in rows] == sorted((score for *_, score in rows), reverse=True)
+    tolerance = patch_pixels(runner, tuple(box)) / 2 + 1.5  # rounded to the pixel
+    for name, x, y, score in rows:
+        assert max(abs(x - centres[name][0]), abs(y - centres[name][1])) <= tolerance, (name, x, y)
+        assert score > 0.5
+    [overlay] = result.images
+    assert max(overlay.size) == ToolContext([image]).max_side
+
+
+def test_superpoint_through_the_tool_lists_its_grid_points_as_pixels(models):
+    folder, _ = models["superpoint"]
+    tools = resolve_tools(["keypoints"], {"keypoints": folder})
+    image = Image.new("RGB", (200, 100))
+    ImageDraw.Draw(image).rectangle((60, 30, 119, 69), fill=(255, 255, 255))
+    result = run(tools, image, box=[40, 20, 140, 90])
+    rows = listed(result.text)
+    expected = {(math.floor(x + 0.5), math.floor(y + 0.5)) for x, y in superpoint_grid((40, 20, 140, 90))}
+    assert rows and {(x, y) for _, x, y, _ in rows} <= expected
+    assert {name for name, *_ in rows} == {"point"}
+
+
+def test_a_turns_calls_in_one_forward_equal_one_at_a_time_and_the_cache_equals_no_cache(models, monkeypatch):
+    folder = tool_model_folder("keypoints", models["vitpose"][0])
+    first, _ = scene((160, 120), {"Nose": (30, 36), "L_Eye": (112, 56), "R_Eye": (70, 40)}, 16)
+    second, _ = scene((90, 140), {"Nose": (10, 100), "L_Eye": (50, 20), "R_Eye": (60, 70)}, 16)
+    calls = [(first, {"box": [20, 30, 140, 80]}), (second, {}), (first, {"box": [20, 30, 140, 80]}),
+             (first, {"box": [0, 0, 80, 120]}), (second, {"box": [0, 60, 90, 140]})]
+    batched, alone = KeypointsTool(folder), KeypointsTool(folder, cache_size=0)
+    runner = model_tools.loaded_model("keypoints", folder)
+    sizes = []
+    monkeypatch.setattr(runner, "run", lambda crops, args, real=runner.run: sizes.append(len(crops)) or real(crops, args))
+    batched.prefetch([(ToolContext([image.copy()]), arguments) for image, arguments in calls])
+    assert sizes == [4]  # one forward for the four distinct calls
+    for image, arguments in calls:
+        a = batched(ToolContext([image.copy()]), **arguments)  # the same content in another object: from the cache
+        b = alone(ToolContext([image]), **arguments)
+        assert a[0] == b[0] and a[1].tobytes() == b[1].tobytes()
+    assert sizes == [4] + [1] * 5 and batched.forwards == 1 and alone.forwards == 5
+    assert (batched.calls, batched.computed, batched.cache_hits) == (5, 4, 1) and alone.cache_hits == 0
+
+
+@pytest.mark.parametrize("arguments, words", [
+    ({"box": [float("nan"), 0, 10, 10]}, "box must be 4 numbers"),
+    ({"box": [500, 500, 600, 600]}, "is empty inside"),
+    ({"box": 5}, "box must be 4 numbers"),
+    ({"box": "the person"}, "box must be 4 numbers"),
+    ({"image": 2}, "image must be a whole number"),
+    ({"query": "person"}, "unexpected keyword argument 'query'"),
+])
+def test_bad_arguments_are_error_turns(models, arguments, words):
+    tools = resolve_tools(["keypoints"], {"keypoints": models["vitpose"][0]})
+    result = run(tools, Image.new("RGB", (64, 48)), **arguments)
+    assert result.error == "bad_arguments" and words in result.text and "\n" not in result.text
+
+
+class Failing:
+    def run(self, crops, args):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+class Blind:
+    def run(self, crops, args):
+        return [Points(np.zeros((17, 2)), np.zeros(17), COCO_KEYPOINTS, ()) for _ in crops]
+
+
+def test_a_model_that_raises_is_an_error_turn_and_nothing_found_is_an_answer(models, monkeypatch):
+    folder = models["vitpose"][0]
+    tools = resolve_tools(["keypoints"], {"keypoints": folder})
+    key = ("keypoints", str(tool_model_folder("keypoints", folder)), None)
+    monkeypatch.setitem(model_tools._LOADED, key, Failing())
+    result = run(tools, Image.new("RGB", (64, 48)))
+    assert result.error == "raised" and result.text.startswith("error: tool keypoints raised RuntimeError: CUDA out of")
+    monkeypatch.setitem(model_tools._LOADED, key, Blind())
+    result = run(tools, Image.new("RGB", (64, 48)), box=[8, 8, 40, 40])
+    assert result.error is None and result.text == ("no keypoints found in box [8, 8, 40, 40] of image 0 (64x48) "
+                                                    "(nothing scored above 0.3)")
+    assert result.images[0].size == (448, 448)  # the box, as zoom shows it
+
+
+def test_out_of_memory_in_the_forward_becomes_a_runtime_error(models, monkeypatch):
+    runner = keypoint_model.KeypointModel(tool_model_folder("keypoints", models["vitpose"][0]), torch.device("cpu"))
+
+    def oom(**inputs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(runner, "model", oom)
+    with pytest.raises(RuntimeError, match="the keypoints model ran out of memory on cpu"):
+        runner.run([Image.new("RGB", (32, 32))], [(None,)])
+
+
+def test_folders_of_another_kind_or_missing_are_refused_in_one_line(models, tmp_path):
+    def refused(path) -> str:
+        with pytest.raises(VlmrlError) as error:
+            resolve_tools(["keypoints"], {"keypoints": path})
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    other = tmp_path / "other"
+    shutil.copytree(models["vitpose"][0], other)
+    (other / "config.json").write_text(json.dumps({"model_type": "owlv2"}))
+    assert "holds a 'owlv2' model; keypoints runs vitpose, superpoint checkpoints" in refused(str(other))
+    assert "vlmrl tiny-model" in refused(str(tmp_path / "missing"))
+    (other / "config.json").write_text(json.dumps({"model_type": "vitpose"}))
+    (other / "preprocessor_config.json").unlink()
+    assert "image processor (preprocessor_config.json)" in refused(str(other))

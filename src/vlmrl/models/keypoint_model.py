@@ -50,6 +50,7 @@ import torch
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
+from vlmrl.models.tool_models import freed_on_oom
 
 ARCHES = ("vitpose", "superpoint")
 """The architectures `build_tiny` builds; the first is the default."""
@@ -242,11 +243,8 @@ class KeypointModel:
 
     def forward(self, **inputs):
         """The model's outputs; running out of device memory frees the cache and raises a RuntimeError."""
-        try:
+        with freed_on_oom("the keypoints model", self.device):
             return self.model(**inputs)
-        except torch.cuda.OutOfMemoryError as error:
-            torch.cuda.empty_cache()
-            raise RuntimeError(f"the keypoints model ran out of memory on {self.device}: {error}") from None
 
     @torch.inference_mode()
     def run(self, crops: list[Image.Image], args: list[tuple]) -> list[Points]:
