@@ -99,13 +99,11 @@ def blur(maps: np.ndarray, sigma: float = DARK_SIGMA, radius: int = DARK_RADIUS)
     `gaussian_filter(mode="reflect")`, which the processor uses)."""
     taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
     taps /= taps.sum()
-    pad = [(0, 0)] * (maps.ndim - 2)
-    for axis in (-2, -1):
-        width = [(0, 0), (0, 0)]
+    for axis in (maps.ndim - 2, maps.ndim - 1):
+        width = [(0, 0)] * maps.ndim
         width[axis] = (radius, radius)
-        padded = np.pad(maps, pad + width, mode="symmetric")
-        length = maps.shape[axis]
-        maps = sum(taps[k] * np.take(padded, range(k, k + length), axis=axis) for k in range(len(taps)))
+        padded = np.pad(maps, width, mode="symmetric")
+        maps = np.lib.stride_tricks.sliding_window_view(padded, len(taps), axis=axis) @ taps  # same shape
     return maps
 
 
