@@ -188,18 +188,20 @@ def test_superpoint_points_are_in_the_bright_cells_mapped_back_through_the_resiz
 # --------------------------------------------------------------------------- the tool
 
 
-@pytest.mark.parametrize("box, squares, side", [
-    ([20, 30, 140, 80], {"Nose": (30, 36), "L_Eye": (112, 56), "R_Eye": (70, 40)}, 24),
-    ([60, 4, 100, 116], {"Nose": (64, 10), "L_Eye": (84, 96), "R_Eye": (70, 56)}, 12),
+@pytest.mark.parametrize("box, squares, side, size", [
+    ([20, 30, 140, 80], {"Nose": (30, 36), "L_Eye": (112, 56), "R_Eye": (70, 40)}, 24, (200, 120)),
+    ([60, 4, 100, 116], {"Nose": (64, 10), "L_Eye": (84, 96), "R_Eye": (70, 56)}, 12, (160, 120)),
 ])
-def test_keypoints_lists_the_points_in_the_original_images_pixels(models, box, squares, side):
+def test_keypoints_lists_the_points_in_the_original_images_pixels(models, box, squares, side, size):
     folder, runner = models["vitpose"]
     tools = resolve_tools(["keypoints"], {"keypoints": folder})
-    image, centres = scene((160, 120), squares, side)
+    image, centres = scene(size, squares, side)
+    # a larger red square beyond what the model sees of the box: a call that read the whole image would find it
+    ImageDraw.Draw(image).rectangle((size[0] - 28, 90, size[0] - 1, 117), fill=COLOURS["Nose"])
     result = run(tools, image, box=box)
     assert result.error is None, result.text
     head, *_ = result.text.splitlines()
-    assert head.startswith(f"3 keypoints in box {box} of image 0 (160x120); x, y: the pixel's column and row")
+    assert head.startswith(f"3 keypoints in box {box} of image 0 ({size[0]}x{size[1]}); x, y: the pixel's column")
     rows = listed(result.text)
     assert sorted(name for name, *_ in rows) == ["L_Eye", "Nose", "R_Eye"]  # the 14 others never score
     assert [score for *_, score in rows] == sorted((score for *_, score in rows), reverse=True)

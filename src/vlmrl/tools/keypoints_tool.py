@@ -122,9 +122,9 @@ class KeypointsTool(ModelTool):
 
     def __init__(self, folder: Path, cache_size: int = CACHE_SIZE):
         super().__init__(folder, cache_size)
-        model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
-        self.threshold = SCORE_THRESHOLDS.get(model_type, max(SCORE_THRESHOLDS.values()))
-        """The lowest score a point is listed with (SCORE_THRESHOLDS of the folder's model type)."""
+        self.threshold = SCORE_THRESHOLDS[json.loads((Path(folder) / "config.json").read_text())["model_type"]]
+        """The lowest score a point is listed with (SCORE_THRESHOLDS of the folder's model type, which
+        `tool_model_folder` checked)."""
 
     def prepare(self, context: Any, box: Any = None, image: Any = 0) -> Prepared:
         """The image and the box checked (ValueError for a bad one); the call reads the whole image."""
