@@ -309,3 +309,12 @@ def test_folders_of_another_kind_or_missing_are_refused_in_one_line(models, tmp_
     (other / "config.json").write_text(json.dumps({"model_type": "vitpose"}))
     (other / "preprocessor_config.json").unlink()
     assert "image processor (preprocessor_config.json)" in refused(str(other))
+
+
+def test_the_preflight_counts_the_keypoints_models_weights(models):
+    from vlmrl.models.tool_models import check_tool_models, tool_model_bytes
+
+    for arch, (folder, _) in models.items():
+        parameters = json.loads((tool_model_folder("keypoints", folder) / "vlmrl_tiny.json").read_text())["parameters"]
+        assert tool_model_bytes(["zoom", "keypoints"], {"keypoints": folder}) == 4 * parameters
+        check_tool_models(resolve_tools(["keypoints"], {"keypoints": folder}))  # whole safetensors: passes
