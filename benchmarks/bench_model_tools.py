@@ -1,14 +1,15 @@
-"""Per-call cost of the model tool `detect` (tools/model_tools.py) on this CPU, on the tiny OWLv2 or a folder.
+"""Per-call cost of a model tool (`detect`, `segment`) on this CPU, on its tiny build or a folder.
 
-Run: `OMP_NUM_THREADS=1 python benchmarks/bench_model_tools.py [--calls 20] [--model FOLDER] [--base]`.
-Without --model it builds the tiny random OWLv2 (`vlmrl tiny-model OUT --tool detect`) in a temporary
-folder. Each call runs through `run_tool`, as the rollout runs it, on a 448x448 census-like scene
+Run: `OMP_NUM_THREADS=1 python benchmarks/bench_model_tools.py [--tool detect] [--calls 20] [--model FOLDER] [--base]`.
+Without --model it builds the tool's tiny model (`vlmrl tiny-model OUT --tool TOOL`: the tiny OWLv2, the
+tiny SAM) in a temporary folder. Each call runs through `run_tool`, as the rollout runs it, on a 448x448 census-like scene
 (bench_cv_tools.py's), the tools showing 448 px. Prints the first call (the model's load), the median
 and 90th percentile of `--calls` calls on different images (no cache hit), of the same calls again
 (all cache hits), and one turn of 8 calls computed in one forward (`ModelTool.prefetch`) against the
-same 8 computed one at a time. `--base` also times one forward of a random OWLv2 of the base size
-(155M parameters, 960 x 960 input: google/owlv2-base-patch16-ensemble's shape; random weights cost
-the same).
+same 8 computed one at a time (segment: 8 prompts on 2 images, each image encoded once). `--base` also
+times one forward of a random model of the base size (random weights cost the same): detect an OWLv2 (155M
+parameters, 960 x 960 input: google/owlv2-base-patch16-ensemble's shape); segment a SAM ViT-B (94M
+parameters, 1024 x 1024 input: facebook/sam-vit-base's shape), its vision encoder and one box's mask.
 """
 
 from __future__ import annotations
@@ -25,63 +26,79 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cv_tools import census_scene, timed  # noqa: E402
 
 
-def base_forward() -> float:
-    """Seconds of one forward of a random base-size OWLv2 on one 960x960 image and one phrase (the second
-    of two: the first warms up)."""
-    import torch
-    from transformers import Owlv2Config, Owlv2ForObjectDetection
+CALLS = {"detect": ({"query": "red circle"}, 'detect(query="red circle")', [{"query": "blue square"}] * 8),
+         "segment": ({"box": [100, 100, 300, 300]}, "segment(box=[100, 100, 300, 300])",
+                     [{"point": [50 * k + 20, 200]} for k in range(8)])}
+"""Per tool: the timed call's arguments, its label, and a turn's 8 calls' arguments."""
 
-    model = Owlv2ForObjectDetection(Owlv2Config(vision_config={"image_size": 960})).eval()
-    ids = torch.randint(1, 1000, (1, 16))
-    pixels = torch.randn(1, 3, 960, 960)
+
+def base_forward(tool: str) -> float:
+    """Seconds of one forward of a random base-size model of `tool` (the second of two: the first warms up):
+    an OWLv2 on one 960x960 image and one phrase; a SAM ViT-B's vision encoder on one 1024x1024 image and its
+    mask decoder on one box."""
+    import torch
+
+    if tool == "segment":
+        from transformers import SamConfig, SamModel
+
+        model = SamModel(SamConfig()).eval()
+        inputs = {"pixel_values": torch.randn(1, 3, 1024, 1024), "input_boxes": torch.tensor([[[100.0, 100, 500, 500]]])}
+    else:
+        from transformers import Owlv2Config, Owlv2ForObjectDetection
+
+        model = Owlv2ForObjectDetection(Owlv2Config(vision_config={"image_size": 960})).eval()
+        ids = torch.randint(1, 1000, (1, 16))
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(1, 3, 960, 960)}
     with torch.inference_mode():
         for _ in range(2):
             start = time.perf_counter()
-            model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels)
+            model(**inputs)
     return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tool", choices=tuple(CALLS), default="detect")
     parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--model", default=None, help="a detector folder (default: the tiny OWLv2, built here)")
-    parser.add_argument("--base", action="store_true", help="also time a base-size OWLv2's forward")
+    parser.add_argument("--model", default=None, help="the tool's model folder (default: its tiny build, built here)")
+    parser.add_argument("--base", action="store_true", help="also time a base-size model's forward")
     args = parser.parse_args()
     from vlmrl.models.tool_models import build_tiny_tool_model
     from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool
 
-    folder = args.model or str(build_tiny_tool_model(Path(tempfile.mkdtemp()) / "owlv2", "detect"))
-    tools, limits = resolve_tools(["detect"], {"detect": folder}), ToolLimits()
-    detect = tools["detect"]
+    name, (arguments, label, turn_arguments) = args.tool, CALLS[args.tool]
+    folder = args.model or str(build_tiny_tool_model(Path(tempfile.mkdtemp()) / name, name))
+    tools, limits = resolve_tools([name], {name: folder}), ToolLimits()
+    tool = tools[name]
     scenes = [census_scene(seed) for seed in range(args.calls + 8)]
 
-    def run(scene, **arguments):
-        result = run_tool(ToolCall("detect", arguments), tools, ToolContext([scene], max_side=448), limits)
+    def run(scene):
+        result = run_tool(ToolCall(name, arguments), tools, ToolContext([scene], max_side=448), limits)
         assert result.error is None, result.text
         return result
 
     start = time.perf_counter()
-    first = run(scenes[-1], query="red circle")
+    first = run(scenes[-1])
     print(f"first call (loads the model): {(time.perf_counter() - start) * 1000:.0f} ms; {first.text.splitlines()[0]}")
     print(f"{args.calls} calls each, 448x448 scene, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
     print("| call | median ms | p90 ms |\n|---|---|---|")
-    for label in ("computed", "from the cache"):
+    for kind in ("computed", "from the cache"):
         queue = iter(scenes[:args.calls])
-        times = sorted(timed(lambda: run(next(queue), query="red circle"), args.calls))
-        print(f'| `detect(query="red circle")`, {label} | {statistics.median(times):.1f} | '
-              f"{times[int(0.9 * (len(times) - 1))]:.1f} |")
-    turn = [(ToolContext([scene], max_side=448), {"query": "blue square"}) for scene in scenes[args.calls:]]
+        times = sorted(timed(lambda: run(next(queue)), args.calls))
+        print(f"| `{label}`, {kind} | {statistics.median(times):.1f} | {times[int(0.9 * (len(times) - 1))]:.1f} |")
+    images = scenes[args.calls:args.calls + (2 if name == "segment" else 8)]
+    turn = [(ToolContext([images[k % len(images)]], max_side=448), given) for k, given in enumerate(turn_arguments)]
     start = time.perf_counter()
-    detect.prefetch(turn)
+    tool.prefetch(turn)
     together = (time.perf_counter() - start) * 1000
-    alone = type(detect)(detect.folder, cache_size=0)
+    alone = type(tool)(tool.folder, cache_size=0)
     start = time.perf_counter()
-    for context, arguments in turn:
-        alone(context, **arguments)
+    for context, given in turn:
+        alone(context, **given)
     print(f"a turn of {len(turn)} calls: {together:.0f} ms in one forward, "
           f"{(time.perf_counter() - start) * 1000:.0f} ms one at a time")
     if args.base:
-        print(f"base-size OWLv2 (155M parameters, 960x960): one forward {base_forward():.1f} s")
+        print(f"base-size {name} model: one forward {base_forward(name):.1f} s")
 
 
 if __name__ == "__main__":

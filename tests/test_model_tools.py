@@ -245,7 +245,7 @@ def test_folders_are_refused_in_one_line(detector_dir, tiny_model_dir, tmp_path)
     assert "vlmrl tiny-model" in refused({"detect": str(tmp_path / "missing")}, ())  # configured: checked unnamed too
     assert "neither a folder nor in the local hub cache" in refused({"detect": "nobody/no-such-owlv2"})
     assert "holds a 'qwen2_5_vl' model; detect runs owlv2, owlvit" in refused({"detect": tiny_model_dir})
-    assert "the model tools are detect" in refused({"segment": detector_dir}, ())
+    assert "names colour; the model tools are detect, segment" in refused({"colour": detector_dir}, ())
     damaged = tmp_path / "damaged"
     shutil.copytree(detector_dir, damaged)
     (damaged / "config.json").write_text("{not json")

@@ -114,8 +114,8 @@ def tool_model_folder(name: str, path: Any) -> Path:
         raise VlmrlError(f"{where} has no weights file ({', '.join(WEIGHT_FILES)})")
     if weights[0] == "model.safetensors" and (folder / weights[0]).stat().st_size < 16:
         raise VlmrlError(f"{where}: model.safetensors is damaged ({(folder / weights[0]).stat().st_size} bytes)")
-    parts = [("an image processor", ("preprocessor_config.json",))]
-    parts += [("a tokenizer", TOKENIZER_FILES)] if kind.needs_tokenizer else []
+    parts = [("image processor", ("preprocessor_config.json",))]
+    parts += [("tokenizer", TOKENIZER_FILES)] if kind.needs_tokenizer else []
     for part, files in parts:
         if not any((folder / f).is_file() for f in files):
             raise VlmrlError(f"{where} has no {part} ({' or '.join(files)})")
