@@ -8,7 +8,7 @@ the warp, for wide and tall boxes (as exact as the model's patch). The warp and 
 processor's own functions. The tiny SuperPoint puts one point in each bright 8 x 8 cell of its input, at a
 known place: its points in the original are known through the resize of non-square boxes. Also: batching
 equal to one call at a time, the cache equal to no cache, bad arguments and a failing model as error turns,
-a folder of another kind refused in one line."""
+a folder of another kind refused in one line, the preflight's count of its weights."""
 
 from __future__ import annotations
 
