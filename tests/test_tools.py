@@ -28,6 +28,7 @@ from vlmrl.tools import (
     zoom,
 )
 from vlmrl.tools.calls import ends_with_call, tool_result_text
+from vlmrl.tools.model_table import MODEL_TOOLS
 from vlmrl.tools.contract import ERROR_KINDS
 from vlmrl.tools.image_tools import fit_side
 from vlmrl.tools.results import MAX_VIDEO_FRAMES
@@ -218,8 +219,10 @@ def test_an_import_path_is_known_by_its_function_name(helpers):
 
 
 @pytest.mark.parametrize("names, message", [
-    (["zom"], "unknown tool 'zom'; did you mean zoom? built-in: crop, find_objects, frames, measure, zoom, zoom_window; model tools (rollout.tool_models): detect, segment; or your own as package.module:function"),
-    (["pan"], "unknown tool 'pan'; built-in: crop, find_objects, frames, measure, zoom, zoom_window; model tools (rollout.tool_models): detect, segment; or your own as package.module:function"),
+    (["zom"], "unknown tool 'zom'; did you mean zoom? built-in: crop, find_objects, frames, measure, zoom, zoom_window; "
+              f"model tools (rollout.tool_models): {', '.join(MODEL_TOOLS)}; or your own as package.module:function"),
+    (["pan"], "unknown tool 'pan'; built-in: crop, find_objects, frames, measure, zoom, zoom_window; "
+              f"model tools (rollout.tool_models): {', '.join(MODEL_TOOLS)}; or your own as package.module:function"),
     ([3], "a tool is named by a string (zoom, package.module:function); got 3"),
     (["tool_helpers:"], "tool 'tool_helpers:' must be written package.module:function"),
     ([":echo_tool"], "tool ':echo_tool' must be written package.module:function"),
