@@ -50,7 +50,7 @@ def main() -> None:
     from vlmrl.models.tool_models import build_tiny_tool_model
     from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool
 
-    folder = args.model or str(build_tiny_tool_model(Path(tempfile.mkdtemp()) / "owlv2"))
+    folder = args.model or str(build_tiny_tool_model(Path(tempfile.mkdtemp()) / "owlv2", "detect"))
     tools, limits = resolve_tools(["detect"], {"detect": folder}), ToolLimits()
     detect = tools["detect"]
     scenes = [census_scene(seed) for seed in range(args.calls + 8)]
@@ -74,7 +74,7 @@ def main() -> None:
     start = time.perf_counter()
     detect.prefetch(turn)
     together = (time.perf_counter() - start) * 1000
-    alone = type(detect)("detect", detect.folder, cache_size=0)
+    alone = type(detect)(detect.folder, cache_size=0)
     start = time.perf_counter()
     for context, arguments in turn:
         alone(context, **arguments)

@@ -1,4 +1,5 @@
-"""Model tools (tools/model_tools.py, models/tool_models.py): `detect` on a tiny random OWLv2 built offline.
+"""Model tools (tools/model_tools.py, detect_tool.py; models/tool_models.py, detect_model.py): `detect` on a tiny
+random OWLv2 built offline.
 
 Random weights give random scores, but the tiny build's box head ends at zero, so its boxes are OWLv2's
 grid boxes (patch k's box centred on the patch's bottom-right corner, one patch wide, in the padded
@@ -19,9 +20,10 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool
-from vlmrl.tools import model_tools
+from vlmrl.tools import detect_tool, model_tools
 from vlmrl.tools.image_tools import fit_side
-from vlmrl.tools.model_tools import ModelTool, original_boxes, select, tool_model_folder
+from vlmrl.tools.detect_tool import DetectTool, select
+from vlmrl.tools.model_tools import original_boxes, tool_model_folder
 
 torch = pytest.importorskip("torch")
 
@@ -91,7 +93,7 @@ def test_select_keeps_scores_above_the_threshold_suppresses_overlaps_and_places_
 
 
 def test_the_pixels_are_padded_at_the_bottom_as_the_boxes_assume(detector_dir):
-    from vlmrl.models.tool_models import Detector
+    from vlmrl.models.detect_model import Detector
 
     detector = Detector(tool_model_folder("detect", detector_dir), torch.device("cpu"))
     assert detector.padded_square and detector.size == (96, 96)
@@ -111,7 +113,7 @@ def test_detect_lists_boxes_in_the_original_images_pixels(detect, size):
     assert result.error is None, result.text
     head, rows = result.text.splitlines()[0], listed(result.text)
     assert head.startswith(f"{len(rows)} found for 'red circle' in box [0, 0, {size[0]}, {size[1]}] of image 0")
-    assert 1 <= len(rows) <= model_tools.MAX_DETECTIONS
+    assert 1 <= len(rows) <= detect_tool.MAX_DETECTIONS
     expected = grid_boxes(*size)
     for phrase, box, score in rows:
         assert phrase == "red circle" and 0.1 < score <= 1
@@ -148,12 +150,12 @@ def test_bad_inputs_are_error_turns(detect, arguments, words):
 
 
 class Failing:
-    def detect(self, images, queries):
+    def run(self, images, queries):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
 class Blind:
-    def detect(self, images, queries):
+    def run(self, images, queries):
         return [(np.zeros((4, 4)), np.zeros(4), np.zeros(4, int)) for _ in images]
 
 
@@ -169,7 +171,7 @@ def test_a_model_that_raises_is_an_error_turn_and_nothing_found_is_an_answer(det
 
 
 def test_out_of_memory_in_the_forward_becomes_a_runtime_error(detector_dir, monkeypatch):
-    from vlmrl.models.tool_models import Detector
+    from vlmrl.models.detect_model import Detector
 
     detector = Detector(tool_model_folder("detect", detector_dir), torch.device("cpu"))
 
@@ -178,7 +180,7 @@ def test_out_of_memory_in_the_forward_becomes_a_runtime_error(detector_dir, monk
 
     monkeypatch.setattr(detector, "model", oom)
     with pytest.raises(RuntimeError, match="the detector ran out of memory on cpu"):
-        detector.detect([Image.new("RGB", (32, 32))], [("cat",)])
+        detector.run([Image.new("RGB", (32, 32))], [("cat",)])
 
 
 # --------------------------------------------------------------------------- loading, cache, batching
@@ -201,10 +203,10 @@ def test_the_model_loads_once_per_process(detector_dir, monkeypatch):
 
 def test_the_cache_equals_no_cache_and_computes_a_repeated_call_once(detector_dir, monkeypatch):
     folder = tool_model_folder("detect", detector_dir)
-    cached, uncached = ModelTool("detect", folder), ModelTool("detect", folder, cache_size=0)
+    cached, uncached = DetectTool(folder), DetectTool(folder, cache_size=0)
     forwards = []
     model = model_tools.loaded_model("detect", folder)
-    monkeypatch.setattr(model, "detect", lambda images, queries, real=model.detect: forwards.append(1) or real(images, queries))
+    monkeypatch.setattr(model, "run", lambda images, queries, real=model.run: forwards.append(1) or real(images, queries))
     images = [Image.new("RGB", (90, 60), colour) for colour in ("red", "blue")]
     calls = [(0, "cat", None), (0, "cat", None), (1, "cat", None), (0, "cat", [0, 0, 45, 60]), (0, "cat", None)]
     for k, query, box in calls:
@@ -220,9 +222,9 @@ def test_one_batched_forward_equals_one_image_at_a_time(detector_dir):
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in ((80, 40), (50, 120))]
     queries = [("red circle",), ("blue square", "a disc", "the green one")]
-    together = detector.detect(images, queries)
+    together = detector.run(images, queries)
     for image, phrases, (boxes, scores, labels) in zip(images, queries, together):
-        [(alone_boxes, alone_scores, alone_labels)] = detector.detect([image], [phrases])
+        [(alone_boxes, alone_scores, alone_labels)] = detector.run([image], [phrases])
         np.testing.assert_allclose(boxes, alone_boxes, atol=1e-4)
         np.testing.assert_allclose(scores, alone_scores, atol=1e-5)
         assert (labels == alone_labels).all() and labels.max() < len(phrases)
@@ -340,7 +342,7 @@ def test_a_turns_detect_calls_run_in_one_forward_equal_to_one_at_a_time(detector
     rollout = generate_trajectories(model, processor, [example], toolbox)
     assert (detect.forwards, detect.computed, detect.calls, detect.cache_hits) == (1, 3, 4, 1)  # one forward, 3 distinct
     assert detect.device == "cpu" and ("detect", str(detect.folder), "cpu") in model_tools._LOADED  # the policy's
-    alone = ModelTool("detect", detect.folder, cache_size=0)
+    alone = DetectTool(detect.folder, cache_size=0)
     for trajectory, given in zip(rollout.trajectories, arguments):
         text, overlay = alone(ToolContext([original]), **given)
         assert text in trajectory.turns[1].text and trajectory.errors == []
@@ -367,9 +369,11 @@ def test_vlmrl_check_counts_the_tool_models_memory(detector_dir, tiny_model_dir,
 
 
 def test_owl_vit_stretches_the_image_so_its_boxes_span_width_and_height(tmp_path):
-    from vlmrl.models.tool_models import build_tiny_tool_model
+    from vlmrl.cli import main
 
-    folder = build_tiny_tool_model(tmp_path / "owlvit", "detect", arch="owlvit")
+    folder = tmp_path / "owlvit"
+    assert main(["tiny-model", str(folder), "--tool", "detect", "--arch", "owlvit"]) in (0, None)
+    assert json.loads((folder / "vlmrl_tiny.json").read_text())["arch"] == "owlvit"
     tools = resolve_tools(["detect"], {"detect": str(folder)})
     result = run(tools, Image.new("RGB", (300, 120), (200, 40, 40)), query="red circle")
     rows = listed(result.text)
@@ -385,7 +389,7 @@ def test_owl_vit_stretches_the_image_so_its_boxes_span_width_and_height(tmp_path
 
 
 def test_a_phrases_tokens_are_found_by_their_characters():
-    from vlmrl.models.tool_models import phrase_tokens
+    from vlmrl.models.detect_model import phrase_tokens
 
     # "red circle. cat." tokens: [CLS] "red" " circle" "." " cat" "." [SEP]
     offsets = [(0, 0), (0, 3), (3, 10), (10, 11), (11, 15), (15, 16), (0, 0)]
@@ -400,16 +404,17 @@ def test_boxes_equal_the_processors_own_post_processing(arch, size, tmp_path):
     makes of the same outputs for the image's original size, clipped to the image."""
     from transformers import AutoImageProcessor
 
-    from vlmrl.models.tool_models import Detector, build_tiny_tool_model
+    from vlmrl.models.detect_model import Detector
+    from vlmrl.models.tool_models import build_tiny_tool_model
 
     folder = build_tiny_tool_model(tmp_path / arch, "detect", arch=arch)
     detector = Detector(folder, torch.device("cpu"))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
-    [(boxes, scores, labels)] = detector.detect([image], [("red circle", "cat")])
+    [(boxes, scores, labels)] = detector.run([image], [("red circle", "cat")])
     outputs = []
     real = detector.model.forward
     detector.model.forward = lambda **inputs: outputs.append(real(**inputs)) or outputs[-1]
-    detector.detect([image], [("red circle", "cat")])
+    detector.run([image], [("red circle", "cat")])
     processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
     expected = processor.post_process_object_detection(outputs[0], threshold=0.0, target_sizes=[size[::-1]])[0]
     limit = np.array([*size, *size], np.float64)
@@ -440,3 +445,22 @@ def test_a_hub_id_is_read_from_the_local_hub_cache_never_downloaded(detector_dir
     assert tool_model_folder("detect", "someone/tiny-owlv2") == snapshot
     with pytest.raises(VlmrlError, match="neither a folder nor in the local hub cache"):
         tool_model_folder("detect", "someone/not-cached")
+
+
+def test_each_model_tool_has_its_model_code_and_a_tiny_build(tmp_path):
+    """MODEL_TOOLS (the tool side) and RUNNERS (the model side) name the same tools; each runner module has
+    RUNNER, ARCHES and build_tiny; an architecture the tool does not build is refused in one line."""
+    import importlib
+
+    from vlmrl.models.tool_models import RUNNERS, build_tiny_tool_model
+    from vlmrl.tools.model_table import MODEL_KINDS, MODEL_TOOLS
+
+    assert MODEL_KINDS["detect"] == ("owlv2", "owlvit", "grounding-dino") and set(MODEL_TOOLS) <= set(RUNNERS)
+    for name, tool in MODEL_TOOLS.items():
+        module = importlib.import_module(RUNNERS[name])
+        assert tool.name == name and callable(module.RUNNER) and module.ARCHES and callable(module.build_tiny)
+    with pytest.raises(VlmrlError, match=r"^unknown detect model architecture 'qwen2_5_vl'; choose one of owlv2, "):
+        build_tiny_tool_model(tmp_path / "x", "detect", arch="qwen2_5_vl")
+    with pytest.raises(VlmrlError, match=r"^unknown model tool 'colour'; model tools: detect"):
+        build_tiny_tool_model(tmp_path / "x", "colour")
+    assert not (tmp_path / "x").exists()

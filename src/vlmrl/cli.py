@@ -23,9 +23,9 @@ def _tiny_model(args: argparse.Namespace) -> None:
     if args.tool:
         from vlmrl.models.tool_models import build_tiny_tool_model
 
-        print(build_tiny_tool_model(args.out, args.tool, seed=args.seed))
+        print(build_tiny_tool_model(args.out, args.tool, seed=args.seed, arch=args.arch))
         return
-    out = build_tiny_model(args.out, size=args.size, arch=args.arch, seed=args.seed)
+    out = build_tiny_model(args.out, size=args.size, arch=args.arch or "qwen2_5_vl", seed=args.seed)
     print(model_summary(out))
 
 
@@ -255,6 +255,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
 def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     """`vlmrl tiny-model OUT [--size] [--arch] [--seed] [--tool]`."""
     from vlmrl.models.tiny_model import ARCHES, SIZES
+    from vlmrl.tools.model_table import MODEL_TOOLS
 
     tiny = commands.add_parser(
         "tiny-model", help="build an offline random-weight VLM of a real architecture",
@@ -264,10 +265,12 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     tiny.add_argument("out", help="folder to write the model into")
     tiny.add_argument("--size", choices=SIZES, default="tiny",
                       help="tiny: ~0.2M parameters, for tests; small: ~4M, learns the built-in tasks")
-    tiny.add_argument("--arch", choices=ARCHES, default="qwen2_5_vl", help="architecture family")
+    tiny.add_argument("--arch", default=None, metavar="MODEL_TYPE",
+                      help=f"architecture family: {', '.join(ARCHES)} (default qwen2_5_vl); with --tool, one of that "
+                           "tool's tiny architectures (docs/tools.md), the first by default")
     tiny.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    tiny.add_argument("--tool", choices=("detect",), default=None,
-                      help="build a model tool's model instead (rollout.tool_models): detect = a tiny random OWLv2")
+    tiny.add_argument("--tool", choices=tuple(MODEL_TOOLS), default=None,
+                      help="build a model tool's model instead (rollout.tool_models), e.g. detect: a tiny random OWLv2")
     tiny.set_defaults(func=_tiny_model)
 
 

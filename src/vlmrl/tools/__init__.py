@@ -5,8 +5,9 @@
 - trajectory.py: the record of a tool-using rollout (`Trajectory`, its `Turn`s), which tasks score;
 - image_tools.py, video_tools.py: the built-in tools `zoom` (alias `crop`), `zoom_window`, `frames`;
 - cv_tools.py: the built-in OpenCV tools `find_objects` (regions by colour and shape, set-of-marks) and `measure`;
-- model_tools.py: pre-trained models as tools, `detect` (OWLv2, OWL-ViT; `rollout.tool_models`), their model code
-  in vlmrl/models/tool_models.py, imported at the first call;
+- model_tools.py: pre-trained models as tools (`rollout.tool_models`): the generic base (`ModelTool`: folder checks,
+  cache, per-turn batching); one module per tool (detect_tool.py: `detect`, OWLv2, OWL-ViT, Grounding DINO);
+  model_table.py lists them (`MODEL_TOOLS`); their model code is in vlmrl/models/, imported at the first call;
 - builtin.py: the table of built-in tools by name;
 - registry.py: `rollout.tools` resolved into the tools a run may call, your own imported by path;
 - results.py: what a tool returns, normalised and checked against the limits;

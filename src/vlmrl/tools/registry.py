@@ -1,6 +1,6 @@
 """The registry: the configured tool names (`rollout.tools`) turned into the tools `run_tool` reads.
 
-Built-in names (builtin.py) are known by name alone. Model tools (model_tools.py: `detect`) are known
+Built-in names (builtin.py) are known by name alone. Model tools (model_table.py: `detect`) are known
 by name and need their model's folder in `rollout.tool_models`, checked here. Your own tools: any
 Python callable named by import path (`module:function`, known to the model as `function`), called as
 `function(context, **arguments)`; its module is imported first in the tool worker (worker.py), so a
@@ -20,7 +20,8 @@ from typing import Any, Callable
 from vlmrl.errors import VlmrlError, warn
 from vlmrl.imports import is_file_spec, load_module
 from vlmrl.tools.builtin import BUILTIN_TOOLS
-from vlmrl.tools.model_tools import MODEL_KINDS, ModelTool, tool_model_folder
+from vlmrl.tools.model_table import MODEL_TOOLS
+from vlmrl.tools.model_tools import ModelTool, tool_model_folder
 from vlmrl.tools.worker import WORKER, WorkerFailed, WorkerTimeout
 
 
@@ -71,10 +72,10 @@ def _import_tool(path: str) -> Callable[..., Any]:
 
 def _unknown_tool(name: str) -> VlmrlError:
     """The error for a name that is neither built in nor an import path, with "did you mean"."""
-    close = difflib.get_close_matches(name, list(BUILTIN_TOOLS) + list(MODEL_KINDS), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name, list(BUILTIN_TOOLS) + list(MODEL_TOOLS), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return VlmrlError(f"unknown tool {name!r}; {hint}built-in: {', '.join(sorted(BUILTIN_TOOLS))}; "
-                      f"model tools (rollout.tool_models): {', '.join(MODEL_KINDS)}; or your own as package.module:function")
+                      f"model tools (rollout.tool_models): {', '.join(MODEL_TOOLS)}; or your own as package.module:function")
 
 
 def _check_takes_context(name: str, function: Callable[..., Any]) -> None:
@@ -107,11 +108,11 @@ def _model_tools(names: list[str], models: dict[str, str] | None) -> dict[str, M
     models = models or {}
     if not isinstance(models, dict):
         raise VlmrlError(f"rollout.tool_models maps a model tool to its folder ({{detect: PATH}}); got {models!r}")
-    unknown = sorted(str(name) for name in models if name not in MODEL_KINDS)
+    unknown = sorted(str(name) for name in models if name not in MODEL_TOOLS)
     if unknown:
-        raise VlmrlError(f"rollout.tool_models names {', '.join(unknown)}; the model tools are {', '.join(MODEL_KINDS)}")
-    wanted = dict.fromkeys([*models, *(name for name in names if isinstance(name, str) and name in MODEL_KINDS)])
-    return {name: ModelTool(name, tool_model_folder(name, models.get(name))) for name in wanted}
+        raise VlmrlError(f"rollout.tool_models names {', '.join(unknown)}; the model tools are {', '.join(MODEL_TOOLS)}")
+    wanted = dict.fromkeys([*models, *(name for name in names if isinstance(name, str) and name in MODEL_TOOLS)])
+    return {name: MODEL_TOOLS[name](tool_model_folder(name, models.get(name))) for name in wanted}
 
 
 def resolve_tools(names: list[str], models: dict[str, str] | None = None) -> dict[str, Callable[..., Any]]:
