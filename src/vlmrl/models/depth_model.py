@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlmrl.disk import writing
 from vlmrl.errors import VlmrlError
+from vlmrl.models.tool_models import freed_on_oom
 
 ARCHES = ("depth-anything", "dpt", "dpt-dinov2")
 """The depth models `build_tiny` builds (the first the default): Depth Anything (DINOv2 backbone, aspect kept,
@@ -135,11 +135,8 @@ class DepthRunner:
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """(B, h, w) predicted depth of `pixels` (B, 3, H, W); running out of device memory frees the cache and
         raises a RuntimeError."""
-        try:
+        with freed_on_oom("the depth model", self.device):
             return self.model(pixel_values=pixels).predicted_depth
-        except torch.cuda.OutOfMemoryError as error:
-            torch.cuda.empty_cache()
-            raise RuntimeError(f"the depth model ran out of memory on {self.device}: {error}") from None
 
     @torch.inference_mode()
     def run(self, crops: list[Image.Image], args: list[tuple]) -> list[tuple[np.ndarray, bool]]:
@@ -254,12 +251,9 @@ def _tiny_model(arch: str):
 def build_tiny(out: Path, arch: str, seed: int) -> dict:
     """A tiny depth model of `arch` (ARCHES) with its PIL image processor, saved in `out` so that it loads like a
     hub checkpoint; its depth is a known function of the pixels (module docstring, `tiny_depth`). Returns
-    what vlmrl_tiny.json records of it."""
-    if arch not in ARCHES:
-        raise VlmrlError(f"unknown depth model {arch!r}; choose one of {', '.join(ARCHES)}")
+    what vlmrl_tiny.json records of it (its parameter count)."""
     torch.manual_seed(seed)
     model, processor = _tiny_model(arch)
-    with writing("the tool model", out):
-        model.save_pretrained(out)
-        processor.save_pretrained(out)
-    return {"arch": arch, "parameters": sum(p.numel() for p in model.parameters())}
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return {"parameters": sum(p.numel() for p in model.parameters())}

@@ -4,10 +4,11 @@ registry (registry.py) reads it; `MODEL_KINDS` (each tool's checkpoint kinds) is
 
 from __future__ import annotations
 
+from vlmrl.tools.depth_tool import DepthTool
 from vlmrl.tools.detect_tool import DetectTool
 from vlmrl.tools.model_tools import ModelTool
 
-MODEL_TOOLS: dict[str, type[ModelTool]] = {"detect": DetectTool}
+MODEL_TOOLS: dict[str, type[ModelTool]] = {"detect": DetectTool, "depth": DepthTool}
 """Each model tool's name and its class."""
 MODEL_KINDS: dict[str, tuple[str, ...]] = {name: tool.model_types for name, tool in MODEL_TOOLS.items()}
 """Each model tool's name, and the `model_type`s (config.json) of the checkpoints it runs."""
