@@ -40,6 +40,9 @@ FLAT = 1e-3
 of the resize is about 1e-6 of it)."""
 COLOURS = np.array([[0, 0, 4], [87, 16, 110], [188, 55, 84], [249, 142, 9], [252, 255, 164]], np.float32)
 """The colour map from far (0) to near (1), evenly spaced stops (inferno's): near is bright."""
+PALETTE = np.stack([np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(COLOURS)), COLOURS[:, c])
+                    for c in range(3)], axis=-1).round().astype(np.uint8)
+"""(256, 3) the colour of each of 256 levels of nearness."""
 
 
 @dataclass
@@ -82,14 +85,13 @@ def relative_depth(depth: np.ndarray, metric: bool) -> np.ndarray | None:
 
 
 def colour_map(relative: np.ndarray | None, size: tuple[int, int]) -> Image.Image:
-    """The map as an RGB image of `size` (width, height): near bright, far dark (COLOURS); a flat map mid-way."""
+    """The map as an RGB image of `size` (width, height): near bright, far dark (COLOURS, in 256 levels); a flat
+    map mid-way."""
     if relative is None:
         relative = np.full((1, 1), 0.5, np.float32)
     shown = np.asarray(Image.fromarray(relative.astype(np.float32), mode="F").resize(size, Image.Resampling.BILINEAR))
-    stops = np.linspace(0.0, 1.0, len(COLOURS))
-    near = np.clip(1.0 - shown, 0.0, 1.0)  # (h, w)
-    rgb = np.stack([np.interp(near, stops, COLOURS[:, c]) for c in range(3)], axis=-1)  # (h, w, 3)
-    return Image.fromarray(np.round(rgb).astype(np.uint8), "RGB")
+    levels = np.round(np.clip(1.0 - shown, 0.0, 1.0) * 255).astype(np.uint8)  # (h, w): 255 nearest
+    return Image.fromarray(PALETTE[levels], "RGB")  # (h, w, 3)
 
 
 def grid(relative: np.ndarray) -> list[list[int]]:
