@@ -107,7 +107,8 @@ class DepthRunner:
         if not isinstance(self.processor, DPTImageProcessorPil):
             raise VlmrlError(f"the depth model in {str(folder)!r} has a {type(self.processor).__name__}; depth maps "
                              "its output back through a DPT image processor's resize and pad only")
-        backbone = getattr(config, "backbone_config", None)
+        hybrid = bool(getattr(config, "is_hybrid", False))  # DPT-Hybrid: a BiT stem of stride patch_size, then a ViT
+        backbone = None if hybrid else getattr(config, "backbone_config", None)  # DINOv2, BEiT, ...: any shape
         self.patch = int(backbone.patch_size if backbone is not None else config.patch_size)
         self.metric = getattr(config, "depth_estimation_type", "relative") == "metric"
         if config.model_type == "dpt" and backbone is None and not self._square_inputs():
