@@ -21,14 +21,14 @@ a "bad_arguments" error turn; a model that raises or runs out of memory is a "ra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from vlmrl.tools.cv_tools import _marks
-from vlmrl.tools.image_tools import fit_side, pixel_box
+from vlmrl.tools.image_tools import context_image, fit_side, pixel_box
 from vlmrl.tools.model_tools import ModelTool, Prepared
 
 GRID = 4
@@ -89,9 +89,9 @@ def colour_map(relative: np.ndarray | None, size: tuple[int, int]) -> Image.Imag
     map mid-way."""
     if relative is None:
         relative = np.full((1, 1), 0.5, np.float32)
-    shown = np.asarray(Image.fromarray(relative.astype(np.float32), mode="F").resize(size, Image.Resampling.BILINEAR))
+    shown = np.asarray(Image.fromarray(relative.astype(np.float32)).resize(size, Image.Resampling.BILINEAR))  # mode F
     levels = np.round(np.clip(1.0 - shown, 0.0, 1.0) * 255).astype(np.uint8)  # (h, w): 255 nearest
-    return Image.fromarray(PALETTE[levels], "RGB")  # (h, w, 3)
+    return Image.fromarray(PALETTE[levels])  # (h, w, 3) uint8: RGB
 
 
 def grid(relative: np.ndarray) -> list[list[int]]:
@@ -125,15 +125,13 @@ def describe(call: Prepared, depth: np.ndarray, metric: bool) -> str:
                  "0 nearest to 9 farthest:")
     lines += [" ".join(str(cell) for cell in row) for row in cells]
     if call.args:
-        medians = []
+        listed = []
         for number, (a, b, c, d) in enumerate(call.args, 1):
             part = (slice(b - y0, d - y0), slice(a - x0, c - x0))
-            value = f"{float(np.median(relative[part])):.2f}"
-            medians.append((float(np.median(relative[part])), number,
-                            f"{number} box {[a, b, c, d]} {value}" + (f" ({float(np.median(depth[part])):.2f} m)"
-                                                                       if metric else "")))
-        lines.append("regions, nearest first (median relative depth): "
-                     + "; ".join(text for _, _, text in sorted(medians)))
+            median = float(np.median(relative[part]))
+            metres = f" ({float(np.median(depth[part])):.2f} m)" if metric else ""
+            listed.append((median, number, f"{number} box {[a, b, c, d]} {median:.2f}{metres}"))
+        lines.append("regions, nearest first (median relative depth): " + "; ".join(text for *_, text in sorted(listed)))
     return "\n".join(lines)
 
 
@@ -146,9 +144,9 @@ class DepthTool(ModelTool):
 
     def prepare(self, context: Any, box: Any = None, regions: Any = None, image: Any = 0) -> Prepared:
         """The box, the image and the regions checked (ValueError for a bad one)."""
-        call = self.prepared(context, (), box, image)
-        args = regions_of(regions, call.where, call.original.size)
-        return replace(call, args=args, key=(call.key[0], args, *call.key[2:]))
+        original = context_image(context, image)
+        where = pixel_box([0, 0, *original.size] if box is None else box, *original.size)  # as `prepared` reads it
+        return self.prepared(context, regions_of(regions, where, original.size), box, image)
 
     def answer(self, call: Prepared, output: tuple) -> tuple[str, Image.Image]:
         """The text and the coloured map of the runner's (map in the crop's pixels, metric) for the call."""
