@@ -74,8 +74,9 @@ def input_geometry(width: int, height: int, processor) -> tuple[tuple[int, int],
                                               bool(processor.keep_aspect_ratio), int(processor.ensure_multiple_of or 1))
         size = (int(target.width), int(target.height))
     padded, offset = size, (0, 0)
-    if processor.do_pad and processor.size_divisor:
-        padded = tuple(math.ceil(side / processor.size_divisor) * processor.size_divisor for side in size)
+    divisor = getattr(processor, "size_divisor", None)  # the processor pads only with one
+    if processor.do_pad and divisor:
+        padded = tuple(math.ceil(side / divisor) * divisor for side in size)
         offset = tuple((outer - inner) // 2 for outer, inner in zip(padded, size))
     return size, padded, offset
 
@@ -122,7 +123,7 @@ class DepthRunner:
         """Whether the processor makes every image a square (a stretching resize to a square, no pad)."""
         processor = self.processor
         return (bool(processor.do_resize) and not processor.keep_aspect_ratio and processor.size.height ==
-                processor.size.width and not (processor.do_pad and processor.size_divisor))
+                processor.size.width and not (processor.do_pad and getattr(processor, "size_divisor", None)))
 
     def pixels(self, crop: Image.Image) -> np.ndarray:
         """(3, H, W) float32: `crop` as the model sees it (the processor's resize, normalisation and pad)."""
