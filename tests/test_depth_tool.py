@@ -95,6 +95,12 @@ def test_input_geometry_is_the_processors(builds):
         runner = builds[arch]
         assert input_geometry(*size, runner.processor) == geometry
         assert runner.pixels(Image.new("RGB", size)).shape == (3, geometry[1][1], geometry[1][0])
+    # Depth-Anything-V2-Small-hf's settings: 640x480 -> the short side to 518, the long one to a multiple of 14
+    from transformers.models.dpt.image_processing_pil_dpt import DPTImageProcessorPil
+
+    v2 = DPTImageProcessorPil(size={"height": 518, "width": 518}, keep_aspect_ratio=True, ensure_multiple_of=14)
+    assert input_geometry(640, 480, v2) == ((686, 518), (686, 518), (0, 0))
+    assert v2(images=[Image.new("RGB", (640, 480))], return_tensors="np")["pixel_values"].shape == (1, 3, 518, 686)
 
 
 # --------------------------------------------------------------------------- the known depth
