@@ -87,6 +87,9 @@ class AnswerCache:
         """Keep `answer`, computed by the owner (a batched prefetch), under `key`, counted as computed; the least
         recently used answer goes out past `size`. A None key keeps nothing."""
         self.computed += 1
+        self._keep(key, answer)
+
+    def _keep(self, key: tuple | None, answer: Any) -> None:
         if key is None or self.size <= 0:
             return
         self.entries[key] = answer
@@ -95,15 +98,17 @@ class AnswerCache:
             self.entries.popitem(last=False)
 
     def answer(self, key: tuple | None, compute: Callable[[], Any]) -> Any:
-        """The answer kept under `key`, else `compute()`'s, kept (`store`); either way the caller's own copy of its
-        images. A None key (arguments `argument_key` does not take) computes and keeps nothing; an exception from
-        `compute` is raised as it is, and nothing is kept."""
+        """The answer kept under `key`, else `compute()`'s, kept; either way the caller's own copy of its images.
+        A None key (arguments `argument_key` does not take) computes and keeps nothing. An exception from
+        `compute` is raised as it is and nothing is kept (the call counts as computed: it ran, and its next
+        repeat runs again)."""
         self.calls += 1
         if key in self:
             self.entries.move_to_end(key)
             return _fresh(self.entries[key])
+        self.computed += 1
         value = compute()
-        self.store(key, value)
+        self._keep(key, value)
         return _fresh(value)
 
     def clear(self) -> None:
