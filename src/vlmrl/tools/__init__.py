@@ -7,6 +7,7 @@
 - cv_tools.py: the built-in OpenCV tools `find_objects` (regions by colour and shape, set-of-marks) and `measure`;
 - model_tools.py: pre-trained models as tools, `detect` (OWLv2, OWL-ViT; `rollout.tool_models`), their model code
   in vlmrl/models/tool_models.py, imported at the first call;
+- cache.py: a tool's answers kept for repeated calls (`AnswerCache`: find_objects, measure), counted;
 - builtin.py: the table of built-in tools by name;
 - registry.py: `rollout.tools` resolved into the tools a run may call, your own imported by path;
 - results.py: what a tool returns, normalised and checked against the limits;
