@@ -15,8 +15,8 @@ of `--repeats` / 4 (at least 3) turns of 8, each after 8 calls alone and their h
   then run (answered from its cache), as the tool rollout runs a turn: the whole over 8 (model tools only);
 - a cache hit: the same call again on the same scene (the tools that keep a cache: the model tools,
   find_objects, measure; a measure of boxes alone is computed every time, by design).
-The first call of the process (importing OpenCV) and each model tool's first call (loading its model) are
-printed apart. Prints a markdown table after a line naming the machine (CPU model, threads, torch, OpenCV, the
+The first find_objects call (making its colour table) and each model tool's first call (loading its model)
+are printed apart. A hit costs mostly the digest of the 448 px image (cache.image_key: about a millisecond). Prints a markdown table after a line naming the machine (CPU model, threads, torch, OpenCV, the
 load average before and after: the machine may be shared).
 """
 
@@ -220,7 +220,8 @@ def main() -> None:
     scene, colour = next(bench.scenes)
     start = time.perf_counter()
     bench.run("find_objects", scene, {"colour": colour})
-    print(f"first call of the process (imports OpenCV): {(time.perf_counter() - start) * 1000:.0f} ms")
+    print(f"first find_objects call (makes its colour table; OpenCV already imported): "
+          f"{(time.perf_counter() - start) * 1000:.0f} ms")
     rows = []
     for label, (name, arguments_of) in CV_CALLS.items():
         alone, hit = bench.alone_and_hit(name, arguments_of, args.repeats)
