@@ -52,7 +52,8 @@ from vlmrl.report.rollout_log import trace_of
 from vlmrl.rewards.checks import check_rewards
 from vlmrl.rewards.reward import Reward, evaluation_rewards
 from vlmrl.rollout.scoring import score_completions
-from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories, trajectory_statistics
+from vlmrl.rollout.tool_rollout import (ToolBox, added_counts, cache_statistics, generate_trajectories,
+                                        trajectory_statistics)
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task, Video
 from vlmrl.tools.contract import ToolLimits
@@ -215,6 +216,7 @@ class _Answers:
     scores: list[dict[str, float]]
     turns: list[list[dict]] = field(default_factory=list)  # with tools: each answer's turns (text only)
     tool_stats: list[dict[str, float]] = field(default_factory=list)  # with tools: calls, invalid calls, ...
+    cache_counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # cached tool -> (calls, computed)
 
 
 def _answer(sample, rewards: list[Reward], examples: list[Example], prompts_per_call: int,
@@ -234,6 +236,7 @@ def _answer(sample, rewards: list[Reward], examples: list[Example], prompts_per_
         if getattr(rollout, "trajectories", None) is not None:
             stats = trajectory_statistics(rollout)  # name -> (N,)
             answers.tool_stats += [{name: float(v[i]) for name, v in stats.items()} for i in range(len(rollout.texts))]
+            answers.cache_counts = added_counts(answers.cache_counts, rollout.cache_counts)
             answers.turns += [[{"role": t.role, "text": t.text, "images": len(t.images), "error": t.error}
                                for t in trajectory.turns] for trajectory in rollout.trajectories]
         progress.update(1)
@@ -336,6 +339,8 @@ def evaluate(model, processor, task: Task, examples: list[Example], settings: Ev
         buckets=settings.length_buckets, time_correct={name: _correct(a) for name, a in passes.time.items()})
     if passes.real.tool_stats:  # means over the greedy answers: calls, invalid_calls, turns, cut
         results["tools"] = mean_scores(passes.real.tool_stats)
+    if passes.real.cache_counts:  # the greedy pass's calls of each cached tool, and the share answered from its cache
+        results["tool_cache"] = cache_statistics(passes.real.cache_counts)
     records = _records(examples, passes, samples_correct, k)
     run_settings = {"task": task.name, "task_params": asdict(task.params), **saved_dict(settings)}  # no secret
     return Evaluation(results=results, records=records, settings=run_settings)
@@ -489,6 +494,7 @@ def scalar_metrics(results: dict, prefix: str = "eval/") -> dict[str, float]:
         if summary:
             flat |= {f"{kind}/accuracy": summary["accuracy"], f"{kind}/drop": summary["drop"]}
     flat |= {f"tools/{name}": value for name, value in (results.get("tools") or {}).items()}
+    flat |= {f"tools/{name}": value for name, value in (results.get("tool_cache") or {}).items()}
     return {prefix + name: float(value) for name, value in flat.items()}
 
 
@@ -509,6 +515,9 @@ def format_table(results: dict) -> str:
     if results.get("tools"):
         lines += ["", "tool use per answer (greedy, mean)"]
         lines += [f"  {name:<26}{value:>8.2f}" for name, value in results["tools"].items()]
+    if results.get("tool_cache"):
+        lines += ["", "cached tools (greedy): calls, and the share answered from the cache"]
+        lines += [f"  {name:<30}{value:>8.4g}" for name, value in results["tool_cache"].items()]
     lines += ["", "accuracy by completion length (greedy)", f"  {'tokens':<16}{'n':>6}{'accuracy':>12}"]
     for bucket in results["by_length"]:
         low, high = bucket["min_tokens"], bucket["max_tokens"]

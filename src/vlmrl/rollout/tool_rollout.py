@@ -14,12 +14,14 @@ turn, so a turn costs a prefill of everything so far: simple and exact, not the 
 The result is a `ToolRollout`: a `Rollout` whose completion ids are everything after the prompt
 (the model's tokens and the tools'), whose mask marks the model's tokens only (the loss, the KL and
 the length statistics see nothing else), and which keeps each trajectory's segments and turns for
-the log-prob pass, the rewards and the logs.
+the log-prob pass, the rewards and the logs, and what the cached tools did while it was generated
+(`cache_counts`: calls and answers computed, per tool; `cache_statistics` makes the logged
+`tools/<name>/calls` and `tools/<name>/cache_hit_rate` of them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -27,6 +29,7 @@ from vlmrl.config import RolloutConfig
 from vlmrl.rollout.generation import Rollout, generation_inputs, sample, stop_token_ids, suppressed_token_ids
 from vlmrl.rollout.trajectories import Segment, encode_trajectories, tool_turn
 from vlmrl.tasks import Example
+from vlmrl.tools.cache import counts_of
 from vlmrl.tools.calls import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, ends_with_call, parse_tool_call,
                                tool_result_text)
 from vlmrl.tools.contract import ToolContext, ToolLimits
@@ -43,6 +46,9 @@ class ToolRollout(Rollout):
 
     segments: list[list[Segment]] | None = None  # set by generate_trajectories / reference_rollout
     trajectories: list[Trajectory] | None = None
+    cache_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per cached tool, (calls, answers computed) while generate_trajectories made this rollout; `select`
+    keeps them (the work of the whole generation), `concat` does not (the sampler sums each generation's)."""
 
     def select(self, index: list[int]) -> ToolRollout:
         return replace(Rollout.select(self, index), segments=[self.segments[i] for i in index],
@@ -202,6 +208,7 @@ def generate_trajectories(model, processor, examples: list[Example], toolbox: To
     for tool in toolbox.tools.values():
         if isinstance(tool, ModelTool):  # a model tool runs where the policy runs
             tool.device = str(next(model.parameters()).device)
+    before = cache_counts(toolbox.tools)
     ongoing = [Ongoing(ex, [], Trajectory()) for ex in examples for _ in range(settings.group_size)]
     active = list(range(len(ongoing)))
     while active:
@@ -209,7 +216,9 @@ def generate_trajectories(model, processor, examples: list[Example], toolbox: To
                             [ongoing[i].segments for i in active], settings)
         prefetch_model_calls([ongoing[i] for i in active], turns, processor, toolbox)
         active = [i for i, turn in zip(active, turns) if ongoing[i].add_turn(turn, processor, toolbox)]
-    return as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
+    rollout = as_rollout(ongoing, processor.tokenizer.pad_token_id, stop_token_ids(processor, model))
+    rollout.cache_counts = added_counts(cache_counts(toolbox.tools), before, sign=-1)
+    return rollout
 
 
 def prefetch_model_calls(rows: list[Ongoing], turns: list[Segment], processor, toolbox: ToolBox) -> None:
@@ -225,6 +234,34 @@ def prefetch_model_calls(rows: list[Ongoing], turns: list[Segment], processor, t
             by_tool.setdefault(tool, []).append((row.context(toolbox.settings), call.arguments))
     for tool, calls in by_tool.items():
         tool.prefetch(calls)
+
+
+CacheCounts = dict[str, tuple[int, int]]
+"""Per cached tool by name: (calls, answers computed); calls - computed were answered from its cache."""
+
+
+def cache_counts(tools: dict) -> CacheCounts:
+    """The counters so far of each cached tool among `tools` (the model tools, find_objects, measure:
+    `counts_of`)."""
+    return {name: counts for name, tool in tools.items() if (counts := counts_of(tool)) is not None}
+
+
+def added_counts(first: CacheCounts, second: CacheCounts, sign: int = 1) -> CacheCounts:
+    """`first` + `second` per tool and counter (`sign` -1: `first` - `second`)."""
+    return {name: (first.get(name, (0, 0))[0] + sign * second.get(name, (0, 0))[0],
+                   first.get(name, (0, 0))[1] + sign * second.get(name, (0, 0))[1]) for name in {**first, **second}}
+
+
+def cache_statistics(counts: CacheCounts) -> dict[str, float]:
+    """Per cached tool: `<name>/calls`, its calls, and `<name>/cache_hit_rate`, the share of them answered from
+    its cache, (calls - computed) / calls in [0, 1] (a prefetch may compute a call that is then not run);
+    no rate for a tool not called."""
+    stats = {}
+    for name, (calls, computed) in sorted(counts.items()):
+        stats[f"{name}/calls"] = float(calls)
+        if calls > 0:
+            stats[f"{name}/cache_hit_rate"] = min(max(calls - computed, 0) / calls, 1.0)
+    return stats
 
 
 def as_rollout(ongoing: list[Ongoing], pad_id: int, stop_ids: list[int]) -> ToolRollout:

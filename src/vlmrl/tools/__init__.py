@@ -6,9 +6,12 @@
 - image_tools.py, video_tools.py: the built-in tools `zoom` (alias `crop`), `zoom_window`, `frames`;
 - cv_tools.py: the built-in OpenCV tools `find_objects` (regions by colour and shape, set-of-marks) and `measure`;
 - model_tools.py: pre-trained models as tools (`rollout.tool_models`): the generic base (`ModelTool`: folder checks,
-  cache, per-turn batching); one module per tool (detect_tool.py: `detect`, OWLv2, OWL-ViT, Grounding DINO;
-  segment_tool.py: `segment`, SAM, SAM-HQ);
+  answer cache, per-turn batching); one module per tool (detect_tool.py: `detect`, OWLv2, OWL-ViT, Grounding DINO;
+  segment_tool.py: `segment`, SAM, SAM-HQ; depth_tool.py: `depth`, Depth Anything, DPT; keypoints_tool.py:
+  `keypoints`, ViTPose, SuperPoint);
   model_table.py lists them (`MODEL_TOOLS`); their model code is in vlmrl/models/, imported at the first call;
+- cache.py: a tool's answers kept for repeated calls (`AnswerCache`: find_objects, measure, every model tool),
+  counted, keyed by `image_key` (a digest of the image's pixels);
 - builtin.py: the table of built-in tools by name;
 - registry.py: `rollout.tools` resolved into the tools a run may call, your own imported by path;
 - results.py: what a tool returns, normalised and checked against the limits;

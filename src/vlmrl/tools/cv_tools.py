@@ -37,6 +37,13 @@ tool does not know or given as a number, an id that is not among the regions, an
 range, a box of more than MAX_PIXELS pixels or holding more than MAX_REGIONS regions) raise ValueError,
 which `run_tool` turns into a "bad_arguments" error turn. Boxes mean what they mean for `zoom`:
 they are read by image_tools' `pixel_box`, as zoom reads them. No torch here.
+
+Repeated calls: the G completions of a group often ask the same colour of the same image, so each of
+the two keeps its last CV_CACHE_SIZE answers (`find_objects.answer_cache`, `measure.answer_cache`:
+cache.py's AnswerCache, one per process) keyed by the image's content, the arguments as written, and
+for find_objects the overlay's side; a repeated call is computed once and each caller gets its own
+copy of the image. The answers are the same with the cache as without it. A measure of boxes alone
+(no regions to find: a fraction of a millisecond) is computed every time.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from vlmrl.tools.cache import CV_CACHE_SIZE, AnswerCache, argument_key, image_key
 from vlmrl.tools.image_tools import context_image, fit_side, pixel_box
 
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -263,8 +271,17 @@ def find_objects(context: Any, colour: Any = None, shape: Any = None, box: Any =
     """The regions of `colour` (a PALETTE name; None: every CHROMATIC colour) and `shape` (a SHAPES class;
     None: any) inside `box` [x1, y1, x2, y2] (original pixels; None: the whole image) of image number
     `image`, as text (id, colour, shape, box in original pixels, area in pixels; at most MAX_LISTED) and
-    the set-of-marks image (`_marks`). ValueError for a bad argument (module docstring)."""
+    the set-of-marks image (`_marks`). ValueError for a bad argument (module docstring). A repeated call
+    is answered from `find_objects.answer_cache`."""
     original = context_image(context, image)
+    arguments = argument_key([colour, shape, box, image])
+    key = None if arguments is None else (image_key(original), arguments, context.max_side)
+    return find_objects.answer_cache.answer(  # type: ignore[attr-defined]
+        key, lambda: _find_objects(original, colour, shape, box, image, context.max_side))
+
+
+def _find_objects(original: Image.Image, colour: Any, shape: Any, box: Any, image: Any, max_side: int) -> list:
+    """find_objects' answer, computed: [text, set-of-marks image of longest side `max_side`]."""
     regions, where = find_regions(original, colour, shape, box)
     listed = regions[:MAX_LISTED]
     head = (f"{len(regions)} {_what(colour, shape)}{'' if len(regions) == 1 else 's'} in box {list(where)} of "
@@ -274,7 +291,10 @@ def find_objects(context: Any, colour: Any = None, shape: Any = None, box: Any =
     if len(regions) > len(listed):
         lines.append(f"... and {len(regions) - len(listed)} more (ids {len(listed) + 1} to {len(regions)}): "
                      "ask with a smaller box, a colour or a shape")
-    return ["\n".join(lines), _marks(original, listed, where, context.max_side)]
+    return ["\n".join(lines), _marks(original, listed, where, max_side)]
+
+
+find_objects.answer_cache = AnswerCache(CV_CACHE_SIZE)  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- measure
@@ -346,8 +366,18 @@ def measure(context: Any, ids: Any = None, boxes: Any = None, colour: Any = None
     """Numbers, as text (module docstring): the regions `ids` (as find_objects numbers them with the same
     colour, shape, box and image) and the `boxes` (original pixels), each described, then every pair's
     distance between centres and direction; without ids and boxes, the count and area statistics of
-    the regions. ValueError for a bad argument."""
+    the regions. ValueError for a bad argument. A repeated call that finds regions is answered from
+    `measure.answer_cache`."""
     original = context_image(context, image)
+    arguments = argument_key([ids, boxes, colour, shape, box, image])
+    finds = ids is not None or boxes is None  # else boxes alone: nothing worth keeping
+    key = None if arguments is None or not finds else (image_key(original), arguments)
+    return measure.answer_cache.answer(  # type: ignore[attr-defined]
+        key, lambda: _measure(original, ids, boxes, colour, shape, box, image))
+
+
+def _measure(original: Image.Image, ids: Any, boxes: Any, colour: Any, shape: Any, box: Any, image: Any) -> str:
+    """measure's answer, computed (its text)."""
     _colours(colour), _shape(shape), box is None or pixel_box(box, *original.size)  # checked even when unused
     found = find_regions(original, colour, shape, box) if ids is not None or boxes is None else ([], None)
     if ids is None and boxes is None:
@@ -371,3 +401,6 @@ def measure(context: Any, ids: Any = None, boxes: Any = None, colour: Any = None
             lines.append(f"{items[a][0]} -> {items[b][0]}: distance {math.hypot(dx, dy):.1f} px, "
                          f"direction {_angle(dx, dy):.1f} deg")
     return "\n".join(lines)
+
+
+measure.answer_cache = AnswerCache(CV_CACHE_SIZE)  # type: ignore[attr-defined]

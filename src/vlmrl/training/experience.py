@@ -28,7 +28,7 @@ from vlmrl.rollout.generation import Rollout, generate_groups
 from vlmrl.rewards.reward import Reward, build_rewards
 from vlmrl.rewards.score import RewardError
 from vlmrl.rollout.scoring import score_completions
-from vlmrl.rollout.tool_rollout import ToolBox, generate_trajectories
+from vlmrl.rollout.tool_rollout import CacheCounts, ToolBox, added_counts, generate_trajectories
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
@@ -46,6 +46,7 @@ class Experience:
     groups_with_signal: int  # of those, groups whose rewards were not all equal
     bad_rows_skipped: int = 0  # bad train examples replaced by the next good one this step, on this process
     seconds: dict[str, float] = field(default_factory=dict)  # "generate", "score": wall time, this process
+    tool_cache: CacheCounts = field(default_factory=dict)  # cached tool -> (calls, computed) this step, this process
 
 
 @dataclass
@@ -85,6 +86,7 @@ class GroupSampler:
     seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "score": 0.0})
     replaced: int = 0  # bad examples replaced since the step began
     reward_failure: str | None = None  # the first reward failure of the step (the run stops on it)
+    tool_cache: CacheCounts = field(default_factory=dict)  # cached tool -> (calls, computed) since the step began
 
     @classmethod
     def for_run(cls, session, task: Task) -> GroupSampler:
@@ -138,6 +140,7 @@ class GroupSampler:
             scores = self.score(rollout)  # name -> (B*G,)
             self.seconds["generate"] += scored - started
             self.seconds["score"] += time.perf_counter() - scored
+            self.tool_cache = added_counts(self.tool_cache, getattr(rollout, "cache_counts", {}))
             reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
             for g in range(len(examples)):
                 rows = list(range(g * group, (g + 1) * group))
@@ -164,7 +167,7 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
     with_signal: list[ScoredGroup] = []
     without_signal: list[ScoredGroup] = []
     sampler.seconds = {"generate": 0.0, "score": 0.0}
-    sampler.replaced, sampler.reward_failure = 0, None
+    sampler.replaced, sampler.reward_failure, sampler.tool_cache = 0, None, {}
     rounds = 0
     while True:
         first = cursor + rounds * settings.prompts_per_step + session.rank * per_process
@@ -184,5 +187,5 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
         reward=reward, advantages=batch_advantages(session, reward),
         groups_drawn=rounds * per_process,
         groups_with_signal=sum(g.has_signal for g in with_signal + without_signal),
-        bad_rows_skipped=sampler.replaced, seconds=dict(sampler.seconds))
+        bad_rows_skipped=sampler.replaced, seconds=dict(sampler.seconds), tool_cache=dict(sampler.tool_cache))
     return experience, cursor + rounds * settings.prompts_per_step

@@ -27,7 +27,7 @@ from vlmrl.config import Config
 from vlmrl.evaluation.attention import completion_image_attention
 from vlmrl.models.fast_paths import FAST_PATHS, fallbacks
 from vlmrl.report.rollout_log import rollout_rows, write_rollouts
-from vlmrl.rollout.tool_rollout import trajectory_statistics
+from vlmrl.rollout.tool_rollout import cache_statistics, trajectory_statistics
 from vlmrl.safety.alarms import Alarms
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
@@ -165,7 +165,20 @@ def step_metrics(experience: Experience, accelerator: Accelerator, group_size: i
     metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))
     if getattr(rollout, "trajectories", None) is not None:  # multi-turn rollouts with tools
         metrics |= {f"tools/{name}": mean(values) for name, values in trajectory_statistics(rollout).items()}
+        cached = cache_statistics(summed_counts(experience, accelerator))  # tools/<name>/calls, .../cache_hit_rate
+        metrics |= {f"tools/{name}": value for name, value in cached.items()}
     return metrics | reward_signal(experience, accelerator, group_size)
+
+
+def summed_counts(experience: Experience, accelerator: Accelerator) -> dict[str, tuple[int, int]]:
+    """Each cached tool's (calls, computed) of this step, summed over all processes (each has its own caches;
+    every process has the same tools)."""
+    names = sorted(experience.tool_cache)
+    if not names:
+        return {}
+    counts = torch.tensor([experience.tool_cache[name] for name in names], device=accelerator.device)  # (K, 2)
+    counts = accelerator.reduce(counts, "sum")  # (K, 2)
+    return {name: (int(calls), int(computed)) for name, (calls, computed) in zip(names, counts.tolist())}
 
 
 def reward_signal(experience: Experience, accelerator: Accelerator, group_size: int) -> dict[str, float]:
