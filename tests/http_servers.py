@@ -42,6 +42,11 @@ def json_answer(data: Any, status: int = 200) -> Answer:
     return status, {"Content-Type": "application/json", "Content-Length": str(len(body))}, body
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # 5 by default: a burst of concurrent connections would wait on SYN retries
+
+
 class LocalServer:
     """A threading HTTP server on 127.0.0.1 (a free port) that answers each request with `answer(request)`."""
 
@@ -75,8 +80,7 @@ class LocalServer:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_port
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -110,17 +110,21 @@ def test_a_judge_that_takes_images_gets_each_examples_image_as_a_data_url(judge)
     assert sorted(image.size for _, images, _ in judge.seen for image in images) == [(32, 16), (32, 16), (40, 16)]
 
 
+def replies_by_completion(server: JudgeServer) -> dict[str, str]:
+    """The reply to each completion graded (read from the filled template the server got)."""
+    return {text.split("Answer to grade: ", 1)[1].rsplit("\nGive a score", 1)[0]: reply for text, _, reply in server.seen}
+
+
 def test_a_rule_of_words_and_an_unreadable_reply_scored_as_said_and_counted(judge):
-    score_batch([resolve("judge", kwargs=settings(judge))], [example(i) for i in range(4)], COMPLETIONS[:4])
-    replies = [reply for _, _, reply in judge.seen]
-    digits = [last_digit(reply) for reply in replies]
+    examples, completions = [example(i) for i in range(4)], COMPLETIONS[:4]
+    score_batch([resolve("judge", kwargs=settings(judge))], examples, completions)
+    digits = [last_digit(replies_by_completion(judge)[c]) for c in completions]
     first = next(d for d in digits if d is not None)
     words = {str(int(first)): 1.0}  # the first digit read pays 1; every other reply is unreadable
-    judge.requests.clear()
     reward = resolve("judge", kwargs=settings(judge, score={"regex": r"(\d)", "words": words}, unparsable=-1))
     with pytest.warns(UserWarning, match=r"the score rule read no score in \d of 4 replies \(scored -1, counted as "
                                          r"<label>/unparsable\); the first: "):
-        components = score_batch([reward], [example(i) for i in range(4)], COMPLETIONS[:4])
+        components = score_batch([reward], examples, completions)
     paid = [1.0 if d == first else -1.0 for d in digits]
     assert components == {"judge": paid, "judge/unparsable": [float(p == -1.0) for p in paid]}
     assert -1.0 in paid  # the tiny model's replies differ: some are not in the map
@@ -211,8 +215,7 @@ def test_a_run_pays_the_judge_and_writes_its_key_nowhere(judge, tmp_path, tiny_m
     write_report(run)
     row, = read_metrics(run / "metrics.jsonl")
     rollouts = [json.loads(line) for line in (run / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
-    replies = {text.split("Answer to grade: ", 1)[1].rsplit("\nGive a score", 1)[0]: reply
-               for text, _, reply in judge.seen}
+    replies = replies_by_completion(judge)
     assert len(judge.requests) == len(replies) == len({r["completion"] for r in rollouts})  # once per completion
     for rollout in rollouts:  # each completion paid what the reply to its own request holds
         paid = last_digit(replies[rollout["completion"]])
@@ -283,3 +286,19 @@ def test_the_docs_example_of_a_judge_is_a_config_vlmrl_reads(monkeypatch):
     config = load_config(None, [f"rewards={json.dumps(yaml.safe_load(block)['rewards'])}"])
     judge_entry, = [r for r in config.rewards if r.name == "judge"]
     assert judge_entry.kwargs["api_key_env"] == "OPENAI_API_KEY" and "{completion}" in judge_entry.kwargs["template"]
+
+
+def test_the_benchmark_scores_a_batch_in_waves_of_its_concurrency():
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from judge_reward import measure, sleeping_judge
+
+    server = LocalServer(sleeping_judge(0.1))
+    try:
+        args = argparse.Namespace(completions=8, group=4, images=False, repeats=1)
+        (one, one_peak), (eight, eight_peak) = measure(server, 1, args), measure(server, 8, args)
+    finally:
+        server.close()
+    assert (one_peak, eight_peak) == (1, 8) and one >= 0.8 and eight < 0.5 * one
