@@ -180,6 +180,24 @@ def test_a_judge_is_retried_then_stops_the_batch_when_it_stays_down(judge, monke
     assert time.monotonic() - start < 1.5
 
 
+def test_when_one_request_stays_down_the_others_stop_trying(judge):
+    def answer(request):  # "bad" fails at once, the others fail after 0.3 s: still retrying when "bad" gives up
+        time.sleep(0 if "Answer to grade: bad" in request.json["messages"][1]["content"] else 0.3)
+        return 500, {}, b""
+
+    down = LocalServer(answer)
+    try:
+        with pytest.raises(RewardError, match=r"judge http://127.0.0.1:\d+/v1 failed 6 times"):
+            score_batch([resolve("judge", kwargs=settings(down, retries=5, backoff_s=0.02, concurrency=4))],
+                        [example()] * 4, ["bad", "b", "c", "d"])
+        time.sleep(0.4)  # the requests in flight end
+        sent = len(down.requests)
+        time.sleep(1.0)
+        assert len(down.requests) == sent < 6 + 3 * 6  # no try after the batch failed
+    finally:
+        down.close()
+
+
 # --------------------------------------------------------------------------- the key
 
 

@@ -238,9 +238,11 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -
     return values
 
 
-def with_retries(where: str, call: Callable[[], Any], options: Mapping[str, Any]) -> Any:
+def with_retries(where: str, call: Callable[[], Any], options: Mapping[str, Any],
+                 stop: threading.Event | None = None) -> Any:
     """`call()`'s answer, tried again after a failed call as the module's docstring says (`options`:
-    check_settings's); ServiceDown at once on a refusal, or once every try failed."""
+    check_settings's); ServiceDown at once on a refusal, or once every try failed, or when `stop` is
+    set while it waits to try again (another call of the batch failed: no use going on)."""
     retries, wait, last = options["retries"], options["backoff_s"], ""
     for attempt in range(retries + 1):
         try:
@@ -249,9 +251,11 @@ def with_retries(where: str, call: Callable[[], Any], options: Mapping[str, Any]
             raise ServiceDown(f"{where}: {refusal}") from None
         except (OSError, ValueError, http.client.HTTPException) as error:  # timeouts are OSErrors too
             last = redact_error(error)
-        if attempt < retries:
+        if attempt < retries and stop is not None and stop.wait(wait):
+            raise ServiceDown(f"{where}: stopped after {attempt + 1} tries, another call failed; last: {last}")
+        if attempt < retries and stop is None:
             time.sleep(wait)
-            wait = min(2 * wait, MAX_BACKOFF_S)
+        wait = min(2 * wait, MAX_BACKOFF_S)
     raise ServiceDown(f"{where} failed {retries + 1} times (timeout {options['timeout_s']:g} s); last: {last}")
 
 

@@ -20,11 +20,13 @@ raises or prints.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import math
 import os
 import re
+import threading
 import warnings
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Callable, Mapping
@@ -33,7 +35,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, coerce, shown
 from vlmrl.rewards.builtin import completion_text
 from vlmrl.rewards.http import SETTINGS as SERVICE_SETTINGS
-from vlmrl.rewards.http import check_settings, expanded, post_json, saved_settings, with_retries
+from vlmrl.rewards.http import Refused, check_settings, expanded, post_json, saved_settings, with_retries
 from vlmrl.urls import REDACTED, redact, split_userinfo
 
 JUDGE = "judge"
@@ -273,22 +275,28 @@ class Judge:
                 for s in scores]
 
     def ask(self, bodies: list[bytes], headers: dict[str, str]) -> dict[bytes, str]:
-        """Each body's reply, at most `concurrency` requests at a time; ServiceDown (the rest cancelled) as
-        soon as one request failed every try."""
-        def one(body: bytes) -> str:
-            return with_retries(self.where, lambda: _content(
-                post_json(self.target, body, headers, self.options["timeout_s"])), self.options)
+        """Each body's reply, at most `concurrency` requests at a time; ServiceDown as soon as one request
+        failed every try: the requests not sent are cancelled, and those in flight end by their deadline
+        without another try."""
+        stop = threading.Event()
+
+        def attempt(body: bytes) -> str:
+            if stop.is_set():
+                raise Refused("not sent: another request of the batch failed")
+            return _content(post_json(self.target, body, headers, self.options["timeout_s"]))
 
         pool = ThreadPoolExecutor(max_workers=min(self.options["concurrency"], len(bodies)) or 1,
                                   thread_name_prefix="vlmrl-judge")
         try:
-            futures = {pool.submit(one, body): body for body in bodies}
+            futures = {pool.submit(with_retries, self.where, functools.partial(attempt, body), self.options, stop): body
+                       for body in bodies}
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            for future in done:
-                if future.exception() is not None:
-                    raise future.exception()
+            failed = [future.exception() for future in done if future.exception() is not None]
+            if failed:
+                raise failed[0]
             return {futures[future]: future.result() for future in futures}
         finally:
+            stop.set()
             pool.shutdown(wait=False, cancel_futures=True)
 
     def hidden(self, text: str) -> str:
