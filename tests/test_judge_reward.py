@@ -255,6 +255,7 @@ def test_a_run_pays_the_judge_and_writes_its_key_nowhere(judge, tmp_path, tiny_m
 
 @pytest.mark.parametrize("change, message", [
     ({"template": None}, r"kwargs.template is required"),
+    ({"url": "ftp://127.0.0.1:9/v1"}, r"kwargs.url must be an http\(s\):// URL"),
     ({"tries": 2}, r"unknown setting tries; settings: url, model, template"),
     ({"template": "Grade {question}"}, r"kwargs.template has no \{completion\}"),
     ({"template": "{completion} vs {gold}"}, r"kwargs.template names \{gold\}; a template fills \{question\}, "
@@ -274,7 +275,7 @@ def test_judge_settings_are_refused_when_the_config_is_read(change, message):
     kwargs = {**settings(None), **change}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     rewards = json.dumps([{"name": "judge", "kwargs": kwargs}]).replace("NaN", ".nan")
-    with pytest.raises(VlmrlError, match=r"^judge http://127.0.0.1:9/v1: " + message):
+    with pytest.raises(VlmrlError, match=r"^judge \w+://127.0.0.1:9/v1: " + message):
         load_config(None, [f"rewards={rewards}"])
 
 

@@ -35,7 +35,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.fields import Naming, coerce, shown
 from vlmrl.rewards.builtin import completion_text
 from vlmrl.rewards.http import SETTINGS as SERVICE_SETTINGS
-from vlmrl.rewards.http import Refused, check_settings, expanded, post_json, saved_settings, with_retries
+from vlmrl.rewards.http import Refused, check_settings, expanded, is_url, post_json, saved_settings, with_retries
 from vlmrl.urls import REDACTED, redact, split_userinfo
 
 JUDGE = "judge"
@@ -87,9 +87,12 @@ def check_judge(settings: Any) -> dict[str, Any]:
         said = f"unknown setting {', '.join(unknown)}" if unknown else f"kwargs.{missing[0]} is required"
         raise VlmrlError(f"{where}: {said}; settings: {', '.join(SETTINGS)} (url, model and template required)")
     options = {**SETTINGS, **settings}
-    service = check_settings(options["url"], {key: options[key] for key in SERVICE_SETTINGS}, "judge")
     naming = Naming(label=f"{where}: kwargs.{{key}}")
-    checked = {"url": options["url"], **service,
+    url = coerce(str, options["url"], "url", naming)
+    if not is_url(url):
+        raise VlmrlError(f"{where}: kwargs.url must be an http(s):// URL (http://localhost:8000/v1)")
+    service = check_settings(url, {key: options[key] for key in SERVICE_SETTINGS}, "judge")
+    checked = {"url": url, **service,
                **{key: coerce(str, options[key], key, naming) for key in ("model", "template", "system", "api_key_env")},
                **{key: coerce(kind, options[key], key, naming) for key, kind in
                   (("unparsable", float), ("images", bool), ("max_tokens", int), ("temperature", float),
@@ -108,7 +111,7 @@ def check_judge(settings: Any) -> dict[str, Any]:
 def _check_numbers(checked: Mapping[str, Any], where: str) -> None:
     rules = {"unparsable": (abs(checked["unparsable"]) <= 1e15, "a finite number within ±1e15"),  # NaN fails
              "max_tokens": (1 <= checked["max_tokens"] <= MAX_TOKENS, f"an integer in [1, {MAX_TOKENS}]"),
-             "temperature": (0 <= checked["temperature"] <= 10, "in [0, 10]"),
+             "temperature": (0 <= checked["temperature"] <= 2, "in [0, 2] (OpenAI's range)"),
              "concurrency": (1 <= checked["concurrency"] <= MAX_CONCURRENCY, f"an integer in [1, {MAX_CONCURRENCY}]")}
     for key, (ok, rule) in rules.items():
         if not ok:
@@ -196,7 +199,9 @@ def fill(template: str, values: Mapping[str, str]) -> str:
 
 
 def data_url(image) -> str:
-    """A PIL image as an `image_url` data URL (PNG, base64)."""
+    """A PIL image as an `image_url` data URL (PNG, base64; a mode PNG cannot hold, CMYK, as RGB)."""
+    if image.mode not in ("1", "L", "LA", "P", "RGB", "RGBA"):
+        image = image.convert("RGB")
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
