@@ -4,12 +4,11 @@ checks, GDPO's normalize_then_sum, the checks before step 1, and a reward servic
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
 
 import pytest
 import torch
+from http_servers import LocalServer, Request, json_answer
 
 from vlmrl import grpo
 from vlmrl.config import load_config
@@ -229,38 +228,19 @@ def test_the_early_checks_refuse_a_float_score_task_in_one_line(tmp_path, tiny_m
 # --------------------------------------------------------------------------- a reward service
 
 
-class Service:
+class Service(LocalServer):
     """A reward service on the loopback: answers `{"rewards": [len(answer) ...]}`, or fails the first
-    `fail` calls with HTTP 500; records every request."""
+    `fail` calls after `ok_first` with HTTP 500; records every request."""
 
     def __init__(self, fail: int = 0, ok_first: int = 0):
-        self.fail, self.ok_first, self.requests = fail, ok_first, []
-        outer = self
+        self.fail, self.ok_first = fail, ok_first
+        super().__init__(self.answer)
+        self.url = self.address("/score")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                if outer.ok_first < len(outer.requests) <= outer.ok_first + outer.fail:
-                    self.send_response(500)
-                    self.end_headers()
-                    return
-                answer = json.dumps({"rewards": [float(len(a)) for a in body["answer"]]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/score"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def answer(self, request: Request):
+        if self.ok_first < len(self.requests) <= self.ok_first + self.fail:
+            return 500, {}, b""
+        return json_answer({"rewards": [float(len(a)) for a in request.json["answer"]]})
 
 
 @pytest.fixture
@@ -282,7 +262,7 @@ def test_a_reward_service_gets_the_batch_as_json_and_retries_after_a_failure(ser
     components = score_batch([reward], [example("12", hint="h"), example("3", hint="i")], ["a", "b"])
     assert components == {"127.0.0.1:" + server.url.split(":")[2].split("/")[0]: [2.0, 1.0]}
     assert len(server.requests) == 2  # one failure, one retry
-    sent = server.requests[-1]
+    sent = server.requests[-1].json
     assert sent["answer"] == ["12", "3"] and sent["hint"] == ["h", "i"]
     assert sent["completions"][0] == [{"role": "assistant", "content": "a"}] and "images" not in sent
 

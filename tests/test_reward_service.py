@@ -13,10 +13,10 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from http_servers import LocalServer, Request, json_answer
 
 from vlmrl.config import load_config, save_config
 from vlmrl.errors import VlmrlError
@@ -35,50 +35,21 @@ def example(answer: str = "12") -> Example:
     return Example(image=None, prompt="How many?", answer=answer, meta={"idx": 0, "split": "train", "columns": {}})
 
 
-class Service:
-    """A reward service on the loopback answering `{"rewards": [value ...]}`; records each request's
-    path and headers; `status`/`location` make it answer a redirect instead; `down` a 500."""
+class Service(LocalServer):
+    """A reward service on the loopback answering `{"rewards": [value ...]}`; records each request
+    (method, path, headers); `status`/`location` make it answer a redirect instead; `down` a 500."""
 
     def __init__(self, value: float = 1.0, status: int = 200, location: str = ""):
         self.value, self.status, self.location, self.down = value, status, location, False
-        self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers)
-        outer = self
+        super().__init__(self.answer)
+        self.url = self.address("/score")
 
-        class Handler(BaseHTTPRequestHandler):
-            def answer(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else {}
-                outer.requests.append((self.command, self.path, dict(self.headers)))
-                if outer.down:
-                    self.send_response(500)
-                    self.end_headers()
-                    return
-                if outer.status != 200 and self.path == "/score":
-                    self.send_response(outer.status)
-                    self.send_header("Location", outer.location)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                n = len(body.get("answer", [None]))
-                data = json.dumps({"rewards": [outer.value] * n}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_POST = do_GET = answer  # noqa: N815 - http.server's names
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_port
-        self.url = f"http://127.0.0.1:{self.port}/score"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def answer(self, request: Request):
+        if self.down:
+            return 500, {}, b""
+        if self.status != 200 and request.path == "/score":
+            return self.status, {"Location": self.location}, b""
+        return json_answer({"rewards": [self.value] * len(request.json.get("answer", [None]))})
 
 
 @pytest.fixture
@@ -115,7 +86,7 @@ def test_userinfo_is_sent_as_basic_auth_and_the_reward_is_named_by_its_host(serv
     assert reward.name == f"127.0.0.1:{server.port}"  # the logged label: no userinfo
     assert reward.spec == f"http://***@127.0.0.1:{server.port}/score?api_key=***"
     assert score_batch([reward], [example()], ["a"]) == {f"127.0.0.1:{server.port}": [2.0]}
-    method, path, headers = server.requests[0]
+    method, path, headers = server.requests[0].method, server.requests[0].path, server.requests[0].headers
     assert method == "POST" and path == f"/score?api_key={KEY}"  # the key goes to the service, as configured
     assert headers["Authorization"] == "Basic " + base64.b64encode(f"bob:{SECRET}".encode()).decode()
     assert SECRET not in describe([reward], "sum") and KEY not in describe([reward], "sum")
@@ -128,7 +99,7 @@ def test_headers_take_secrets_from_the_environment_at_each_call(service, monkeyp
     score_batch([reward], [example()], ["a"])
     monkeypatch.setenv("VLMRL_TEST_TOKEN", "rotated")
     score_batch([reward], [example()], ["a"])
-    assert [(h["Authorization"], h["X-Run"]) for _, _, h in server.requests] == [("Bearer first", "a"),
+    assert [(h["Authorization"], h["X-Run"]) for h in (r.headers for r in server.requests)] == [("Bearer first", "a"),
                                                                                 ("Bearer rotated", "a")]
     monkeypatch.delenv("VLMRL_TEST_TOKEN")
     with pytest.raises(VlmrlError, match=r"names \$\{VLMRL_TEST_TOKEN\}, and the environment variable VLMRL_TEST_TOKEN "
@@ -186,7 +157,7 @@ def test_a_run_shows_and_saves_no_secret_and_resumes_with_the_config_that_holds_
                                                    if p.is_file() and p.suffix in (".yaml", ".jsonl", ".json", ".html")]
     assert f"127.0.0.1:{server.port}/score" in out.out  # the preflight's rewards line, redacted
     assert not [text[:80] for text in shown if SECRET in text or KEY in text]
-    assert all(headers["Authorization"].startswith("Basic ") for _, _, headers in server.requests)
+    assert all(r.headers["Authorization"].startswith("Basic ") for r in server.requests)
 
 
 # --------------------------------------------------------------------------- deadline and redirects
@@ -251,7 +222,7 @@ def test_a_redirect_to_another_origin_is_not_followed(service):
 def test_a_same_origin_redirect_keeps_the_post_or_is_refused(service):
     moved = service(value=5.0, status=308, location="/v2")
     assert score_batch([resolve(moved.url)], [example()], ["a"]) == {f"127.0.0.1:{moved.port}": [5.0]}
-    assert [(m, p) for m, p, _ in moved.requests] == [("POST", "/score"), ("POST", "/v2")]
+    assert [(r.method, r.path) for r in moved.requests] == [("POST", "/score"), ("POST", "/v2")]
     found = service(status=302, location="/v2")
     with pytest.raises(RewardError, match=r"answered HTTP 302 redirecting to http://127.0.0.1:\d+/v2, which would turn "
                                           r"the POST into a GET; not followed"):

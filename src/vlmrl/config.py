@@ -25,6 +25,7 @@ from vlmrl.fields import (Naming, Range, StrictLoader, all_keys, build, check_ra
                           path_field, ranged, read_text, shown)  # (also public names of this module)
 from vlmrl.imports import resolve_file
 from vlmrl.rewards.http import check_settings, is_url, saved_settings
+from vlmrl.rewards.judge import check_judge, is_judge, saved_judge
 from vlmrl.urls import redact
 
 TOOL_IMAGE_SIDES = (28, 1024)
@@ -240,11 +241,12 @@ class RewardConfig:
     name: str = ""
     """A built-in reward (accuracy, math, number, choice, exact, iou, edit_similarity, format, length),
     `task` (the task's own score), `package.module:function`, `path/to/file.py:function` (relative to
-    the config file's folder) or an `http(s)://` reward service."""
+    the config file's folder), an `http(s)://` reward service or `judge` (a chat model grades each completion)."""
     weight: float = ranged(1.0, REWARD_WEIGHT)
     """Its weight in the total reward (0: logged, not trained on)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments bound to the function (for a service: timeout_s, retries, backoff_s, headers)."""
+    """Keyword arguments bound to the function (for a service: timeout_s, retries, backoff_s, headers; for
+    `judge`: its settings, docs/rewards.md)."""
     label: str = ""
     """The name it is logged under (reward/<label>); default: the built-in's or the function's name."""
     timeout_s: float | None = None
@@ -261,9 +263,12 @@ class RewardConfig:
                     at_most(f"reward {redact(self.name)}: timeout_s", self.timeout_s, MAX_REWARD_TIMEOUT_S))
         if is_url(self.name):  # a service's settings are checked here, when the config is read
             check_settings(self.name, self.kwargs)
+        if is_judge(self.name):  # and a judge's
+            check_judge(self.kwargs)
 
     def __repr__(self) -> str:  # a service's URL and header secrets redacted (a notebook, an error line)
-        kwargs = saved_settings(self.kwargs) if is_url(self.name) else self.kwargs
+        kwargs = (saved_settings(self.kwargs) if is_url(self.name) else saved_judge(self.kwargs) if is_judge(self.name)
+                  else self.kwargs)
         return (f"RewardConfig(name={redact(self.name) if is_url(self.name) else self.name!r}, weight={self.weight!r}, "
                 f"kwargs={kwargs!r}, label={self.label!r}, timeout_s={self.timeout_s!r})")
 
@@ -906,6 +911,8 @@ def saved_dict(config) -> dict[str, Any]:
         if isinstance(entry, dict) and is_url(entry.get("name")):
             entry["name"] = redact(entry["name"])
             entry["kwargs"] = saved_settings(entry.get("kwargs") or {})
+        if isinstance(entry, dict) and is_judge(entry.get("name")):  # its URL in its kwargs
+            entry["kwargs"] = saved_judge(entry.get("kwargs") or {})
     return data
 
 

@@ -62,7 +62,7 @@ class ServiceDown(VlmrlError):
     """The reward service gave no usable answer after every retry (or an answer it may not give)."""
 
 
-class _Refused(Exception):
+class Refused(Exception):  # noqa: N818 - a refusal, not an error of the caller
     """An answer that another try would not change (a redirect elsewhere): not retried."""
 
 
@@ -71,13 +71,13 @@ def is_url(spec: str) -> bool:
     return isinstance(spec, str) and spec.startswith(("http://", "https://"))
 
 
-def check_settings(url: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The service's settings with their defaults, each checked (a one-line VlmrlError naming the
-    setting): timeout_s a number in (0, MAX_TIMEOUT_S], retries an integer in [0, MAX_RETRIES],
+def check_settings(url: str, settings: Mapping[str, Any], what: str = "reward service") -> dict[str, Any]:
+    """The service's settings with their defaults, each checked (a one-line VlmrlError naming `what`
+    and the setting): timeout_s a number in (0, MAX_TIMEOUT_S], retries an integer in [0, MAX_RETRIES],
     backoff_s a number in [0, MAX_BACKOFF_S], headers a mapping of names to texts; and the URL itself:
     a host, no credential saved redacted (a run's config.yaml), not both a userinfo and an
     `Authorization` header."""
-    where = f"reward service {redact(url)}"
+    where = f"{what} {redact(url)}"
     parts = urllib.parse.urlsplit(url)
     try:
         has_host = bool(parts.hostname)
@@ -133,7 +133,7 @@ def saved_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
                                     for name, value in headers.items()}}
 
 
-def _expanded(headers: Mapping[str, str], where: str) -> dict[str, str]:
+def expanded(headers: Mapping[str, str], where: str) -> dict[str, str]:
     """The headers with each `${NAME}` replaced by the environment variable NAME (a one-line
     VlmrlError naming the variable when it is not set, or a value saved as ***)."""
     def value_of(match: re.Match) -> str:
@@ -204,8 +204,9 @@ def _exchange(url: str, body: bytes, headers: Mapping[str, str], deadline: float
     return outcome["answer"]
 
 
-def _post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> list:
-    """The rewards of one call, redirects handled as the module's docstring says."""
+def post_json(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Any:
+    """The JSON answer of one POST, redirects handled as the module's docstring says (a refusal is
+    `Refused`; a failed call an OSError, ValueError or HTTPException, which another try may mend)."""
     deadline = time.monotonic() + timeout_s
     target = url
     for _ in range(MAX_REDIRECTS + 1):
@@ -213,10 +214,10 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -
         if status in (301, 302, 303, 307, 308):
             moved = urllib.parse.urljoin(target, location or "")
             if not location or _origin(urllib.parse.urlsplit(moved)) != _origin(urllib.parse.urlsplit(url)):
-                raise _Refused(f"answered HTTP {status} redirecting to another origin ({redact(moved) or 'none given'}); "
+                raise Refused(f"answered HTTP {status} redirecting to another origin ({redact(moved) or 'none given'}); "
                                "not followed: the rewards must come from the URL configured")
             if status not in (307, 308):
-                raise _Refused(f"answered HTTP {status} redirecting to {redact(moved)}, which would turn the POST "
+                raise Refused(f"answered HTTP {status} redirecting to {redact(moved)}, which would turn the POST "
                                "into a GET; not followed: configure that URL")
             target = moved
             continue
@@ -224,42 +225,56 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -
             raise OSError(f"HTTP Error {status}: {reason}")
         if len(data) > MAX_ANSWER_BYTES:
             raise ValueError(f"the answer is larger than {MAX_ANSWER_BYTES // 2 ** 20} MiB")
-        answer = json.loads(data.decode("utf-8"))
-        values = answer.get("rewards") if isinstance(answer, dict) else answer
-        if not isinstance(values, list):
-            raise ValueError(f"the answer holds no list of rewards: {str(answer)[:120]}")
-        return values
-    raise _Refused(f"redirected more than {MAX_REDIRECTS} times")
+        return json.loads(data.decode("utf-8"))
+    raise Refused(f"redirected more than {MAX_REDIRECTS} times")
+
+
+def _post(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> list:
+    """The rewards of one call."""
+    answer = post_json(url, body, headers, timeout_s)
+    values = answer.get("rewards") if isinstance(answer, dict) else answer
+    if not isinstance(values, list):
+        raise ValueError(f"the answer holds no list of rewards: {str(answer)[:120]}")
+    return values
+
+
+def with_retries(where: str, call: Callable[[], Any], options: Mapping[str, Any],
+                 stop: threading.Event | None = None) -> Any:
+    """`call()`'s answer, tried again after a failed call as the module's docstring says (`options`:
+    check_settings's); ServiceDown at once on a refusal, or once every try failed, or when `stop` is
+    set while it waits to try again (another call of the batch failed: no use going on)."""
+    retries, wait, last = options["retries"], options["backoff_s"], ""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except Refused as refusal:
+            raise ServiceDown(f"{where}: {refusal}") from None
+        except (OSError, ValueError, http.client.HTTPException) as error:  # timeouts are OSErrors too
+            last = redact_error(error)
+        if attempt < retries and stop is not None and stop.wait(wait):
+            raise ServiceDown(f"{where}: stopped after {attempt + 1} tries, another call failed; last: {last}")
+        if attempt < retries and stop is None:
+            time.sleep(wait)
+        wait = min(2 * wait, MAX_BACKOFF_S)
+    raise ServiceDown(f"{where} failed {retries + 1} times (timeout {options['timeout_s']:g} s); last: {last}")
 
 
 def http_reward(url: str, settings: Mapping[str, Any]) -> Callable[..., list]:
     """The batched reward function of the service at `url`; `settings`: timeout_s, retries, backoff_s,
     headers (check_settings). Its name is the URL redacted."""
     options = check_settings(url, settings)
-    timeout_s, retries, backoff_s = options["timeout_s"], options["retries"], options["backoff_s"]
     where = f"reward service {redact(url)}"
     target, basic = split_userinfo(url)
     fixed = {"Content-Type": "application/json", "Accept": "application/json",
              **({"Authorization": basic} if basic else {})}
-    _expanded(options["headers"], where)  # a variable that is not set: refused now, before any model loads
+    expanded(options["headers"], where)  # a variable that is not set: refused now, before any model loads
 
     def service(**batch) -> list:
         payload = {k: [_json_value(v) for v in values] for k, values in batch.items()
                    if k in SENT or k not in NOT_COLUMNS}
         body = json.dumps(payload, default=lambda _: None).encode("utf-8")
-        headers = {**fixed, **_expanded(options["headers"], where)}  # read at each call: a rotated token is used
-        wait, last = backoff_s, ""
-        for attempt in range(retries + 1):
-            try:
-                return _post(target, body, headers, timeout_s)
-            except _Refused as refusal:
-                raise ServiceDown(f"{where}: {refusal}") from None
-            except (OSError, ValueError, http.client.HTTPException) as error:  # timeouts are OSErrors too
-                last = redact_error(error)
-            if attempt < retries:
-                time.sleep(wait)
-                wait = min(2 * wait, MAX_BACKOFF_S)
-        raise ServiceDown(f"{where} failed {retries + 1} times (timeout {timeout_s:g} s); last: {last}")
+        headers = {**fixed, **expanded(options["headers"], where)}  # read at each call: a rotated token is used
+        return with_retries(where, lambda: _post(target, body, headers, options["timeout_s"]), options)
 
     service.__name__ = redact(url)
     return service

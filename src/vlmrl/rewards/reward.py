@@ -2,7 +2,8 @@
 
 `build_rewards(entries, task)` turns the `rewards` list of the config into `Reward`s: a built-in by
 name (builtin.py), `task` (the task's own `score()`, through `task_reward`), `package.module:function`
-or `path/to/file.py:function` (imports.py), or an `http(s)://` reward service (http.py). An empty list
+or `path/to/file.py:function` (imports.py), an `http(s)://` reward service (http.py), or `judge`: a
+chat model that grades each completion (judge.py). An empty list
 is `[task]`: the task's own score, as before there was a list. Every function is then called the way
 TRL calls its reward functions (score.py): once per batch, with the keywords of PASSED and every
 column of the data, each a list with one item per completion, and gives back one value per completion.
@@ -27,6 +28,7 @@ from vlmrl.imports import is_import_spec
 from vlmrl.rewards.builtin import BUILTIN, completion_text
 from vlmrl.rewards.contain import TIMEOUT_S, contained
 from vlmrl.rewards.http import http_reward, is_url
+from vlmrl.rewards.judge import JUDGE, is_judge, judge_reward
 from vlmrl.urls import host, redact
 
 PASSED = ("prompts", "completions", "completion_ids", "answer", "images", "examples", "trajectories")
@@ -98,9 +100,9 @@ def _function(spec: str, task, timeout_s: float | None) -> tuple[str, Callable[.
         return spec, BUILTIN[spec]
     if is_import_spec(spec):
         return contained(spec, timeout_s or TIMEOUT_S)
-    close = closest(spec, [*BUILTIN, TASK])
+    close = closest(spec, [*BUILTIN, TASK, JUDGE])
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    raise VlmrlError(f"unknown reward {spec!r}; {hint}built-in: {', '.join([*BUILTIN, TASK])}; or your own as "
+    raise VlmrlError(f"unknown reward {spec!r}; {hint}built-in: {', '.join([*BUILTIN, TASK, JUDGE])}; or your own as "
                      "package.module:function, path/to/file.py:function or an http(s):// URL")
 
 
@@ -110,10 +112,13 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
     bound to it, the name it is logged under (default: the built-in's or the function's) and the time
     limit of a function of your own (None: contain.TIMEOUT_S)."""
     kwargs = dict(kwargs or {})
-    if is_url(spec) and timeout_s is not None:
+    if (is_url(spec) or is_judge(spec)) and timeout_s is not None:
         _function(spec, task, timeout_s)  # refused: a service's time limit is in its kwargs
     if is_url(spec):  # a service, logged under its host (never its userinfo), shown redacted; kwargs: its settings
         return Reward(label or host(spec), http_reward(spec, kwargs), weight, None, (), redact(spec))
+    if is_judge(spec):  # kwargs: its settings (judge.py); shown with its URL redacted
+        fn, takes = judge_reward(kwargs)
+        return Reward(label or JUDGE, fn, weight, takes, (), f"judge {redact(kwargs['url'])}")
     name, fn = _function(spec, task, timeout_s)
     takes, needs = _signature(fn, spec)
     unknown = sorted(set(kwargs) - takes) if takes is not None else []
