@@ -21,6 +21,7 @@ from PIL import Image
 from vlmrl.errors import VlmrlError
 from vlmrl.tools import ToolCall, ToolContext, ToolLimits, resolve_tools, run_tool
 from vlmrl.tools import detect_tool, model_tools
+from vlmrl.tools.cache import AnswerCache, counts_of
 from vlmrl.tools.image_tools import fit_side
 from vlmrl.tools.detect_tool import DetectTool, select
 from vlmrl.tools.model_tools import original_boxes, tool_model_folder
@@ -215,6 +216,13 @@ def test_the_cache_equals_no_cache_and_computes_a_repeated_call_once(detector_di
         assert a[0] == b[0] and a[1].tobytes() == b[1].tobytes()
     assert (cached.calls, cached.cache_hits) == (5, 2) and (uncached.calls, uncached.cache_hits) == (5, 0)
     assert len(forwards) == 3 + 5
+    # the one answer cache of every tool (tools/cache.py): the rollout reads its counters, a caller draws on its copy
+    assert isinstance(cached.answer_cache, AnswerCache) and len(cached.answer_cache.entries) == 3
+    assert counts_of(cached) == (5, 3) and counts_of(uncached) == (5, 5)
+    context = ToolContext([images[0]])
+    first = cached(context, "cat", None)
+    first[1].paste((255, 255, 255), (0, 0, *first[1].size))
+    assert cached(context, "cat", None)[1].tobytes() == uncached(context, "cat", None)[1].tobytes()
 
 
 def test_one_batched_forward_equals_one_image_at_a_time(detector_dir):

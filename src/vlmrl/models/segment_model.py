@@ -33,7 +33,7 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.models.tool_models import freed_on_oom
-from vlmrl.tools.model_tools import image_key
+from vlmrl.tools.cache import image_key
 
 TINY_IMAGE = 64
 """Side of the tiny SAM's square input (8 x 8 patches of 8; its masks are 32 x 32)."""

@@ -14,8 +14,8 @@ that raises raises again.
 
 `calls` counts the calls, `computed` the answers computed (by `answer`, or by the owner and handed to `store`,
 as a batched prefetch does); `calls - computed` were answered from the cache. The tool rollout reads the two
-counters of every cached tool by those names (`counts_of`), a ModelTool's own or a function's `answer_cache`,
-and logs `tools/<name>/calls` and `tools/<name>/cache_hit_rate` per step. No torch here.
+counters of every cached tool's `answer_cache` (`counts_of`: find_objects', measure's, every ModelTool's), and
+logs `tools/<name>/calls` and `tools/<name>/cache_hit_rate` per step. No torch here.
 """
 
 from __future__ import annotations
@@ -117,10 +117,7 @@ class AnswerCache:
 
 
 def counts_of(tool: Any) -> tuple[int, int] | None:
-    """(calls, computed) so far of a cached tool: the tool's own counters (a ModelTool's), or those of its
-    `answer_cache` (find_objects, measure); None for a tool that keeps no cache."""
-    for owner in (tool, getattr(tool, "answer_cache", None)):
-        calls, computed = getattr(owner, "calls", None), getattr(owner, "computed", None)
-        if isinstance(calls, int) and isinstance(computed, int) and not isinstance(calls, bool):
-            return calls, computed
-    return None
+    """(calls, computed) so far of a cached tool, read from its `answer_cache` (find_objects, measure, every
+    ModelTool); None for a tool that keeps no cache."""
+    cache = getattr(tool, "answer_cache", None)
+    return (cache.calls, cache.computed) if isinstance(cache, AnswerCache) else None

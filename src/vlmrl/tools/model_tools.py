@@ -22,10 +22,11 @@ arguments, ValueError for a bad one, and returns a `Prepared` call, made by `Mod
 The base holds the rest:
 
 Repeated calls: the G completions of a group often ask the same thing of the same image, so each
-ModelTool keeps the last CACHE_SIZE answers keyed by (the image's content, the arguments): a repeated
-call within a step is computed once (`cache_hits` counts them). And the calls of one turn (one per
+ModelTool keeps the last CACHE_SIZE answers in an `AnswerCache` (cache.py, the one find_objects and measure
+use) keyed by (the image's content, the arguments): a repeated call within a step is computed once
+(`cache_hits` counts them; the rollout logs each tool's hit rate). And the calls of one turn (one per
 trajectory still going) are computed together: the rollout hands them to `ModelTool.prefetch`, which
-runs the ones not cached in one forward (up to MAX_BATCH calls: the runner's `run(crops, args)`) and caches
+runs the ones not cached in one forward (up to MAX_BATCH calls: the runner's `run(crops, args)`) and stores
 them, before each call is run as usual, from the cache. A bad argument raises ValueError, which `run_tool`
 makes a "bad_arguments" error turn; a model that raises or runs out of memory is a "raised" error turn
 (call_tool), never a crash.
@@ -33,12 +34,10 @@ makes a "bad_arguments" error turn; a model that raises or runs out of memory is
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 import importlib
 import inspect
 import json
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,6 +46,7 @@ import numpy as np
 from PIL import Image
 
 from vlmrl.errors import VlmrlError
+from vlmrl.tools.cache import AnswerCache, image_key
 from vlmrl.tools.image_tools import context_image, pixel_box
 
 MODEL_CODE = "vlmrl.models.tool_models"
@@ -138,11 +138,6 @@ def original_boxes(corners: np.ndarray, width: int, height: int, padded_square: 
     return np.clip(boxes, 0.0, np.array([width, height, width, height], np.float64))
 
 
-def image_key(image: Image.Image) -> tuple:
-    """What identifies an image's content: its mode, size and a digest of its pixels (a millisecond at 448 px)."""
-    return image.mode, image.size, hashlib.blake2b(image.tobytes(), digest_size=16).hexdigest()
-
-
 _LOADED: dict[tuple[str, str, str | None], Any] = {}
 """The models this process has loaded, by (tool name, folder, device): each loads once per process."""
 
@@ -197,17 +192,29 @@ class ModelTool(ABC):
         self.device: str | None = None
         """Where the model runs: the policy's device, set by the tool rollout before the first call (None: the
         current CUDA device, else the CPU)."""
-        self.cache: OrderedDict[tuple, tuple[str, Image.Image]] = OrderedDict()
-        self.calls = self.computed = self.forwards = 0
+        self.answer_cache = AnswerCache(cache_size)
+        """The last `cache_size` answers, [text, overlay], by `Prepared.key`; it counts the calls and the answers
+        computed."""
+        self.forwards = 0
         self.__signature__ = inspect.signature(self.prepare)  # the tool's signature, as run_tool checks it
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.folder)!r})"
 
     @property
+    def calls(self) -> int:
+        """Calls made (`__call__`), answered from the cache or computed."""
+        return self.answer_cache.calls
+
+    @property
+    def computed(self) -> int:
+        """Answers computed (by a call, or by `prefetch` for the calls that follow)."""
+        return self.answer_cache.computed
+
+    @property
     def cache_hits(self) -> int:
         """Calls answered without computing anything of their own (repeats of a call already computed)."""
-        return self.calls - self.computed
+        return self.answer_cache.cache_hits
 
     @abstractmethod
     def prepare(self, context: Any) -> Prepared:
@@ -227,32 +234,19 @@ class ModelTool(ABC):
         key = (image_key(original), args, where, image, context.max_side)
         return Prepared(key, original, where, image, args, context.max_side)
 
-    def _compute(self, calls: list[Prepared]) -> list[tuple[str, Image.Image]]:
-        """The (text, overlay) of each of `calls`, computed in one forward of the model, and kept in the cache."""
+    def _compute(self, calls: list[Prepared]) -> list[list]:
+        """The [text, overlay] of each of `calls`, computed in one forward of the model (neither kept nor counted:
+        the callers do)."""
         crops = [call.original.crop(call.where).convert("RGB") for call in calls]
         outputs = loaded_model(self.name, self.folder, self.device).run(crops, [call.args for call in calls])
         self.forwards += 1
-        answers = []
-        for call, output in zip(calls, outputs):
-            answers.append(self.answer(call, output))
-            self.computed += 1
-            if self.cache_size > 0:
-                self.cache[call.key] = answers[-1]
-                if len(self.cache) > self.cache_size:
-                    self.cache.popitem(last=False)
-        return answers
+        return [list(self.answer(call, output)) for call, output in zip(calls, outputs)]
 
     def __call__(self, context: Any, /, *args: Any, **arguments: Any) -> list:
-        """[text, overlay image] of the call `prepare(context, ...)` makes; ValueError or TypeError for a bad
-        argument."""
-        call = self.prepare(context, *args, **arguments)
-        self.calls += 1
-        if call.key in self.cache:
-            self.cache.move_to_end(call.key)
-            text, overlay = self.cache[call.key]
-        else:
-            [(text, overlay)] = self._compute([call])
-        return [text, overlay.copy()]
+        """[text, overlay image] of the call `prepare(context, ...)` makes, from the cache or computed (the overlay
+        the caller's own copy); ValueError or TypeError for a bad argument."""
+        prepared = self.prepare(context, *args, **arguments)
+        return self.answer_cache.answer(prepared.key, lambda: self._compute([prepared])[0])
 
     def prefetch(self, calls: list[tuple[Any, dict]]) -> None:
         """Compute the (context, arguments) `calls` not yet cached in one forward per MAX_BATCH, so that the calls
@@ -265,11 +259,14 @@ class ModelTool(ABC):
                 call = self.prepare(context, **arguments)
             except (TypeError, ValueError):
                 continue
-            if call.key not in self.cache:
+            if call.key not in self.answer_cache:
                 pending.setdefault(call.key, call)
         waiting = list(pending.values())[:self.cache_size]  # more would push the first out before their calls
         for start in range(0, len(waiting) if self.cache_size > 0 else 0, MAX_BATCH):
+            batch = waiting[start:start + MAX_BATCH]
             try:
-                self._compute(waiting[start:start + MAX_BATCH])
+                answers = self._compute(batch)
             except Exception:  # noqa: BLE001 - the call itself turns it into an error turn
                 return
+            for call, answer in zip(batch, answers):
+                self.answer_cache.store(call.key, answer)
