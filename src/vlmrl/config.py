@@ -370,12 +370,13 @@ class RolloutConfig(GenerationSettings):
     tools: list[str] = field(default_factory=list)
     """Tools the model may call during a rollout: built-in zoom (alias crop), zoom_window, frames,
     find_objects and measure (OpenCV: regions by colour and shape, their boxes, areas, distances), the model
-    tools detect, segment and keypoints (their models named in tool_models), or your own function
+    tools detect, segment, depth and keypoints (their models named in tool_models), or your own function
     as `package.module:function` (see vlmrl/tools/registry.py). [] = single-turn rollouts."""
     tool_models: dict[str, str] = field(default_factory=dict)
     """Model tools' checkpoints: {detect: PATH} makes `detect` (open-vocabulary detection: OWLv2, OWL-ViT,
-    Grounding DINO), {segment: PATH} `segment` (SAM, SAM-HQ masks), {keypoints: PATH} `keypoints` (ViTPose body
-    keypoints, SuperPoint interest points) a tool rollout.tools may name. PATH is a local folder or a hub id already in the local hub cache (never
+    Grounding DINO), {segment: PATH} `segment` (SAM, SAM-HQ masks), {depth: PATH} `depth` (Depth Anything, DPT
+    relative depth), {keypoints: PATH} `keypoints` (ViTPose body keypoints, SuperPoint interest points) a tool
+    rollout.tools may name. PATH is a local folder or a hub id already in the local hub cache (never
     downloaded); checked before step 1, loaded once per process at the first call, on the run's device
     (docs/tools.md, "Model tools"). `vlmrl tiny-model OUT --tool NAME` builds a tiny one."""
     max_turns: int = 4
