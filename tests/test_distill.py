@@ -84,7 +84,7 @@ def test_a_resumed_distillation_run_matches_an_uninterrupted_one(tmp_path, tiny_
     common = ["train.steps=2", "train.save_every=1", f"algorithm.teacher={other_seed_dir}", "algorithm.beta=0.05",
               "algorithm.updates_per_batch=2", "algorithm.distill_weight=0.5"]
     straight = train(config_for(tmp_path / "a", tiny_model_dir, *common))
-    interrupted = train(config_for(tmp_path / "b", tiny_model_dir, *common))
+    interrupted = Path(shutil.copytree(straight, tmp_path / "b" / "run"))  # the same run, not run again
     shutil.rmtree(interrupted / "checkpoints" / "step_000002")  # interrupted after step 1
     shutil.rmtree(interrupted / "final")
     resumed = train(config_for(tmp_path / "b", tiny_model_dir, *common, "resume=true"))

@@ -11,6 +11,7 @@ in the preflight, in one line.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,7 +72,7 @@ def test_sft_then_grpo_then_an_exact_resume(arch, tiny_model_factory, tmp_path, 
     warm = sft(run_config(tmp_path, tiny_model_factory(arch), "sft", "train.steps=2")) / "final"
     common = ["train.steps=2", "train.save_every=1", "algorithm.beta=0.05"]
     straight = train(run_config(tmp_path, warm, "a", *common))
-    interrupted = train(run_config(tmp_path, warm, "b", *common))
+    interrupted = Path(shutil.copytree(straight, tmp_path / "b"))  # the same run (as launching.py's resume tests)
     shutil.rmtree(interrupted / "checkpoints" / "step_000002")  # as if stopped after step 1
     shutil.rmtree(interrupted / "final")
     resumed = train(run_config(tmp_path, warm, "b", *common, "resume=true"))

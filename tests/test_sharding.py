@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launching import (CLI, LR, assert_same_statistics, assert_same_weights, final_weights, launcher, run_ok,
-                       same_lora_runs, stopped_at_2_and_resumed, two_process_overrides)
+from launching import (CLI, LR, assert_same_statistics, assert_same_weights, final_weights, launcher, run_here,
+                       run_ok, same_lora_runs, stopped_at_2_and_resumed, two_process_overrides)
 from vlmrl.report.tracking import read_metrics
 
 ROOT = Path(__file__).parent.parent
@@ -23,7 +23,7 @@ def test_two_fsdp2_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
     and a checkpoint after each step: loss, KL and grad norm per step (launching.assert_same_statistics),
     the weights after 2 steps (assert_same_weights), and each process held half of every parameter."""
     more = ("train.steps=2", "train.save_every=1", "eval.every=2", "eval.n=4")
-    run_ok(CLI, two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
+    run_here(two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
     stdout = run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "two", *more))
     assert stdout.startswith("preflight: processes: 2, strategy: FSDP2, backend: gloo\n"), stdout[:300]
     one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
@@ -226,7 +226,7 @@ def test_distillation_under_two_fsdp2_processes_makes_the_same_steps_as_one(tmp_
 
     teacher = str(build_tiny_model(tmp_path / "teacher", size="tiny", seed=1))  # same tokenizer, other weights
     more = ("train.steps=2", f"algorithm.teacher={teacher}", "algorithm.distill_weight=1.0", "eval.every=2", "eval.n=4")
-    run_ok(CLI, two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
+    run_here(two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
     run_ok(FSDP2, two_process_overrides(tiny_model_dir, tmp_path / "two", *more))
     (start_one, *one), (start_two, *two) = (read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two"))
     assert start_one == start_two and start_one["step"] == 0  # the teacher's held-out scores, gathered from its shards

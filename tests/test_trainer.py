@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
-from launching import CLI, LR, assert_same_statistics, assert_same_weights, launcher, run_all_or_kill
+from launching import LR, assert_same_statistics, assert_same_weights, launcher, run_all_or_kill, run_here
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import read_metrics
@@ -93,7 +93,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, tiny_model_dir, letter_ta
     common = ["train.steps=4", "train.save_every=2", "algorithm.beta=0.05", "algorithm.ref_refresh_steps=3",
               "train.schedule=cosine", "train.warmup_steps=1", "algorithm.updates_per_batch=2"]
     straight = train(_config(tmp_path / "a", tiny_model_dir, *common))
-    interrupted = train(_config(tmp_path / "b", tiny_model_dir, *common))
+    interrupted = Path(shutil.copytree(straight, tmp_path / "b" / "run"))  # the same run, not run again
     # Simulate an interruption after step 2: the later checkpoint, final model and log lines vanish.
     shutil.rmtree(interrupted / "checkpoints" / "step_000004")
     shutil.rmtree(interrupted / "final")
@@ -161,10 +161,10 @@ def test_two_processes_make_the_same_update_as_one(tmp_path, tiny_model_dir):
     two = tmp_path / "two"
     two_processes = launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                              "--dynamo_backend", "no")
-    for command, out in ((CLI, one), (two_processes, two)):
-        returncode, stdout, stderr = run_all_or_kill(command + ["train"] + overrides + [f"output_dir={out}"],
-                                                     timeout=300)
-        assert returncode == 0, stderr[-3000:]
+    run_here(["train"] + overrides + [f"output_dir={one}"])
+    returncode, stdout, stderr = run_all_or_kill(two_processes + ["train"] + overrides + [f"output_dir={two}"],
+                                                 timeout=300)
+    assert returncode == 0, stderr[-3000:]
     assert "preflight: processes: 2, strategy: DDP, backend: gloo\n" in stdout
     a, b = _params(one / "final"), _params(two / "final")
     base = _params(Path(tiny_model_dir))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launching import (CLI, assert_same_statistics, assert_same_weights, final_weights, launcher, run_ok,
-                       same_lora_runs, stopped_at_2_and_resumed, two_process_overrides)
+from launching import (CLI, assert_same_statistics, assert_same_weights, final_weights, launcher, run_here,
+                       run_ok, same_lora_runs, stopped_at_2_and_resumed, two_process_overrides)
 from vlmrl.report.tracking import read_metrics
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra: pip install 'vlmrl[deepspeed]'")
@@ -35,7 +35,7 @@ def test_two_zero3_processes_make_the_same_steps_as_one(tmp_path, tiny_model_dir
     the main process alone (the other waits: no collective inside), a checkpoint after each step:
     loss, KL and grad norm per step (launching.assert_same_statistics), the weights after 2 steps (assert_same_weights)."""
     more = ("train.steps=2", "train.save_every=1", "eval.every=2", "eval.n=4")
-    run_ok(CLI, _overrides(tiny_model_dir, tmp_path / "one", *more))
+    run_here(_overrides(tiny_model_dir, tmp_path / "one", *more))
     stdout = run_ok(ZERO3, _overrides(tiny_model_dir, tmp_path / "two", *more), QUIET)
     assert stdout.startswith("preflight: processes: 2, strategy: ZeRO-3, backend: gloo\n"), stdout[:300]
     one, two = read_metrics(tmp_path / "one" / "metrics.jsonl"), read_metrics(tmp_path / "two" / "metrics.jsonl")
