@@ -134,9 +134,9 @@ class GroupSampler:
         else:
             used, examples = self.rows.draw(indices)
             if self.encodes:
-                limit = self.session.config.rollout.max_prompt_length
+                processor, limit = self.session.processor, self.session.config.rollout.max_prompt_length
                 try:
-                    examples = Encoded(examples, encode_prompts(self.session.processor, examples, torch.device("cpu"), limit))
+                    examples = Encoded(examples, encode_prompts(processor, examples, torch.device("cpu"), limit))
                 except Exception:  # noqa: BLE001 - a bad row: generation encodes them again and meets it (bad_rows.py)
                     pass
         self.seconds["data"] += time.perf_counter() - started
