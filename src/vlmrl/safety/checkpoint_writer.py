@@ -23,7 +23,7 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.failure: BaseException | None = None
-        self.seconds = 0.0  # the last finished write's wall time, on the thread
+        self.seconds: float | None = None  # a finished write's wall time on the thread, until `take_seconds`
 
     def start(self, write: Callable[[], object]) -> None:
         """Wait for the checkpoint being written (raising its failure), then run `write()` on a new
@@ -39,6 +39,13 @@ class CheckpointWriter:
         except BaseException as error:  # noqa: BLE001 - raised in the trainer (`check`, `wait`)
             self.failure = error
         self.seconds = time.perf_counter() - started
+
+    def take_seconds(self) -> float | None:
+        """The wall time of the last write, once it has finished (then None until the next one's)."""
+        if self.busy:
+            return None
+        seconds, self.seconds = self.seconds, None
+        return seconds
 
     @property
     def busy(self) -> bool:

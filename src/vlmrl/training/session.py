@@ -18,7 +18,8 @@ writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) f
 anything in it is read until `close()`: a second trainer started in it is refused. With
 `train.background_checkpoints` a checkpoint is copied to host memory at the step's end and written
 on a thread while training goes on (checkpoint_writer.py); `time/checkpoint` in the next step's
-metrics is what the save of the step before kept on the step's path.
+metrics is what the save of the step before kept on the step's path, `time/checkpoint_write` (in the
+first row after it finished) the write's time on its thread, hidden.
 """
 
 from __future__ import annotations
@@ -313,9 +314,12 @@ class TrainingSession:
             self.save(steps_done, cursor)
 
     def take_save_seconds(self) -> dict[str, float]:
-        """{"time/checkpoint": the last save's seconds on the step's path} once after a save, else {}."""
+        """{"time/checkpoint": the last save's seconds on the step's path} once after a save, and
+        {"time/checkpoint_write": a background write's seconds on its thread} once after it finished."""
         seconds, self.save_seconds = self.save_seconds, 0.0
-        return {"time/checkpoint": seconds} if seconds else {}
+        written = self.writer.take_seconds() if self.main else None
+        return ({"time/checkpoint": seconds} if seconds else {}) | (
+            {"time/checkpoint_write": written} if written is not None else {})
 
     def save(self, steps_done: int, cursor: int) -> Path:
         """A checkpoint now (all processes call this); returns its folder."""
