@@ -85,6 +85,9 @@ def assert_same(a, b, where: str = "") -> None:
 
 
 def assert_same_checkpoint(a: Path, b: Path) -> None:
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for settings in a.glob("*.json"):
+        assert settings.read_text() == (b / settings.name).read_text(), settings.name
     assert_same(torch.load(a / STATE_FILE, weights_only=True), torch.load(b / STATE_FILE, weights_only=True), a.name)
     for name in ("model.safetensors", "reference.safetensors"):
         assert_same(load_file(a / name), load_file(b / name), f"{a.name}/{name}")
