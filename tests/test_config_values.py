@@ -105,6 +105,8 @@ VALUES: dict[str, list] = {
     "train.logprob_chunk": [-1, 0, 2],
     "train.save_every": [-1, 0, 1],
     "train.keep_checkpoints": [-1, 0, 1],
+    "train.prefetch_batches": [-1, 0, 2],
+    "train.background_checkpoints": [False, True],
     "train.log_rollouts_every": [-1, 0, 1],
     "train.attention_every": [-1, 0, 1],
     "train.trackers": [[], ["tensorboard"], ["tensorbored"]],

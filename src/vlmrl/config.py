@@ -76,6 +76,9 @@ MAX_TOKENS = 2 ** 20
 """Most tokens of a prompt, a completion or a tool trajectory (max_prompt_length, max_new_tokens,
 max_trajectory_tokens): 1,048,576, the longest context of any image-text model; once the model is
 loaded the preflight holds completions to its own context (`context_length`)."""
+MAX_PREFETCH = 64
+"""Most generate calls prepared ahead (train.prefetch_batches): one or two hide the data phase when
+it is shorter than a step's model work; each call ahead holds its images and tensors in memory."""
 MAX_TURNS = 1024
 """Most model turns of a tool trajectory (rollout.max_turns, `vlmrl eval --max-turns`): agentic
 rollouts take a few to a few dozen turns, each one a generate call."""
@@ -630,6 +633,19 @@ class TrainConfig:
     """Completion positions per chunk of the output layer: log-softmax over the vocabulary is taken
     this many positions at a time (and recomputed in backward), so full-vocabulary logits never
     exist for the whole batch. 0 = all logits at once."""
+    prefetch_batches: int = 1
+    """Generate calls whose examples a worker thread makes (images read and decoded) and encodes (the
+    processor) ahead, while the model generates and trains: the same examples and tensors, off the
+    step's path (time/data is what is left on it, time/data_ahead what was hidden). Pays when
+    decoding and encoding take a visible share of a step (many or large images from files); costs
+    the memory of that many calls' images and tensors. 0 = off (each call draws its own)."""
+    background_checkpoints: bool = True
+    """Copy the checkpoint's state (weights, optimizer, RNG, reference copy) to host memory at the
+    step's end and write it on a background thread while training goes on; each is made durable
+    (fsync, then renamed into place) before the next one starts and before the run ends, and a kill
+    while writing leaves the previous one whole. Pays when writing takes long against a step (a
+    large model, a slow disk); costs host memory the size of the copy while it is written.
+    false = write on the step's path."""
     save_every: int = 0
     """Checkpoint every N steps, and after the last step (0 = only after the last step)."""
     keep_checkpoints: int = 2
@@ -651,6 +667,7 @@ class TrainConfig:
     def validate(self) -> None:
         counts = {"warmup_steps": self.warmup_steps, "max_bad_steps": self.max_bad_steps,
                   "logprob_chunk": self.logprob_chunk, "save_every": self.save_every,
+                  "prefetch_batches": self.prefetch_batches,
                   "keep_checkpoints": self.keep_checkpoints, "log_rollouts_every": self.log_rollouts_every,
                   "attention_every": self.attention_every}
         negative = [f"{name}={value}" for name, value in counts.items() if value < 0]
@@ -665,6 +682,7 @@ class TrainConfig:
                  f"train.max_grad_norm must be >= 0 (0 = no clipping); got {self.max_grad_norm}"),
                 (len(self.adam_betas) == 2 and all(math.isfinite(b) and 0 <= b < 1 for b in self.adam_betas),
                  f"train.adam_betas must be two numbers in [0, 1); got {self.adam_betas}"),
+                at_most("train.prefetch_batches", self.prefetch_batches, MAX_PREFETCH),
                 (bool(self.tracker_project.strip()), "train.tracker_project is empty"))
 
 

@@ -29,7 +29,7 @@ from vlmrl.rollout.completions import Completions, pad_right
 from vlmrl.rollout.decode_loop import sample_loop
 from vlmrl.rollout.decoding import decode_kwargs, decode_mode, grouped_decode_attention
 from vlmrl.rollout.prefill import last_prompt_token_is_text, prefill_once
-from vlmrl.rollout.prompts import encode_prompts
+from vlmrl.rollout.prompts import Encoded, encode_prompts
 from vlmrl.rollout.sampling import SampledLogprobs, note_broken_rows, sampling_kwargs
 from vlmrl.tasks import Example
 
@@ -103,11 +103,13 @@ def completion_mask(ids: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tenso
 
 def generation_inputs(model, processor, examples: list[Example], settings: GenerationSettings) -> dict:
     """What `generate` starts from for G rows per example: the prompts' KV cache computed once per
-    example and repeated (when the model supports it), or every prompt repeated G times."""
+    example and repeated (when the model supports it), or every prompt repeated G times. `examples`
+    may come `Encoded` already (prompts.py): the shared prompt is then that encoding, not the processor's again."""
     device = next(model.parameters()).device
     group = settings.group_size
     if settings.share_prompt_cache and group > 1:
-        prompt = encode_prompts(processor, examples, device, settings.max_prompt_length)
+        prompt = ({key: value.to(device) for key, value in examples.prompt.items()} if isinstance(examples, Encoded)
+                  else encode_prompts(processor, examples, device, settings.max_prompt_length))  # (B, P) each
         reason = shared_prefill_unsupported(model) or (
             None if last_prompt_token_is_text(model, processor, prompt) else "a prompt ends with an image token")
         if reason is None:

@@ -99,6 +99,15 @@ class PromptTooLong(ValueError):
     the trainer encodes the batch's examples alone to name the bad row (safety/bad_rows.py)."""
 
 
+class Encoded(list):
+    """Examples whose prompts are already encoded (`encode_prompts` on the CPU, `prompt`): generation
+    uses that encoding instead of running the processor again (training/prefetch.py runs it ahead)."""
+
+    def __init__(self, examples: list[Example], prompt: dict[str, torch.Tensor]):
+        super().__init__(examples)
+        self.prompt = prompt  # the processor's inputs, (B, P) each
+
+
 def encode_prompts(processor, examples: list[Example], device: torch.device,
                    limit: int | None = None) -> dict[str, torch.Tensor]:
     """Processor inputs (input_ids, attention_mask, pixel values, grids...) for a batch of examples,

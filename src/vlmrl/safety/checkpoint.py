@@ -4,8 +4,12 @@
 processor, and `trainer_state.pt`: optimizer, scheduler, RNG states, step and data position. The
 reference copy, when there is one, is saved beside them. `final/` is the trained model alone.
 
-A checkpoint is written into a temporary folder and renamed into place, so a kill while saving
-never leaves a half-written `step_*` folder; the newest `keep` are kept. A disk that fills up while
+A checkpoint is written into a temporary folder, made durable (every file and the folder fsynced)
+and renamed into place, so a kill while saving never leaves a half-written `step_*` folder; the
+newest `keep` are kept. What a checkpoint holds is taken first (`Contents`: `save_checkpoint` reads
+the live model and optimizer while it writes; `host_copy` makes a copy that training may go on
+changing while a background thread writes it: checkpoint_writer.py) and written by
+`write_checkpoint`, the same either way. A disk that fills up while
 saving is one DiskFull error (any other OSError one VlmrlError): the temporary folder is removed,
 the previous checkpoint is left intact, and `resume=true` continues from it once space is freed.
 `check_checkpoint_room` says before step 1 when the run could not write its checkpoints (a
@@ -22,6 +26,7 @@ is keyed by name for FSDP2 and ZeRO-3 (`name_keyed`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -67,6 +72,47 @@ def save_model(folder: Path, model: torch.nn.Module, processor, weights: dict | 
     processor.save_pretrained(folder)
 
 
+@dataclass
+class Contents:
+    """What one checkpoint holds, taken at a step's end: trainer_state.pt's `state`, the model's
+    full state dict `weights` and the reference copy's `reference` (None: the live model's or
+    copy's own, read while writing)."""
+
+    step: int
+    state: dict
+    weights: dict | None = None
+    reference: dict | None = None
+
+
+def trainer_state(step: int, data_position: int, optimizer_state: dict, scheduler, extra: dict | None) -> dict:
+    """trainer_state.pt's contents: `optimizer_state`, the scheduler's, the RNG states as they are
+    now, the step, the data position and `extra`."""
+    return {
+        "step": step,
+        "data_position": data_position,
+        "optimizer": optimizer_state,
+        "scheduler": scheduler.state_dict(),
+        "rng": {"python": random.getstate(), "numpy": _numpy_rng_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "extra": extra or {},
+    }
+
+
+def host_copy(value):
+    """`value` with every tensor copied to the CPU and every container rebuilt (other values deep
+    copied): a checkpoint's state that training may go on changing while it is written."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: host_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [host_copy(item) for item in value]
+    if type(value) is tuple:
+        return tuple(host_copy(item) for item in value)
+    return copy.deepcopy(value)
+
+
 def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, scheduler,
                     data_position: int, reference=None, keep: int = 2, extra: dict | None = None,
                     gathered: Gathered | None = None) -> Path:
@@ -77,6 +123,17 @@ def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, sched
     Whatever stops the writing (a full disk, torch's writer failing, a folder that cannot be
     written) removes the temporary folder and leaves the previous checkpoints as they were; a full
     disk is a DiskFull error, any other OSError a one-line VlmrlError."""
+    state = trainer_state(step, data_position, gathered.optimizer if gathered else optimizer.state_dict(),
+                          scheduler, extra)
+    contents = Contents(step, state, gathered and gathered.weights, gathered and gathered.reference)
+    return write_checkpoint(run_dir, contents, (model, processor, reference), keep)
+
+
+def write_checkpoint(run_dir: Path, contents: Contents, owners: tuple, keep: int) -> Path:
+    """`save_checkpoint`'s writing of `contents`, with `owners` (model, processor, reference or None)
+    saving what they own: checkpoints/step_{step}/ made whole and durable, then old ones pruned."""
+    model, processor, reference = owners
+    step = contents.step
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -88,21 +145,14 @@ def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, sched
         raise VlmrlError(f"cannot save checkpoint step {step}: {taken}; move it away, then rerun with resume=true")
     try:
         with writing(f"checkpoint step {step}", tmp):
-            save_model(tmp, model, processor, gathered and gathered.weights)
-            torch.save({
-                "step": step,
-                "data_position": data_position,
-                "optimizer": gathered.optimizer if gathered else optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": {"python": random.getstate(), "numpy": _numpy_rng_state(),
-                        "torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-                "extra": extra or {},
-            }, tmp / STATE_FILE)
+            save_model(tmp, model, processor, contents.weights)
+            torch.save(contents.state, tmp / STATE_FILE)
             if reference is not None:
-                reference.save(tmp, gathered and gathered.reference)
+                reference.save(tmp, contents.reference)
+            make_durable(tmp)
             _remove(final)
             tmp.rename(final)
+            _sync(root)
     except BaseException as error:
         with contextlib.suppress(OSError):
             _remove(tmp)
@@ -112,6 +162,24 @@ def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, sched
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def make_durable(folder: Path) -> None:
+    """fsync every file under `folder`, then `folder` itself: what is renamed into place after this
+    is on the disk, not only in the page cache, when a power cut or a kill of the machine follows."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            _sync(path)
+    _sync(folder)
+
+
+def _sync(path: Path) -> None:
+    """fsync one file or folder."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def _not_saved(error: DiskFull | OSError, step: int, run_dir: Path, tmp: Path) -> VlmrlError:

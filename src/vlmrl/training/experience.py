@@ -11,7 +11,11 @@ computed over the whole batch of all processes (grpo.group_advantages), then eac
 With `rollout.tools`, each completion is a multi-turn trajectory in which the model calls visual
 tools (tool_rollout.py); the rest of the step is the same. A bad example met mid-run (one the task
 cannot make, whose image the processor refuses, or whose prompt is longer than
-rollout.max_prompt_length) follows the task's on_bad_row (safety/bad_rows.py).
+rollout.max_prompt_length) follows the task's on_bad_row (safety/bad_rows.py). With
+`train.prefetch_batches` > 0 the next calls' examples are made and encoded on a worker thread while
+the model works (prefetch.py): the same examples, the same tensors; `seconds["data"]` is what the
+trainer still spent on them (drawing and encoding itself, or waiting for the worker) and
+`seconds["data_ahead"]` the worker's time on the calls it took, hidden behind the model's.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import torch
 from vlmrl import grpo
 from vlmrl.config import Config
 from vlmrl.errors import VlmrlError
+from vlmrl.models.support import shared_prefill_unsupported
 from vlmrl.rollout.generation import Rollout, generate_groups
+from vlmrl.rollout.prompts import Encoded, encode_prompts
 from vlmrl.rewards.reward import Reward, build_rewards
 from vlmrl.rewards.score import RewardError
 from vlmrl.rollout.scoring import score_completions
@@ -32,6 +38,11 @@ from vlmrl.rollout.tool_rollout import CacheCounts, ToolBox, added_counts, gener
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
+from vlmrl.training.prefetch import Prefetcher
+
+
+STEP_SECONDS = ("data", "generate", "score", "data_ahead")
+"""The wall times a step's experience keeps (`Experience.seconds`)."""
 
 
 @dataclass
@@ -45,7 +56,7 @@ class Experience:
     groups_drawn: int  # groups generated this step, on this process
     groups_with_signal: int  # of those, groups whose rewards were not all equal
     bad_rows_skipped: int = 0  # bad train examples replaced by the next good one this step, on this process
-    seconds: dict[str, float] = field(default_factory=dict)  # "generate", "score": wall time, this process
+    seconds: dict[str, float] = field(default_factory=dict)  # "data", "generate", "score", "data_ahead": wall time, this process
     tool_cache: CacheCounts = field(default_factory=dict)  # cached tool -> (calls, computed) this step, this process
 
 
@@ -83,7 +94,9 @@ class GroupSampler:
     rows: RowGuard
     rewards: list[Reward]  # the run's rewards list resolved (rewards/reward.py)
     toolbox: ToolBox | None = None  # rollout.tools resolved (tool_rollout.py); None: single-turn
-    seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "score": 0.0})
+    prefetcher: Prefetcher | None = None  # train.prefetch_batches > 0: the next calls made ahead (prefetch.py)
+    encodes: bool = False  # whether generation takes the prompts encoded once per group (the shared prefill)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_SECONDS, 0.0))
     replaced: int = 0  # bad examples replaced since the step began
     reward_failure: str | None = None  # the first reward failure of the step (the run stops on it)
     tool_cache: CacheCounts = field(default_factory=dict)  # cached tool -> (calls, computed) since the step began
@@ -91,9 +104,45 @@ class GroupSampler:
     @classmethod
     def for_run(cls, session, task: Task) -> GroupSampler:
         """The sampler of a run, with its tools (early_checks.py refused a bad tool name before loading)."""
-        settings = session.config.rollout
+        settings, depth = session.config.rollout, session.config.train.prefetch_batches
+        encodes = (settings.share_prompt_cache and settings.group_size > 1 and not settings.tools
+                   and shared_prefill_unsupported(session.policy) is None)
+        prefetcher = Prefetcher(task, session.processor, settings.max_prompt_length, encodes, depth) if depth else None
         return cls(session, task, RowGuard(task, session.processor, limit=settings.max_prompt_length),
-                   build_rewards(session.config.rewards, task), ToolBox.from_config(settings) if settings.tools else None)
+                   build_rewards(session.config.rewards, task), ToolBox.from_config(settings) if settings.tools else None,
+                   prefetcher, encodes)
+
+    def close(self) -> None:
+        """Stop the prefetching worker, if any."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+    def layout(self) -> tuple[int, int, int]:
+        """(prompts per process, per generate call, per step): what says which calls come next."""
+        settings, world = self.session.config.rollout, self.session.world
+        return settings.per_process(world), settings.per_call(world), settings.prompts_per_step
+
+    def draw(self, indices: list[int], first: int) -> tuple[list[int], list[Example]]:
+        """The examples at `indices` (of the round starting at `first`), from the prefetching worker
+        when it made them all and none is a known bad row, else drawn here (`rows.draw`, bad ones
+        replaced); `Encoded` when generation takes them so. (indices used, examples)."""
+        started = time.perf_counter()
+        prepared, _ = self.prefetcher.take(indices, first, self.layout()) if self.prefetcher else (None, 0.0)
+        if prepared is not None and prepared.error is None and not self.rows.bad.keys() & set(indices):
+            used, examples = indices, prepared.examples
+            if prepared.prompt is not None:
+                examples = Encoded(examples, prepared.prompt)
+            self.seconds["data_ahead"] += prepared.seconds
+        else:
+            used, examples = self.rows.draw(indices)
+            if self.encodes:
+                processor, limit = self.session.processor, self.session.config.rollout.max_prompt_length
+                try:
+                    examples = Encoded(examples, encode_prompts(processor, examples, torch.device("cpu"), limit))
+                except Exception:  # noqa: BLE001 - a bad row: generation encodes them again and meets it (bad_rows.py)
+                    pass
+        self.seconds["data"] += time.perf_counter() - started
+        return used, examples
 
     def generate(self, examples: list[Example], seed: int) -> Rollout:
         """G completions (or trajectories) of each example, rows grouped by example."""
@@ -103,9 +152,10 @@ class GroupSampler:
                 return generate_groups(policy, processor, examples, settings, seed=seed)
             return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
 
-    def draw_and_generate(self, indices: list[int], seed: int) -> tuple[list[Example], Rollout]:
-        """The examples at `indices` (bad ones replaced, bad_rows.py) and their completions."""
-        used, examples = self.rows.draw(indices)
+    def draw_and_generate(self, indices: list[int], seed: int, first: int) -> tuple[list[Example], Rollout]:
+        """The examples at `indices` (bad ones replaced, bad_rows.py; `first`: their round's first
+        prompt) and their completions."""
+        used, examples = self.draw(indices, first)
         try:
             rollout = self.generate(examples, seed)
         except VlmrlError:
@@ -133,12 +183,12 @@ class GroupSampler:
         per_call, group = config.rollout.per_call(self.session.world), config.rollout.group_size
         groups = []
         for start in range(first, first + config.rollout.per_process(self.session.world), per_call):
-            started = time.perf_counter()
+            started, data = time.perf_counter(), self.seconds["data"]
             examples, rollout = self.draw_and_generate(list(range(start, start + per_call)),
-                                                       derive_seed(config.seed, step, start))
+                                                       derive_seed(config.seed, step, start), first)
             scored = time.perf_counter()
             scores = self.score(rollout)  # name -> (B*G,)
-            self.seconds["generate"] += scored - started
+            self.seconds["generate"] += scored - started - (self.seconds["data"] - data)
             self.seconds["score"] += time.perf_counter() - scored
             self.tool_cache = added_counts(self.tool_cache, getattr(rollout, "cache_counts", {}))
             reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
@@ -166,7 +216,7 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
     per_process = settings.per_process(session.world)
     with_signal: list[ScoredGroup] = []
     without_signal: list[ScoredGroup] = []
-    sampler.seconds = {"generate": 0.0, "score": 0.0}
+    sampler.seconds = dict.fromkeys(STEP_SECONDS, 0.0)
     sampler.replaced, sampler.reward_failure, sampler.tool_cache = 0, None, {}
     rounds = 0
     while True:

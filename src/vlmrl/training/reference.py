@@ -14,7 +14,7 @@ import copy
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import _remove_duplicate_names, load_model, save_file, save_model
 
 from vlmrl.config import AlgorithmConfig
 from vlmrl.models.folder_check import check_fit, check_weight_file, shape_fit, tensor_shapes
@@ -70,6 +70,17 @@ class ReferencePolicy:
         else:  # a gathered state dict's tensors may share storage (tied parameters): each its own in the file
             save_file({name: value.clone().contiguous() for name, value in weights.items()},
                       str(folder / REFERENCE_FILE))
+
+    def saved_weights(self) -> dict[str, torch.Tensor] | None:
+        """The copy's tensors under the names `save` writes them (a tied weight once, under the name
+        safetensors' save_model keeps), live, not copied; None without a copy."""
+        if self.copy is None:
+            return None
+        weights = self.copy.state_dict()
+        for removed in _remove_duplicate_names(weights).values():
+            for name in removed:
+                del weights[name]
+        return weights
 
     def load(self, folder: Path) -> None:
         """The copy's saved weights; none into a copy built without weights (meta device: its shards

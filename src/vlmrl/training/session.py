@@ -15,13 +15,19 @@ checkpoint that is whole and fits the model (its optimizer state checked against
 from it), passing over the others with a warning; each checkpoint records its command (train or
 sft), which the other command does not continue. config.yaml is the run's first config; a resume
 writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) from before
-anything in it is read until `close()`: a second trainer started in it is refused.
+anything in it is read until `close()`: a second trainer started in it is refused. With
+`train.background_checkpoints` a checkpoint is copied to host memory at the step's end and written
+on a thread while training goes on (checkpoint_writer.py); `time/checkpoint` in the next step's
+metrics is what the save of the step before kept on the step's path, `time/checkpoint_write` (in the
+first row after it finished) the write's time on its thread, hidden.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +35,7 @@ from accelerate.utils import set_seed
 
 from vlmrl.config import Config, save_config
 from vlmrl.disk import writing
-from vlmrl.errors import Interrupted, VlmrlError
+from vlmrl.errors import Interrupted, VlmrlError, one_line, warn
 from vlmrl.evaluation.evaluate import (
     EvalSettings, evaluate, held_out_count, held_out_examples, save_evaluation, scalar_metrics)
 from vlmrl.models.loading import load_trainable_policy
@@ -38,6 +44,7 @@ from vlmrl.rollout.sampling import broken_logits_cause, non_finite_parameters, t
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.checkpoint import (
     STATE_FILE,
+    Contents,
     Gathered,
     check_checkpoint_room,
     find_resumable,
@@ -45,9 +52,13 @@ from vlmrl.safety.checkpoint import (
     optimizer_problem,
     reference_missing,
     restore_trainer_state,
+    host_copy,
     save_checkpoint,
     save_model,
+    trainer_state,
+    write_checkpoint,
 )
+from vlmrl.safety.checkpoint_writer import CheckpointWriter
 from vlmrl.safety.faults import MAIN_FIRST_S, NumericGuard, OptimizerUpdate, StopSignals, any_process
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.safety.preflight import copies_reference
@@ -64,7 +75,7 @@ from vlmrl.tasks import Task
 from vlmrl.training import zero3
 from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_layout
 from vlmrl.training.reference import ReferencePolicy, build_reference
-from vlmrl.training.sharding import FullStateOptimizer, full_state, gathered, is_sharded, shard
+from vlmrl.training.sharding import FullStateOptimizer, distinct_names, full_state, gathered, is_sharded, shard
 from vlmrl.training.strategy import make_accelerator, refuse_unrunnable, settle_strategy
 from vlmrl.training.teacher import Teacher, check_teacher_fits, load_teacher
 
@@ -147,6 +158,9 @@ class TrainingSession:
         self.saved_step = self.start_step if checkpoint is not None else None
         self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
         self.closed = False
+        self.closers: list = []  # what `close` calls first: the step code's own workers (the prefetcher)
+        self.writer = CheckpointWriter()  # train.background_checkpoints: the checkpoint being written
+        self.save_seconds = 0.0  # the last save's time on the step's path (time/checkpoint)
         self.signals = StopSignals()  # from here on, SIGINT / SIGTERM stop after the step with a checkpoint
 
     def open_policy(self, with_reference: bool) -> tuple[Path | None, dict | None]:
@@ -294,20 +308,55 @@ class TrainingSession:
         """A checkpoint every train.save_every steps and after the last (with save_every=0, only after
         the last): model, optimizer, scheduler, RNG, data cursor."""
         every, last = self.config.train.save_every, steps_done == self.config.train.steps
+        if self.config.train.background_checkpoints:
+            self.on_main(self.writer.check)  # a background write that failed stops the run here, in one line
         if last or (every and steps_done % every == 0):
             self.save(steps_done, cursor)
+
+    def take_save_seconds(self) -> dict[str, float]:
+        """{"time/checkpoint": the last save's seconds on the step's path} once after a save, and
+        {"time/checkpoint_write": a background write's seconds on its thread} once after it finished."""
+        seconds, self.save_seconds = self.save_seconds, 0.0
+        written = self.writer.take_seconds() if self.main else None
+        return ({"time/checkpoint": seconds} if seconds else {}) | (
+            {"time/checkpoint_write": written} if written is not None else {})
 
     def save(self, steps_done: int, cursor: int) -> Path:
         """A checkpoint now (all processes call this); returns its folder."""
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
+        started = time.perf_counter()
         self.accelerator.wait_for_everyone()
         self.refuse_non_finite_weights(f"checkpoint of step {steps_done}")
         whole = self.gather_state(for_checkpoint=True)  # every process takes part in gathering a sharded run's
         # the main process writes; its one-line error (a full disk) stops every process in one line, not
         # the others in a traceback at their next collective once it has gone
-        self.on_main(self.write_checkpoint, steps_done, cursor, whole)
+        if self.config.train.background_checkpoints:
+            self.on_main(self.writer.wait)  # the one before is whole and durable first (its failure: one line)
+            self.on_main(self.write_in_background, steps_done, cursor, whole)
+        else:
+            self.on_main(self.write_checkpoint, steps_done, cursor, whole)
         self.saved_step = steps_done
+        self.save_seconds = time.perf_counter() - started
         return folder
+
+    def write_in_background(self, steps_done: int, cursor: int, whole: Gathered | None) -> None:
+        """The main process's part of `save` with background checkpoints: what the checkpoint holds
+        copied to host memory now (a sharded run's gathered states are copies already), written by the
+        writer's thread while training goes on."""
+        if not hasattr(self, "saving_processor"):
+            self.saving_processor = copy.deepcopy(self.processor)  # the thread's own: a tokenizer is not shared
+        if whole is not None:
+            optimizer, weights, reference = whole.optimizer, whole.weights, whole.reference
+        else:
+            optimizer = host_copy(self.optimizer.state_dict())
+            weights = host_copy(own_weights(self.policy))
+            reference = host_copy(self.reference.saved_weights()) if self.reference is not None else None
+        extra = host_copy({"faults": self.guard.state_dict(), "command": self.command})
+        state = trainer_state(steps_done, cursor, optimizer, self.scheduler, extra)
+        state["scheduler"] = host_copy(state["scheduler"])
+        contents = Contents(steps_done, state, weights, reference)
+        owners = (self.policy, self.saving_processor, self.reference)
+        self.writer.start(partial(write_checkpoint, self.run_dir, contents, owners, self.config.train.keep_checkpoints))
 
     def write_checkpoint(self, steps_done: int, cursor: int, whole: Gathered | None) -> None:
         """The main process's part of `save`: the checkpoint of `steps_done` written to its folder."""
@@ -397,6 +446,7 @@ class TrainingSession:
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         if self.saved_step != steps_done:
             folder = self.save(steps_done, cursor)
+        self.on_main(self.writer.wait)  # written in the background: whole on disk before the run says so
         self.close()
         return folder
 
@@ -438,6 +488,12 @@ class TrainingSession:
         if self.closed:
             return
         self.closed = True
+        for close in self.closers:
+            close()
+        try:
+            self.writer.wait()  # a checkpoint being written is finished, whatever ended the run
+        except Exception as error:  # noqa: BLE001 - the run is ending on its own error: say this one too
+            warn(f"the checkpoint written in the background failed: {one_line(error)}")
         self.signals.restore()
         if self.main:
             try:
@@ -511,6 +567,7 @@ class TrainingSession:
     def finish(self) -> Path:
         """Save the final model into run_dir/final and close the processes; returns run_dir."""
         self.accelerator.wait_for_everyone()
+        self.on_main(self.writer.wait)  # the last checkpoint whole and durable before the run ends
         self.refuse_non_finite_weights("final model")
         whole = self.gather_state(for_checkpoint=False)
         self.on_main(self.write_final, whole)  # a full disk: one line on every process (see `save`)
@@ -531,6 +588,13 @@ class StepClock:
     def metrics(self) -> dict[str, float]:
         """{"seconds": wall-clock seconds since the clock started, "time/cpu": CPU seconds since then}."""
         return {"seconds": time.perf_counter() - self.wall, "time/cpu": time.process_time() - self.cpu}
+
+
+def own_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s state dict with each tensor once (a tied weight under its first name: what
+    save_pretrained and safetensors keep), as a sharded run's gathered weights are."""
+    names = distinct_names(model)
+    return {name: value for name, value in model.state_dict().items() if name in names}
 
 
 def epoch_metric(task: Task, seen: int) -> dict[str, float]:

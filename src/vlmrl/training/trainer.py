@@ -53,6 +53,7 @@ def train(config: Config, task: Task | None = None) -> Path:
         scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                                config.train.logprob_chunk, config.train.block_attention)
         sampler = GroupSampler.for_run(session, task)
+        session.closers.append(sampler.close)  # the prefetching worker stops with the run, however it ends
         alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
         cursor = session.cursor  # index of the next train prompt
 
@@ -81,6 +82,7 @@ def train(config: Config, task: Task | None = None) -> Path:
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
             metrics |= observe(session, step + 1, experience)
             metrics |= fallback_metrics(session)
+            metrics |= session.take_save_seconds()  # the last checkpoint's time on the step's path
             metrics |= session.maybe_evaluate(step + 1, task)
             session.record(metrics)
             if session.main:
@@ -160,6 +162,8 @@ def step_metrics(experience: Experience, accelerator: Accelerator, group_size: i
     if int(counts[2]):  # on_bad_row=skip: bad train examples replaced this step (bad_rows.py)
         metrics["bad_rows_skipped"] = int(counts[2])
     metrics["zero_variance_groups"] = 1.0 - metrics["groups_with_signal"] / max(metrics["groups_drawn"], 1)
+    metrics["time/data"] = experience.seconds["data"]  # left on the step's path (prefetch.py)
+    metrics["time/data_ahead"] = experience.seconds["data_ahead"]  # the worker's, hidden behind the model
     metrics["time/generate"] = experience.seconds["generate"]
     metrics["time/score"] = experience.seconds["score"]
     metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))

@@ -1,0 +1,242 @@
+"""The host side overlapped changes no number: the next calls' examples made and encoded ahead on a
+worker thread (training/prefetch.py) and checkpoints written from a copy on a background thread
+(safety/checkpoint_writer.py) give the losses, checkpoints and final weights of a run without them;
+a failure in either stops the run in one line at the step that needs it; a kill while a checkpoint
+is written leaves the one before, from which resume continues exactly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from letter_task import LetterTask
+from vlmrl.config import load_config
+from vlmrl.disk import DiskFull
+from vlmrl.errors import VlmrlError
+from vlmrl.models.loading import load_processor
+from vlmrl.report.tracking import read_metrics
+from vlmrl.safety import checkpoint
+from vlmrl.safety.checkpoint import STATE_FILE, read_checkpoint
+from vlmrl.training import session as session_module
+from vlmrl.training.prefetch import Prefetcher, call_indices
+from vlmrl.training.trainer import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
+
+TESTS = Path(__file__).parent
+TIMING = ("seconds", "tokens_per_s", "time/")
+PLAIN = ("train.prefetch_batches=0", "train.background_checkpoints=false")
+OVERLAPPED = ("train.prefetch_batches=2", "train.background_checkpoints=true")
+
+
+class ThreadedLetters(LetterTask):
+    """The letter task, noting which thread first made each train example; `bad` ones fail."""
+
+    def __init__(self, bad: tuple[int, ...] = ()):
+        super().__init__()
+        self.made: dict[int, str] = {}
+        self.bad = set(bad)
+
+    def _example(self, idx: int, split: str):
+        if split == "train":
+            self.made.setdefault(idx, threading.current_thread().name)
+            if idx in self.bad:
+                raise ValueError(f"row {idx} is unreadable")
+        return super()._example(idx, split)
+
+
+def overrides(run: Path, model_dir: str, *extra: str) -> list[str]:
+    """3 steps of 2 prompts x 2 completions, one prompt per generate call (2 calls a step), a checkpoint
+    after each step, a reference copy refreshed at step 2 (saved with every checkpoint)."""
+    return [f"model.name_or_path={model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+            f"output_dir={run}", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+            "rollout.generation_batch_size=1", "train.micro_batch_size=4", "train.lr=1e-3", "algorithm.beta=0.05",
+            "algorithm.ref_refresh_steps=2", "train.log_rollouts_every=0", "train.trackers=[]", "train.save_every=1",
+            "train.keep_checkpoints=3", "train.steps=3", *extra]
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+def assert_same(a, b, where: str = "") -> None:
+    """Equal plain data, tensors equal to the bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for settings in a.glob("*.json"):
+        assert settings.read_text() == (b / settings.name).read_text(), settings.name
+    assert_same(torch.load(a / STATE_FILE, weights_only=True), torch.load(b / STATE_FILE, weights_only=True), a.name)
+    for name in ("model.safetensors", "reference.safetensors"):
+        assert_same(load_file(a / name), load_file(b / name), f"{a.name}/{name}")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, tiny_model_dir) -> tuple[Path, ThreadedLetters]:
+    """The run without overlap: every example made on the main thread, every checkpoint written on it."""
+    task = ThreadedLetters()
+    run = train(load_config(None, overrides(tmp_path_factory.mktemp("plain") / "run", tiny_model_dir, *PLAIN)), task)
+    return run, task
+
+
+def test_the_overlapped_run_equals_the_plain_one_and_resumes_exactly(plain, tmp_path, tiny_model_dir, letter_task,
+                                                                     monkeypatch):
+    plain_run, plain_task = plain
+    writers = []
+
+    def recording(*args):
+        writers.append(threading.current_thread().name)
+        return checkpoint.write_checkpoint(*args)
+
+    monkeypatch.setattr(session_module, "write_checkpoint", recording)
+    task = ThreadedLetters()
+    run = train(load_config(None, overrides(tmp_path / "run", tiny_model_dir, *OVERLAPPED)), task)
+
+    # where the work ran: steps 2 and 3's examples (4..5 after the preflight's first batch) on the
+    # worker, every checkpoint on the writer's thread; without overlap, all on the main thread
+    assert {task.made[idx] for idx in (2, 3, 4, 5)} == {"vlmrl-prefetch"}
+    assert {plain_task.made[idx] for idx in (2, 3, 4, 5)} == {"MainThread"}
+    assert writers == ["vlmrl-checkpoint"] * 3
+    rows = read_metrics(run / "metrics.jsonl")
+    assert all(row["time/data_ahead"] > 0 and row["time/data"] >= 0 for row in rows[1:])
+    assert [("time/checkpoint" in row) for row in rows] == [False, True, True]
+    assert sum("time/checkpoint_write" in row for row in rows) >= 1  # the writes' own time, hidden
+    assert all(row["time/data_ahead"] == 0 for row in read_metrics(plain_run / "metrics.jsonl"))
+
+    # the same numbers: every step's metrics, every checkpoint to the bit, the final weights
+    assert without_timing(rows) == without_timing(read_metrics(plain_run / "metrics.jsonl"))
+    for step in (1, 2, 3):
+        name = f"checkpoints/step_{step:06d}"
+        assert_same_checkpoint(run / name, plain_run / name)
+    assert_same(load_file(run / "final/model.safetensors"), load_file(plain_run / "final/model.safetensors"))
+
+    # resumed from a checkpoint written in the background, the overlap off (a setting a resume may
+    # change: it leaves the run what it was): the plain run's last step, exactly
+    for gone in ("checkpoints/step_000003", "final"):
+        checkpoint._remove(run / gone)
+    train(load_config(None, overrides(tmp_path / "run", tiny_model_dir, *PLAIN, "resume=true")), ThreadedLetters())
+    assert without_timing(read_metrics(run / "metrics.jsonl")) == without_timing(read_metrics(plain_run / "metrics.jsonl"))
+    assert_same(load_file(run / "final/model.safetensors"), load_file(plain_run / "final/model.safetensors"))
+
+
+def test_a_bad_example_met_by_the_worker_stops_the_run_at_its_step_in_one_line(tmp_path, tiny_model_dir, letter_task):
+    task = ThreadedLetters(bad=(4,))  # the first prompt of step 3
+    run = tmp_path / "run"
+    with pytest.raises(VlmrlError) as stopped:
+        train(load_config(None, overrides(run, tiny_model_dir, *OVERLAPPED)), task)
+    assert task.made[4] == "vlmrl-prefetch"  # the worker met it first, during step 2
+    assert str(stopped.value) == (
+        "bad data at step 3: train example 4: task 'letters' cannot make train example 4: ValueError: row 4 is "
+        f"unreadable; stopped with a checkpoint of step 2 in {run}/checkpoints/step_000002. Fix the data, or set "
+        "task.params.on_bad_row=skip to replace bad rows by the next good ones, then resume=true")
+    assert read_checkpoint(run / "checkpoints" / "step_000002")["step"] == 2  # written in the background, whole
+
+
+def test_a_failed_background_write_stops_the_run_in_one_line_and_keeps_the_one_before(tmp_path, tiny_model_dir,
+                                                                                      letter_task, monkeypatch):
+    durable = checkpoint.make_durable
+
+    def full_at_step_2(folder: Path) -> None:
+        if folder.name == ".tmp_step_000002":
+            raise OSError(28, "No space left on device", str(folder / "model.safetensors"))
+        durable(folder)
+
+    monkeypatch.setattr(checkpoint, "make_durable", full_at_step_2)
+    run = tmp_path / "run"
+    with pytest.raises(DiskFull) as stopped:
+        train(load_config(None, overrides(run, tiny_model_dir, *OVERLAPPED)), ThreadedLetters())
+    message = str(stopped.value)
+    assert "\n" not in message and message.startswith(
+        f"the disk is full: writing checkpoint step 2 to {run}/checkpoints/.tmp_step_000002 failed")
+    assert message.endswith(f"The partial checkpoint was removed and {run}/checkpoints/step_000001 is intact: free "
+                            "some space, then rerun with resume=true")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert len(read_metrics(run / "metrics.jsonl")) == 3  # raised at the end of the step after the failed write
+
+
+KILLED_RUN = """
+import sys, time
+from pathlib import Path
+from vlmrl.config import load_config
+from vlmrl.safety import checkpoint
+from vlmrl.training.trainer import train
+
+durable = checkpoint.make_durable
+def stuck_at_step_2(folder):
+    if folder.name == ".tmp_step_000002":
+        while True:  # every file written, not yet renamed into place: killed here
+            time.sleep(1)
+    durable(folder)
+checkpoint.make_durable = stuck_at_step_2
+train(load_config(None, sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # ~10 s: a fresh Python process to kill
+def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before_and_resume_is_exact(plain, tmp_path,
+                                                                                         tiny_model_dir, letter_task):
+    run = tmp_path / "run"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-c", KILLED_RUN, *overrides(run, tiny_model_dir, *OVERLAPPED)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    metrics = run / "metrics.jsonl"
+    try:  # step 3 trained while step 2's checkpoint was written: then killed mid-write
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) == 3):
+            assert process.poll() is None, process.stderr.read().decode()
+            assert time.monotonic() < deadline, "the run did not reach step 3"
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert (run / "checkpoints" / ".tmp_step_000002" / STATE_FILE).exists()  # half-way: its files, not its name
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [".tmp_step_000002", "step_000001"]
+    assert read_checkpoint(run / "checkpoints" / "step_000001")["step"] == 1
+
+    train(load_config(None, overrides(run, tiny_model_dir, *OVERLAPPED, "resume=true")))
+    plain_run = plain[0]
+    assert without_timing(read_metrics(metrics)) == without_timing(read_metrics(plain_run / "metrics.jsonl"))
+    assert_same(load_file(run / "final/model.safetensors"), load_file(plain_run / "final/model.safetensors"))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002", "step_000003"]
+
+
+def test_the_worker_prepares_the_calls_that_come_next_in_order(tiny_model_dir):
+    assert [c for _, c in zip(range(5), call_indices(2, 4, 2, 8))] == [[2, 3], [4, 5], [10, 11], [12, 13], [18, 19]]
+    task = ThreadedLetters(bad=(5,))
+    prefetcher = Prefetcher(task, load_processor(tiny_model_dir), limit=None, encode=True, depth=2)
+    try:
+        first, waited = prefetcher.take([0], first=0, layout=(2, 1, 4))  # not foreseen: the trainer draws it
+        assert first is None and waited == 0
+        assert [indices for indices, _ in prefetcher.pending] == [[1], [4]]
+        second, _ = prefetcher.take([1], first=0, layout=(2, 1, 4))
+        assert second.examples[0].meta == {"idx": 1} and second.prompt["input_ids"].shape[0] == 1
+        third, _ = prefetcher.take([4], first=4, layout=(2, 1, 4))
+        assert third.error is None and [indices for indices, _ in prefetcher.pending] == [[5], [8]]
+        fourth, _ = prefetcher.take([5], first=4, layout=(2, 1, 4))  # kept for the trainer to meet it again
+        assert fourth.examples is None and str(fourth.error) == (
+            "task 'letters' cannot make train example 5: ValueError: row 5 is unreadable")
+    finally:
+        prefetcher.close()
+    assert {task.made[idx] for idx in (1, 4, 5)} == {"vlmrl-prefetch"}
