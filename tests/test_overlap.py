@@ -24,7 +24,7 @@ from vlmrl.disk import DiskFull
 from vlmrl.errors import VlmrlError
 from vlmrl.models.loading import load_processor
 from vlmrl.report.tracking import read_metrics
-from vlmrl.safety import checkpoint
+from vlmrl.safety import checkpoint, preflight
 from vlmrl.safety.checkpoint import STATE_FILE, read_checkpoint
 from vlmrl.training import session as session_module
 from vlmrl.training.prefetch import Prefetcher, call_indices
@@ -102,7 +102,7 @@ def plain(tmp_path_factory, tiny_model_dir) -> tuple[Path, ThreadedLetters]:
 
 
 def test_the_overlapped_run_equals_the_plain_one_and_resumes_exactly(plain, tmp_path, tiny_model_dir, letter_task,
-                                                                     monkeypatch):
+                                                                     monkeypatch, capsys):
     plain_run, plain_task = plain
     writers = []
 
@@ -119,6 +119,8 @@ def test_the_overlapped_run_equals_the_plain_one_and_resumes_exactly(plain, tmp_
     assert {task.made[idx] for idx in (2, 3, 4, 5)} == {"vlmrl-prefetch"}
     assert {plain_task.made[idx] for idx in (2, 3, 4, 5)} == {"MainThread"}
     assert writers == ["vlmrl-checkpoint"] * 3
+    out = capsys.readouterr().out
+    assert "preflight: checkpoints written in the background (host copy " in out and " GiB available beside " in out
     rows = read_metrics(run / "metrics.jsonl")
     assert all(row["time/data_ahead"] > 0 and row["time/data"] >= 0 for row in rows[1:])
     assert [("time/checkpoint" in row) for row in rows] == [False, True, True]
@@ -139,6 +141,31 @@ def test_the_overlapped_run_equals_the_plain_one_and_resumes_exactly(plain, tmp_
     train(load_config(None, overrides(tmp_path / "run", tiny_model_dir, *PLAIN, "resume=true")), ThreadedLetters())
     assert without_timing(read_metrics(run / "metrics.jsonl")) == without_timing(read_metrics(plain_run / "metrics.jsonl"))
     assert_same(load_file(run / "final/model.safetensors"), load_file(plain_run / "final/model.safetensors"))
+
+
+def test_a_host_copy_that_does_not_fit_writes_on_the_step_s_path_and_says_why(plain, tmp_path, tiny_model_dir,
+                                                                            letter_task, monkeypatch, capsys):
+    """Background checkpoints asked for, the host's RAM too small for their copy beside the run: the
+    run is not refused, it writes on the step's path, says so before step 1, and its checkpoints are
+    the background run's (the plain run's, which test_the_overlapped_run_equals_the_plain_one holds equal)."""
+    writers, write = [], checkpoint.write_checkpoint
+
+    def recording(*args, **kwargs):
+        writers.append(threading.current_thread().name)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", recording)  # save_checkpoint's, and the thread's
+    monkeypatch.setattr(session_module, "write_checkpoint", recording)
+    monkeypatch.setattr(preflight, "free_memory", lambda device: 4 * 2**20)  # the CPU's RAM: 4 MiB available
+    run = train(load_config(None, overrides(tmp_path / "run", tiny_model_dir, *OVERLAPPED,
+                                            "model.gradient_checkpointing=false")), ThreadedLetters())
+    line = [line for line in capsys.readouterr().out.splitlines() if line.startswith("preflight: checkpoints")][-1]
+    assert line.startswith("preflight: checkpoints written on the step's path, not in the background: their host copy (")
+    assert "does not fit in the 4.0 MiB available beside the run's " in line and line.endswith("(10% kept spare)")
+    assert writers == ["MainThread"] * 3
+    for step in (1, 2, 3):
+        name = f"checkpoints/step_{step:06d}"
+        assert_same_checkpoint(run / name, plain[0] / name)
 
 
 def test_a_bad_example_met_by_the_worker_stops_the_run_at_its_step_in_one_line(tmp_path, tiny_model_dir, letter_task):

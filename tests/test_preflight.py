@@ -12,6 +12,7 @@ import torch
 
 from vlmrl.cli import main
 from vlmrl.config import load_config
+from vlmrl.disk import gib
 from vlmrl.errors import VlmrlError
 from vlmrl.models.loading import is_checkpointing, load_policy
 from vlmrl.safety import preflight as preflight_module
@@ -329,6 +330,43 @@ def test_training_warns_before_step_one_when_memory_is_short(tmp_path, tiny_mode
     captured = capsys.readouterr()
     assert "preflight: train " in captured.out and "preflight: memory" in captured.out
     assert "warning: this run may not fit" in captured.err
+
+
+def test_the_checkpoints_host_copy_is_counted_against_the_ram_beside_the_run(tiny_model_dir, letter_task,
+                                                                              monkeypatch):
+    """The copy a background checkpoint makes: the weights, AdamW's two moments, the reference copy
+    (beta > 0); on a CPU device it must fit, 10% spare, beside what the run itself still takes in the
+    same RAM; else the run writes on the step's path and the line says why. Never a refusal."""
+    policy, _ = load_policy(tiny_model_dir, device="cpu", dtype="float32")
+    weights = sum(p.numel() * 4 for p in policy.parameters())
+    report = check(load_config(None, overrides(tiny_model_dir)))
+    plan, needed = report.checkpoints, report.memory.needed
+    assert (plan.copy, plan.run, plan.available) == (4 * weights, needed, report.memory.free)
+    assert plan.background and f"checkpoints written in the background (host copy {gib(4 * weights)} of " \
+        f"{gib(report.memory.free)} available beside the run's {gib(needed)})" in report.lines()
+    config = load_config(None, overrides(tiny_model_dir))
+    plan_for = lambda config, memory, **sharding: preflight_module.checkpoint_plan(  # noqa: E731
+        config, policy, "train", memory, **sharding)
+    assert plan_for(load_config(None, overrides(tiny_model_dir, "algorithm.beta=0")), report.memory).copy == 3 * weights
+    fitting = math.ceil((needed + 4 * weights) / (1 - preflight_module.HEADROOM)) + 1  # the copy fits, just
+    for free, background in ((fitting, True), (fitting - 2, False)):
+        plan = plan_for(config, dataclasses.replace(report.memory, free=free))
+        assert (plan.background, plan.asked, plan.run) == (background, True, needed), free
+    assert plan.line() == (f"written on the step's path, not in the background: their host copy ({gib(4 * weights)}) "
+                           f"does not fit in the {gib(fitting - 2)} available beside the run's {gib(needed)} (10% "
+                           "kept spare)")
+    off = plan_for(load_config(None, overrides(tiny_model_dir, "train.background_checkpoints=false")), report.memory)
+    assert not off.background and off.line() == "written on the step's path (train.background_checkpoints=false)"
+    # on a GPU the host's RAM holds only the copy; ZeRO-3's full state gives AdamW's moments in float32
+    memory = dataclasses.replace(report.memory, device="cuda:0")
+    monkeypatch.setattr(preflight_module, "host_available", lambda: 5 * weights)
+    on_gpu = plan_for(config, memory)
+    assert (on_gpu.copy, on_gpu.run, on_gpu.background) == (4 * weights, 0, True)
+    policy.to(torch.bfloat16)
+    zero3 = plan_for(config, memory, deepspeed=True)
+    assert zero3.copy == weights // 2 + 2 * weights + weights // 2 and zero3.background  # bf16 weights, fp32 moments
+    monkeypatch.setattr(preflight_module, "host_available", lambda: 3 * weights)  # 3 x 0.9 < 3
+    assert not plan_for(config, memory, deepspeed=True).background
 
 
 def test_an_unknown_tool_is_an_error_before_the_model_loads(tiny_model_dir, letter_task):

@@ -27,7 +27,12 @@ alone and prints the report. They:
 - estimate what the run writes at most at one time (step checkpoints kept plus the one being
   written, the final model, logs) and warn when the output filesystem has less free (disk.py);
 - say which speedups the run takes with this model (`speed_line`): a switch that is on but falls
-  back for this model family, attention kernel or device shows here, with the reason, before step 1.
+  back for this model family, attention kernel or device shows here, with the reason, before step 1;
+- settle where checkpoints are written (`checkpoint_plan`): with train.background_checkpoints the
+  main process copies what a checkpoint holds (the weights, AdamW's moments, the reference copy; a
+  sharded run's gathered whole) to host memory and writes it while training goes on; when that copy
+  does not fit in the host's available RAM beside the run (on a CPU device the run's own peak lives
+  in the same RAM), the run writes its checkpoints on the step's path instead and says so.
 """
 
 from __future__ import annotations
@@ -195,6 +200,8 @@ class PreflightReport:
     """What runs (training/strategy.py): `processes: 2, strategy: FSDP2, backend: gloo`; the first line."""
     data: str = ""
     """The data a file-backed task reads: its column mapping, rows and order (`data_line`), and epochs."""
+    checkpoints: CheckpointPlan | None = None
+    """Where the run writes its checkpoints, and the host copy that decides it (`checkpoint_plan`)."""
 
     def advice(self) -> list[str]:
         """What to change where the run may not fit: its memory, then its disk ([] when it fits)."""
@@ -241,6 +248,8 @@ class PreflightReport:
         if self.settled.automatic:
             out.append(self.settled.line())
         out.append(self.disk.line())
+        if self.checkpoints is not None:
+            out.append(f"checkpoints {self.checkpoints.line()}")
         if self.speed:
             out.append(f"speed      {self.speed}")
         if self.data:
@@ -292,7 +301,8 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                            max_prompt_length=limit, disk=estimate_disk(config, policy, mode), settled=settled,
                            bad_rows=list(getattr(task, "bad_rows", ())),
                            speed=speed_line(config, policy, mode, sharding.deepspeed), costs=costs,
-                           data=data_line(config, task, mode))
+                           data=data_line(config, task, mode),
+                           checkpoints=checkpoint_plan(config, policy, mode, memory, sharding.deepspeed))
 
 
 def trainable_count(config: Config, policy, mode: str) -> int:
@@ -575,9 +585,8 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
     shards = sharding.parts
     params = list(policy.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
+    gradients = trainable_bytes(config, policy, mode)
     frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
-    gradients = sum(p.numel() * p.element_size() for name, p in policy.named_parameters()
-                    if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
     copy_reference = copies_reference(config, mode)
     teacher = teacher_weight_bytes(config, params[0].element_size()) if mode == "train" else 0
     text = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
@@ -624,6 +633,75 @@ def estimate_memory(config: Config, policy, mode: str, world: int, prompt: int, 
         tool_models=tool_model_bytes(config.rollout.tools, config.rollout.tool_models))
 
 
+def trainable_bytes(config: Config, policy, mode: str) -> int:
+    """Bytes of the parameters the run updates (`trainable_count`'s): their gradients, and each of
+    AdamW's two moments (kept in the parameter's dtype)."""
+    frozen_vision = mode == "train" and config.model.vision_lr_scale == 0
+    return sum(p.numel() * p.element_size() for name, p in policy.named_parameters()
+               if p.requires_grad and not (frozen_vision and is_vision_parameter(name)))
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where the run writes its checkpoints: in the background (train.background_checkpoints, from a
+    host copy) or on the step's path, and the figures that decided it."""
+
+    background: bool
+    """What the run does: write from a host copy on a thread (True), or on the step's path."""
+    asked: bool
+    """train.background_checkpoints as configured."""
+    copy: int
+    """Bytes of the host copy of one checkpoint on the main process: the whole weights as saved,
+    AdamW's moments and the reference copy when the run keeps one (a sharded run's gathered whole)."""
+    available: int | None
+    """The host's available RAM when the preflight read it (None: unknown)."""
+    run: int = 0
+    """Of that RAM, what the run itself still takes at its peak (a CPU device, every process): the
+    copy is alive through the next step's training."""
+
+    @property
+    def room(self) -> int | None:
+        """RAM the copy may take: the available less the run's part, a tenth of it kept spare."""
+        return None if self.available is None else max(0, int(self.available * (1 - HEADROOM)) - self.run)
+
+    def line(self) -> str:
+        if not self.asked:
+            return "written on the step's path (train.background_checkpoints=false)"
+        beside = f" beside the run's {gib(self.run)}" if self.run else ""
+        if self.available is None:
+            return f"written in the background (host copy {gib(self.copy)}; available host memory unknown)"
+        if self.background:
+            return f"written in the background (host copy {gib(self.copy)} of {gib(self.available)} available{beside})"
+        return (f"written on the step's path, not in the background: their host copy ({gib(self.copy)}) does not fit "
+                f"in the {gib(self.available)} available{beside} ({HEADROOM:.0%} kept spare)")
+
+    def apply(self, config: Config) -> None:
+        """Train with this: written into config.train.background_checkpoints."""
+        config.train.background_checkpoints = self.background
+
+
+def checkpoint_plan(config: Config, policy, mode: str, memory: MemoryEstimate, deepspeed: bool = False) -> CheckpointPlan:
+    """Where checkpoints are written: in the background when asked and its host copy fits in the
+    host's available RAM beside the run, with HEADROOM spare; else on the step's path (as with
+    train.background_checkpoints=false: the same files, only not overlapped). The copy is the main
+    process's (only it writes), whole: the policy's weights as `save_pretrained` gets them, AdamW's
+    two moments of each trained parameter (float32 under ZeRO-3, whose full state comes from its fp32
+    partitions), the reference copy where the run saves one. On a CPU device the run lives in the
+    same RAM: what it still takes at its peak (`MemoryEstimate.needed`, over every process) is set
+    against the same reading. On a GPU the host's RAM is read here (`host_available`)."""
+    weights = sum(p.numel() * p.element_size() for p in policy.parameters())
+    trained = trainable_bytes(config, policy, mode)
+    moments = 2 * (4 * trained // next(policy.parameters()).element_size() if deepspeed else trained)
+    copy = weights + moments + (weights if copies_reference(config, mode) else 0)
+    on_host = memory.device.startswith("cpu")
+    available = memory.free if on_host else host_available()
+    plan = CheckpointPlan(background=config.train.background_checkpoints, asked=config.train.background_checkpoints,
+                          copy=copy, available=available, run=memory.needed if on_host else 0)
+    if plan.asked and plan.room is not None and copy > plan.room:
+        plan = dataclasses.replace(plan, background=False)
+    return plan
+
+
 def gathered_units(policy) -> int:
     """Bytes of the FSDP2 units gathered at once in training: the root (embeddings, output layer,
     norms, merger: kept gathered from its forward through its backward), the block computing and the
@@ -639,6 +717,12 @@ def free_memory(device: torch.device) -> int | None:
     """Free bytes on `device`: torch.cuda.mem_get_info on a GPU, available RAM on a CPU."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    return host_available()
+
+
+def host_available() -> int | None:
+    """The host's available RAM in bytes (psutil's `available`: free plus what the kernel can
+    reclaim), None when unknown; shared by every process of the machine."""
     try:
         import psutil
 
@@ -672,8 +756,9 @@ def run_preflight(session, task: Task, mode: str) -> PreflightReport:
     if session.world > 1:  # every process trains with the main process's choice
         from accelerate.utils import broadcast_object_list
 
-        report.settled = broadcast_object_list([report.settled])[0]
+        report.settled, report.checkpoints = broadcast_object_list([report.settled, report.checkpoints])
     report.settled.apply(config, session.policy)
+    report.checkpoints.apply(config)
     report.processes = session.strategy.line()
     if session.main:
         for line in report.lines():
