@@ -22,7 +22,7 @@ from letter_task import LetterTask
 from vlmrl.config import load_config
 from vlmrl.disk import DiskFull
 from vlmrl.errors import VlmrlError
-from vlmrl.models.loading import load_processor
+from vlmrl.models.loading import load_policy, load_processor
 from vlmrl.report.tracking import read_metrics
 from vlmrl.safety import checkpoint, preflight
 from vlmrl.safety.checkpoint import STATE_FILE, read_checkpoint
@@ -166,6 +166,27 @@ def test_a_host_copy_that_does_not_fit_writes_on_the_step_s_path_and_says_why(pl
     for step in (1, 2, 3):
         name = f"checkpoints/step_{step:06d}"
         assert_same_checkpoint(run / name, plain[0] / name)
+
+
+def test_a_lora_checkpoint_s_host_copy_holds_the_adapter_alone(tmp_path, tiny_model_dir):
+    """A background checkpoint of a LoRA policy copies the adapter's tensors, not the base model's
+    (session.own_weights), and writes the adapter file save_pretrained writes from the live model;
+    the preflight counts that copy."""
+    config = load_config(None, [f"model.name_or_path={tiny_model_dir}", "model.lora.enabled=true", "model.lora.r=4"])
+    policy, processor = load_policy(tiny_model_dir, device="cpu", dtype="float32", lora=config.model.lora)
+    weights = session_module.own_weights(policy)
+    adapter = {name for name, p in policy.named_parameters() if p.requires_grad}
+    assert set(weights) == adapter and all("lora_" in name for name in weights)
+    policy.save_pretrained(tmp_path / "live")
+    policy.save_pretrained(tmp_path / "copy", state_dict=checkpoint.host_copy(weights))
+    assert_same(load_file(tmp_path / "live/adapter_model.safetensors"),
+                load_file(tmp_path / "copy/adapter_model.safetensors"))
+    memory = preflight.MemoryEstimate("cpu", 0, 0, 0, 0, 0, 0, 0, free=2**40)
+    adapter_bytes = sum(value.numel() * 4 for value in weights.values())
+    plan = preflight.checkpoint_plan(config, policy, "train", memory)
+    assert plan.copy == 3 * adapter_bytes  # LoRA with no refresh: its reference is the base, not saved
+    sharded = preflight.checkpoint_plan(config, policy, "train", memory, preflight.Sharding(2))
+    assert sharded.copy == sum(p.numel() * 4 for p in policy.parameters()) + 2 * adapter_bytes  # gathered whole
 
 
 def test_a_bad_example_met_by_the_worker_stops_the_run_at_its_step_in_one_line(tmp_path, tiny_model_dir, letter_task):

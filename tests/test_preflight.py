@@ -363,10 +363,10 @@ def test_the_checkpoints_host_copy_is_counted_against_the_ram_beside_the_run(tin
     on_gpu = plan_for(config, memory)
     assert (on_gpu.copy, on_gpu.run, on_gpu.background) == (4 * weights, 0, True)
     policy.to(torch.bfloat16)
-    zero3 = plan_for(config, memory, deepspeed=True)
+    zero3 = plan_for(config, memory, sharding=preflight_module.Sharding(2, deepspeed=True))
     assert zero3.copy == weights // 2 + 2 * weights + weights // 2 and zero3.background  # bf16 weights, fp32 moments
     monkeypatch.setattr(preflight_module, "host_available", lambda: 3 * weights)  # 3 x 0.9 < 3
-    assert not plan_for(config, memory, deepspeed=True).background
+    assert not plan_for(config, memory, sharding=preflight_module.Sharding(2, deepspeed=True)).background
 
 
 def test_an_unknown_tool_is_an_error_before_the_model_loads(tiny_model_dir, letter_task):

@@ -302,7 +302,7 @@ def preflight(config: Config, policy, processor, task: Task, mode: str, world: i
                            bad_rows=list(getattr(task, "bad_rows", ())),
                            speed=speed_line(config, policy, mode, sharding.deepspeed), costs=costs,
                            data=data_line(config, task, mode),
-                           checkpoints=checkpoint_plan(config, policy, mode, memory, sharding.deepspeed))
+                           checkpoints=checkpoint_plan(config, policy, mode, memory, sharding))
 
 
 def trainable_count(config: Config, policy, mode: str) -> int:
@@ -680,19 +680,23 @@ class CheckpointPlan:
         config.train.background_checkpoints = self.background
 
 
-def checkpoint_plan(config: Config, policy, mode: str, memory: MemoryEstimate, deepspeed: bool = False) -> CheckpointPlan:
+def checkpoint_plan(config: Config, policy, mode: str, memory: MemoryEstimate,
+                    sharding: Sharding = Sharding()) -> CheckpointPlan:
     """Where checkpoints are written: in the background when asked and its host copy fits in the
     host's available RAM beside the run, with HEADROOM spare; else on the step's path (as with
     train.background_checkpoints=false: the same files, only not overlapped). The copy is the main
-    process's (only it writes), whole: the policy's weights as `save_pretrained` gets them, AdamW's
-    two moments of each trained parameter (float32 under ZeRO-3, whose full state comes from its fp32
-    partitions), the reference copy where the run saves one. On a CPU device the run lives in the
-    same RAM: what it still takes at its peak (`MemoryEstimate.needed`, over every process) is set
-    against the same reading. On a GPU the host's RAM is read here (`host_available`)."""
-    weights = sum(p.numel() * p.element_size() for p in policy.parameters())
+    process's (only it writes), whole: the weights `save_pretrained` gets (a LoRA adapter's alone,
+    training/session.py `own_weights`; a sharded run gathers the whole model, its base included),
+    AdamW's two moments of each trained parameter (float32 under ZeRO-3, whose full state comes from
+    its fp32 partitions), the reference copy where the run saves one. On a CPU device the run lives
+    in the same RAM: what it still takes at its peak (`MemoryEstimate.needed`, over every process) is
+    set against the same reading. On a GPU the host's RAM is read here (`host_available`)."""
+    adapter = hasattr(policy, "peft_config") and sharding.parts == 1
+    weights = sum(p.numel() * p.element_size() for p in policy.parameters() if p.requires_grad or not adapter)
     trained = trainable_bytes(config, policy, mode)
-    moments = 2 * (4 * trained // next(policy.parameters()).element_size() if deepspeed else trained)
-    copy = weights + moments + (weights if copies_reference(config, mode) else 0)
+    moments = 2 * (4 * trained // next(policy.parameters()).element_size() if sharding.deepspeed else trained)
+    whole = sum(p.numel() * p.element_size() for p in policy.parameters())
+    copy = weights + moments + (whole if copies_reference(config, mode) else 0)
     on_host = memory.device.startswith("cpu")
     available = memory.free if on_host else host_available()
     plan = CheckpointPlan(background=config.train.background_checkpoints, asked=config.train.background_checkpoints,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -67,9 +68,11 @@ class ReferencePolicy:
             return
         if weights is None:
             save_model(self.copy, str(folder / REFERENCE_FILE))
-        else:  # a gathered state dict's tensors may share storage (tied parameters): each its own in the file
-            save_file({name: value.clone().contiguous() for name, value in weights.items()},
-                      str(folder / REFERENCE_FILE))
+        else:  # a gathered state dict's tensors may share storage (tied parameters): each its own in the file,
+            # the others written as they are (a background checkpoint's host copy is not copied twice)
+            storages = Counter(value.untyped_storage().data_ptr() for value in weights.values())
+            save_file({name: value.clone().contiguous() if storages[value.untyped_storage().data_ptr()] > 1
+                       else value.contiguous() for name, value in weights.items()}, str(folder / REFERENCE_FILE))
 
     def saved_weights(self) -> dict[str, torch.Tensor] | None:
         """The copy's tensors under the names `save` writes them (a tied weight once, under the name

@@ -592,9 +592,18 @@ class StepClock:
 
 def own_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """`model`'s state dict with each tensor once (a tied weight under its first name: what
-    save_pretrained and safetensors keep), as a sharded run's gathered weights are."""
+    save_pretrained and safetensors keep), as a sharded run's gathered weights are; of a LoRA policy
+    (peft), the adapter's tensors alone, under the same names: what its save_pretrained keeps of the
+    state dict it is given, so that a background checkpoint copies the adapter, not the base model."""
     names = distinct_names(model)
-    return {name: value for name, value in model.state_dict().items() if name in names}
+    weights = {name: value for name, value in model.state_dict().items() if name in names}
+    if hasattr(model, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        kept = {id(value) for value in get_peft_model_state_dict(model, state_dict=weights).values()}
+        if kept <= {id(value) for value in weights.values()}:  # the same tensors, renamed: keep them by name
+            weights = {name: value for name, value in weights.items() if id(value) in kept}
+    return weights
 
 
 def epoch_metric(task: Task, seen: int) -> dict[str, float]:
