@@ -644,8 +644,10 @@ class TrainConfig:
     step's end and write it on a background thread while training goes on; each is made durable
     (fsync, then renamed into place) before the next one starts and before the run ends, and a kill
     while writing leaves the previous one whole. Pays when writing takes long against a step (a
-    large model, a slow disk); costs host memory the size of the copy while it is written.
-    false = write on the step's path."""
+    large model, a slow disk); costs host memory the size of the copy while it is written (a LoRA
+    run copies its adapter alone). Where the preflight finds that copy would not fit in the host's
+    available RAM beside the run, the run writes on the step's path instead and its `checkpoints`
+    line says why. false = write on the step's path."""
     save_every: int = 0
     """Checkpoint every N steps, and after the last step (0 = only after the last step)."""
     keep_checkpoints: int = 2
