@@ -98,9 +98,29 @@ def test_the_weak_teacher_trusts_the_region_count_and_is_wrong_exactly_where_sha
         said = re.search(r"<answer>(-?\d+)</answer>", example.reference_completion).group(1)
         assert (said != example.answer) == touches
         assert weak.score(example, example.reference_completion)["accuracy"] == float(not touches)
-        assert "+".join(["1"] * meta["regions"][meta["asked"][0]]) in example.reference_completion
+        colour, n = meta["asked"][0], meta["regions"][meta["asked"][0]]
+        assert f"{colour}: {n} regions; 0 of 2 circles: {n} + 0 = {n}; 0 of 3: {n} + 0 = {n}." in example.reference_completion
         wrong, right = wrong + touches, right + (not touches)
     assert wrong >= 10 and right >= 5
+
+
+def test_the_weak_teacher_reads_its_share_of_touching_regions_by_area():
+    """teacher_reads=1 is the exact teacher; in between, some touching regions are read and some not, the
+    same ones for the same example; the scene and the gold answer never change."""
+    every = get_task("census", seed=3, teacher="regions", teacher_reads=1.0)
+    half = get_task("census", seed=3, teacher="regions", teacher_reads=0.5)
+    read = missed = 0
+    for i in range(40):
+        exact = TASK.example(i, "train")
+        assert every.example(i, "train").meta["reference_turns"] == exact.meta["reference_turns"]
+        example = half.example(i, "train")
+        assert digest(example)[:4] == digest(exact)[:4]
+        assert example.meta["reference_turns"] == half.example(i, "train").meta["reference_turns"]
+        said = int(re.search(r"<answer>(-?\d+)</answer>", example.reference_completion).group(1))
+        meta = example.meta
+        if meta["question"] == "count" and meta["regions"][meta["asked"][0]] < meta["count"]:
+            read, missed = read + (said == meta["count"]), missed + (said != meta["count"])
+    assert read >= 2 and missed >= 2
 
 
 def test_the_ood_split_asks_about_more_shapes_than_training_shows():
@@ -162,6 +182,8 @@ def test_the_prototype_fact_raw_regions_are_rarely_exact_and_area_rounding_fixes
     ({"colours": ["red"]}, "colours must be at least 2 distinct names"),
     ({"overlap": 0.6}, "overlap must be in 0.05..0.4"),
     ({"teacher": "oracle"}, "teacher must be one of exact, regions"),
+    ({"teacher_reads": 1.5, "teacher": "regions"}, "teacher_reads must be in .0, 1.,"),
+    ({"teacher_reads": 0.5}, "teacher_reads is the weak teacher's"),
     ({"questions": ["ratio"]}, "questions must be names from count, difference"),
     ({"ood_max": 60, "image_size": 224}, "do not fit a 224 px image"),
     ({"max_count": 10}, "need max_count < ood_min"),

@@ -19,22 +19,34 @@ single_area) shapes. Generation checks that this rule gives every asked colour's
 tool's own output (else it draws the layout again), so the reference always holds.
 
 Reference trajectory (`meta["reference_turns"]`, for SFT with `rollout.tools` holding find_objects): one
-call per colour asked about, then the answer computed from those calls' outputs:
+call per colour asked about, then the answer read from those calls' outputs:
 
     <think>Find the blue circles.</think>
     <tool_call>
     {"name": "find_objects", "arguments": {"colour": "blue"}}
     </tool_call>
-    ... the tool's list ...
-    <think>blue: 1+2+1+1 = 5.</think> <answer>5</answer>
+    ... the tool's list: "5 blue regions ...", then one line per region with its area ...
+    <think>blue: 5 regions; 1 of 2 circles: 5 + 1 = 6; 0 of 3: 6 + 0 = 6.</think> <answer>6</answer>
 
-(each term is one listed region's round(area / single_area), in the tool's order; a difference ends
-"red: ... = 6; green: ... = 4; 6 - 4 = 2."). `reference_completion` is the last turn.
+It says how many regions the tool listed, then, for each k from 2 to max_cluster, how many regions
+hold k touching shapes (a region holds round(area / single_area) shapes) and adds the k - 1 shapes
+each of them hides to the count so far, one small sum at a time. Why this form, measured on the
+offline small model with the exact teacher (64 held-out scenes, greedy): a region by region walk
+("1: 148 -> 1; 2: 290 -> 3; ...") needs each entry to find its own line's area in the list, which the
+model had not learnt after 150 SFT steps (it wrote 148 for most regions; 67% of its answers right);
+one sum at the end ("5 + 1 + 0 = 6") was right in 42% of the answers after 100 steps, where the
+region count was copied right in 97% and the regions of 2 counted right in 53% (56% of answers
+right). A difference ends "red: ... = 6. green: ... = 4. 6 - 4 = 2.". `reference_completion` is the
+last turn.
 
 The weak teacher (`teacher="regions"`): the same calls and the same form of answer, but it trusts the
-raw region count: every region is one shape ("1+1+1+1 = 4"). Its answers are wrong exactly where shapes
-of an asked colour touch (for a difference: where the two colours lose different numbers of shapes to
-touching), right elsewhere: what RL has to fix. The gold answer and the rewards are untouched.
+raw region count: a region of touching shapes counts as one shape, so it says "0 of 2 circles, 0 of
+3", except that it reads a share `teacher_reads` of those regions by their area (drawn per region from
+the example's seed; 0, the default: never). Its answers are wrong where shapes of an asked colour touch
+and it did not read them (for a difference: where the two colours' missed shapes differ), right
+elsewhere: what RL has to fix. With 0 < teacher_reads < 1 the SFT data shows both readings of a
+touching region, so the model it makes says the right one some of the time, which RL can then
+reinforce (as shapes' `teacher_error`). The gold answer and the rewards are untouched.
 
 Splits: a candidate belongs to "test" when a stable hash of the question and the layout falls below 0.5
 (`base.in_split`), else to "train". "ood": the colour asked about (the larger one of a difference) has
@@ -128,7 +140,10 @@ class CensusParams(TaskParams):
     """Questions asked: count (how many blue circles?) and/or difference (how many more red than green?)."""
     teacher: str = "exact"
     """Reference trajectories: exact (each region counts round(area / single area) shapes) or regions (the
-    weak teacher: every region is one shape, wrong where shapes touch)."""
+    weak teacher: every region is one shape, wrong where shapes touch, except a share `teacher_reads`)."""
+    teacher_reads: float = 0.0
+    """The weak teacher's share of touching-shape regions read by area (the rest counted as one shape), drawn per
+    region; only with teacher="regions"."""
     instructions: bool = True
     """Explain the view and the tool in the prompt; false: the question and the single shape's area only."""
     format_weight: float = 0.5
@@ -159,6 +174,9 @@ class CensusParams(TaskParams):
         check("difference" not in self.questions or self.min_count < self.max_count, "a difference question needs two "
               f"colours of different counts: need min_count < max_count, got {self.min_count}, {self.max_count}")
         check(self.teacher in TEACHERS, f"teacher must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
+        check(0 <= self.teacher_reads <= 1, f"teacher_reads must be in [0, 1], got {self.teacher_reads}")
+        check(self.teacher_reads == 0 or self.teacher == "regions", "teacher_reads is the weak teacher's "
+              f"(teacher=regions); got teacher={self.teacher!r}")
         check(self.format_weight >= 0, f"format_weight must be >= 0, got {self.format_weight}")
         most = self.ood_max + (len(self.colours) - 1) * self.max_count
         side = chain_side(self.max_cluster, self.shape_size, self.overlap)
@@ -247,20 +265,31 @@ class CensusTask(Task):
                 f"original's pixels; touching {plural} make one region. {alone} For example:\n{call_text(asked[0])}\n"
                 "Think inside <think> </think>, then give the number inside <answer> </answer>.")
 
-    def _turns(self, question: str, asked: list[str], areas: dict[str, list[int]]) -> list[str]:
-        """The reference turns: one call per colour asked about, then the answer from the listed areas."""
+    def _turns(self, rng: random.Random, question: str, asked: list[str], areas: dict[str, list[int]]) -> list[str]:
+        """The reference turns: one call per colour asked about, then the answer from the regions' areas."""
         p = self.params
         plural = PLURALS[p.kind]
         calls = [f"<think>Find the {colour} {plural}.</think>\n{call_text(colour)}" for colour in asked]
+        sizes = range(2, p.max_cluster + 1)
         parts, totals = [], []
         for colour in asked:
-            terms = [1 if p.teacher == "regions" else shapes_in(a, self.single_area) for a in areas[colour]]
-            totals.append(sum(terms))
-            parts.append(f"{colour}: {'+'.join(map(str, terms)) or '0'} = {totals[-1]}")
+            held = {k: 0 for k in sizes}  # regions read as holding k shapes
+            for area in areas[colour]:
+                k = shapes_in(area, self.single_area)
+                if k > 1 and not (p.teacher == "regions" and rng.random() >= p.teacher_reads):
+                    held[k] += 1
+            total = len(areas[colour])
+            steps = [f"{colour}: {total} regions"]
+            for k, n in held.items():  # each size of region adds the shapes it hides: one small sum at a time
+                steps.append(f"{n} of {k}" + (f" {plural}" if k == 2 else "") + f": {total} + {(k - 1) * n} = "
+                             f"{total + (k - 1) * n}")
+                total += (k - 1) * n
+            totals.append(total)
+            parts.append("; ".join(steps) + ".")
         if question == "difference":
-            parts.append(f"{totals[0]} - {totals[1]} = {totals[0] - totals[1]}")
+            parts.append(f"{totals[0]} - {totals[1]} = {totals[0] - totals[1]}.")
         said = totals[0] - totals[1] if question == "difference" else totals[0]
-        return calls + [f"<think>{'; '.join(parts)}.</think> <answer>{said}</answer>"]
+        return calls + [f"<think>{' '.join(parts)}</think> <answer>{said}</answer>"]
 
     def _example(self, idx: int, split: str) -> Example:
         p, rng = self.params, self.rng(split, idx)
@@ -280,7 +309,7 @@ class CensusTask(Task):
             raise RuntimeError("no layout landed in the split")
         view = original.resize((p.view_side, p.view_side), Image.Resampling.BOX)
         answer = counts[asked[0]] - counts[asked[1]] if question == "difference" else counts[asked[0]]
-        turns = self._turns(question, asked, areas)
+        turns = self._turns(rng, question, asked, areas)
         raw = {c: len(areas[c]) for c in asked}
         meta = {"idx": idx, "split": split, "question": question, "asked": asked, "counts": counts,
                 "regions": raw, "count": answer, "single_area": self.single_area,
