@@ -189,6 +189,56 @@ def test_a_lora_checkpoint_s_host_copy_holds_the_adapter_alone(tmp_path, tiny_mo
     assert sharded.copy == sum(p.numel() * 4 for p in policy.parameters()) + 2 * adapter_bytes  # gathered whole
 
 
+class HeldWriter:
+    """A CheckpointWriter that holds its write until the test runs it."""
+
+    def start(self, write) -> None:
+        self.write = write
+
+
+def background_save(tmp_path: Path, model_dir: str, whole_of) -> tuple:
+    """A session's background checkpoint of a tiny policy (one AdamW step taken, a reference copy)
+    taken with `whole_of(policy, optimizer)` as its gathered state; training then goes on (another
+    optimizer step, a refresh of the reference) before the writer's thread writes it. Returns the
+    state and reference at save time, and the folder written."""
+    from types import SimpleNamespace
+
+    from vlmrl.config import AlgorithmConfig
+    from vlmrl.training.reference import ReferencePolicy
+
+    policy, processor = load_policy(model_dir, device="cpu", dtype="float32")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    reference = ReferencePolicy(policy, AlgorithmConfig(beta=0.05, ref_refresh_steps=1, ref_mix=0.5))
+
+    def step() -> None:
+        for p in policy.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+
+    step()
+    session = SimpleNamespace(processor=processor, optimizer=optimizer, policy=policy, reference=reference,
+                              scheduler=scheduler, writer=HeldWriter(), run_dir=tmp_path, command="train",
+                              guard=SimpleNamespace(state_dict=dict),
+                              config=SimpleNamespace(train=SimpleNamespace(keep_checkpoints=2)))
+    then = checkpoint.host_copy((optimizer.state_dict(), reference.saved_weights()))
+    session_module.TrainingSession.write_in_background(session, 1, 7, whole_of(policy, optimizer))
+    step()  # training goes on while the thread has not written yet
+    assert reference.maybe_refresh(policy, 1)
+    session.writer.write()
+    return then, tmp_path / "checkpoints/step_000001"
+
+
+def test_a_zero3_background_checkpoint_holds_the_reference_of_its_step(tmp_path, tiny_model_dir):
+    """ZeRO-3 gathers the policy and its optimizer state, not the reference (whole and live on each
+    process): the background checkpoint copies it at save time, so a refresh (an in-place lerp) that
+    comes before the thread writes is not in it."""
+    weights = lambda policy, optimizer: checkpoint.Gathered(checkpoint.host_copy(session_module.own_weights(policy)),
+                                                           checkpoint.host_copy(optimizer.state_dict()))
+    (_, reference), folder = background_save(tmp_path, tiny_model_dir, weights)
+    assert_same(load_file(folder / "reference.safetensors"), reference)
+
+
 def test_a_bad_example_met_by_the_worker_stops_the_run_at_its_step_in_one_line(tmp_path, tiny_model_dir, letter_task):
     task = ThreadedLetters(bad=(4,))  # the first prompt of step 3
     run = tmp_path / "run"

@@ -341,12 +341,15 @@ class TrainingSession:
 
     def write_in_background(self, steps_done: int, cursor: int, whole: Gathered | None) -> None:
         """The main process's part of `save` with background checkpoints: what the checkpoint holds
-        copied to host memory now (a sharded run's gathered states are copies already), written by the
-        writer's thread while training goes on."""
+        copied to host memory now (a sharded run's gathered states are copies already, but ZeRO-3
+        gathers no reference: its live copy is copied here), written by the writer's thread while
+        training goes on."""
         if not hasattr(self, "saving_processor"):
             self.saving_processor = copy.deepcopy(self.processor)  # the thread's own: a tokenizer is not shared
         if whole is not None:
             optimizer, weights, reference = whole.optimizer, whole.weights, whole.reference
+            if reference is None and self.reference is not None:  # ZeRO-3 gathers no reference: its copy is
+                reference = host_copy(self.reference.saved_weights())  # whole and live (refresh lerps it in place)
         else:
             optimizer = host_copy(self.optimizer.state_dict())
             weights = host_copy(own_weights(self.policy))
