@@ -239,6 +239,34 @@ def test_a_zero3_background_checkpoint_holds_the_reference_of_its_step(tmp_path,
     assert_same(load_file(folder / "reference.safetensors"), reference)
 
 
+def test_an_fsdp2_background_checkpoint_holds_the_optimizer_state_of_its_step(tmp_path, tiny_model_dir):
+    """FSDP2's full optimizer state (cpu_offload) hands a 0-d CPU tensor, AdamW's `step`, back as the
+    live one: the background path clones what shares storage with the live state, so the next
+    optimizer step (which increments it in place) is not in trainer_state.pt."""
+    whole = lambda policy, optimizer: checkpoint.Gathered(checkpoint.host_copy(session_module.own_weights(policy)),
+                                                         optimizer.state_dict(), {})  # live, as FSDP2's step; {}: a gathered reference
+    (state, _), folder = background_save(tmp_path, tiny_model_dir, whole)
+    saved = torch.load(folder / STATE_FILE, weights_only=True)["optimizer"]
+    assert {int(s["step"]) for s in saved["state"].values()} == {1}
+    assert_same(saved, state)
+
+
+def test_unshared_leaves_no_tensor_of_the_live_optimizer_state():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    live = optimizer.state_dict()  # every tensor the live one
+    fresh = torch.zeros(2)
+    copied = checkpoint.unshared({"optimizer": live, "fresh": fresh}, checkpoint.live_storages(optimizer))
+    storages = checkpoint.live_storages(optimizer)
+    tensors = [v for s in copied["optimizer"]["state"].values() for v in s.values()]
+    assert len(tensors) == 6 and not {t.untyped_storage().data_ptr() for t in tensors} & storages
+    assert copied["fresh"] is fresh  # a fresh host copy is not copied twice
+    optimizer.step()
+    assert {int(s["step"]) for s in copied["optimizer"]["state"].values()} == {1}
+
+
 def test_a_bad_example_met_by_the_worker_stops_the_run_at_its_step_in_one_line(tmp_path, tiny_model_dir, letter_task):
     task = ThreadedLetters(bad=(4,))  # the first prompt of step 3
     run = tmp_path / "run"

@@ -53,9 +53,11 @@ from vlmrl.safety.checkpoint import (
     reference_missing,
     restore_trainer_state,
     host_copy,
+    live_storages,
     save_checkpoint,
     save_model,
     trainer_state,
+    unshared,
     write_checkpoint,
 )
 from vlmrl.safety.checkpoint_writer import CheckpointWriter
@@ -348,6 +350,8 @@ class TrainingSession:
             self.saving_processor = copy.deepcopy(self.processor)  # the thread's own: a tokenizer is not shared
         if whole is not None:
             optimizer, weights, reference = whole.optimizer, whole.weights, whole.reference
+            if optimizer is not None:  # FSDP2 hands a 0-d CPU tensor (AdamW's `step`) back live: cloned
+                optimizer = unshared(optimizer, live_storages(self.optimizer))
             if reference is None and self.reference is not None:  # ZeRO-3 gathers no reference: its copy is
                 reference = host_copy(self.reference.saved_weights())  # whole and live (refresh lerps it in place)
         else:
