@@ -173,7 +173,7 @@ def write_checkpoint(run_dir: Path, contents: Contents, owners: tuple, keep: int
             make_durable(tmp)
             _remove(final)
             tmp.rename(final)
-            _sync(root)
+            _sync_folder(root)
     except BaseException as error:
         with contextlib.suppress(OSError):
             _remove(tmp)
@@ -191,7 +191,15 @@ def make_durable(folder: Path) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file() and not path.is_symlink():
             _sync(path)
-    _sync(folder)
+    _sync_folder(folder)
+
+
+def _sync_folder(path: Path) -> None:
+    """fsync a folder where the filesystem allows it: some refuse to open or fsync one (EINVAL on
+    FUSE and network filesystems, PermissionError on Windows), which says nothing against the files
+    in it (each fsynced, strictly) nor against a rename already done."""
+    with contextlib.suppress(OSError):
+        _sync(path)
 
 
 def _sync(path: Path) -> None:
