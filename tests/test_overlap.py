@@ -366,3 +366,16 @@ def test_the_worker_prepares_the_calls_that_come_next_in_order(tiny_model_dir):
     finally:
         prefetcher.close()
     assert {task.made[idx] for idx in (1, 4, 5)} == {"vlmrl-prefetch"}
+
+
+def test_a_call_off_the_planned_grid_is_not_foreseen_and_does_not_hang(tiny_model_dir):
+    """Indices that are none of the round's calls (the layout's grid) give (None, 0) at once and
+    ask the worker for nothing; the next call on the grid plans again."""
+    prefetcher = Prefetcher(ThreadedLetters(), load_processor(tiny_model_dir), limit=None, encode=False, depth=2)
+    try:
+        assert prefetcher.take([1, 2], first=0, layout=(4, 2, 8)) == (None, 0.0)  # calls are [0, 1], [2, 3]
+        assert not prefetcher.pending and prefetcher.plan is None
+        assert prefetcher.take([2, 3], first=0, layout=(4, 2, 8)) == (None, 0.0)
+        assert [indices for indices, _ in prefetcher.pending] == [[8, 9], [10, 11]]
+    finally:
+        prefetcher.close()

@@ -22,6 +22,7 @@ second thread (vlmrl's tasks and the dataset task are); `train.prefetch_batches=
 from __future__ import annotations
 
 import copy
+import itertools
 import queue
 import threading
 import time
@@ -79,10 +80,12 @@ class Prefetcher:
             started = time.perf_counter()
             found = self.pending.popleft()[1].get()
             waited = time.perf_counter() - started
-        else:  # a call not foreseen (the first one): plan from here
+        else:  # a call not foreseen (the first one): plan from here, when it is one of its round's calls
+            per_process, per_call, _ = layout
             self.plan = call_indices(first, *layout)
-            while next(self.plan) != indices:
-                pass
+            if indices not in itertools.islice(self.plan, -(-per_process // per_call)):  # consumed up to it
+                self.plan = None  # off the layout's grid: nothing foreseen, the trainer draws it
+                return None, 0.0
         while len(self.pending) < self.depth:
             upcoming = next(self.plan)
             answer: queue.Queue = queue.Queue(maxsize=1)
