@@ -368,6 +368,30 @@ def test_the_worker_prepares_the_calls_that_come_next_in_order(tiny_model_dir):
     assert {task.made[idx] for idx in (1, 4, 5)} == {"vlmrl-prefetch"}
 
 
+class HeldLetters(ThreadedLetters):
+    """The letter task, its first train example held until `go` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.go = threading.Event(), threading.Event()
+
+    def _example(self, idx: int, split: str):
+        self.started.set()
+        self.go.wait(10)
+        return super()._example(idx, split)
+
+
+def test_close_stops_the_worker_after_the_call_it_is_on(tiny_model_dir):
+    task = HeldLetters()
+    prefetcher = Prefetcher(task, load_processor(tiny_model_dir), limit=None, encode=False, depth=3)
+    prefetcher.take([0], first=0, layout=(4, 1, 4))  # asks for [1], [2], [3]
+    assert task.started.wait(10)
+    prefetcher.close()
+    task.go.set()
+    prefetcher.thread.join(10)
+    assert not prefetcher.thread.is_alive() and sorted(task.made) == [1]  # [2] and [3] dropped
+
+
 def test_a_call_off_the_planned_grid_is_not_foreseen_and_does_not_hang(tiny_model_dir):
     """Indices that are none of the round's calls (the layout's grid) give (None, 0) at once and
     ask the worker for nothing; the next call on the grid plans again."""

@@ -66,6 +66,7 @@ class Prefetcher:
         self.requests: queue.Queue = queue.Queue()
         self.pending: deque[tuple[list[int], queue.Queue]] = deque()
         self.plan: Iterator[list[int]] | None = None
+        self.closed = threading.Event()  # set by `close`: the worker takes no further request
         self.thread = threading.Thread(target=self._work, name="vlmrl-prefetch", daemon=True)
         self.thread.start()
 
@@ -94,12 +95,13 @@ class Prefetcher:
         return found, waited
 
     def close(self) -> None:
-        """Stop the worker after the call it is on (nothing waits for it)."""
+        """Stop the worker after the call it is on, the calls still queued dropped (nothing waits for it)."""
+        self.closed.set()
         self.pending.clear()
         self.requests.put(None)
 
     def _work(self) -> None:
-        while (request := self.requests.get()) is not None:
+        while (request := self.requests.get()) is not None and not self.closed.is_set():
             indices, answer = request
             answer.put(self.prepare(indices))
 
