@@ -368,6 +368,23 @@ def test_the_worker_prepares_the_calls_that_come_next_in_order(tiny_model_dir):
     assert {task.made[idx] for idx in (1, 4, 5)} == {"vlmrl-prefetch"}
 
 
+def test_a_sampler_whose_rewards_cannot_be_built_leaves_no_prefetching_thread(tmp_path, tiny_model_dir, monkeypatch):
+    from types import SimpleNamespace
+
+    from vlmrl.training import experience
+
+    def broken(*args):
+        raise VlmrlError("no such reward")
+
+    monkeypatch.setattr(experience, "build_rewards", broken)
+    config = load_config(None, overrides(tmp_path / "run", tiny_model_dir, *OVERLAPPED, "rollout.share_prompt_cache=false"))
+    session = SimpleNamespace(config=config, processor=load_processor(tiny_model_dir))
+    before = {t for t in threading.enumerate() if t.name == "vlmrl-prefetch"}
+    with pytest.raises(VlmrlError, match="^no such reward$"):
+        experience.GroupSampler.for_run(session, ThreadedLetters())
+    assert {t for t in threading.enumerate() if t.name == "vlmrl-prefetch"} == before
+
+
 class HeldLetters(ThreadedLetters):
     """The letter task, its first train example held until `go` is set."""
 
