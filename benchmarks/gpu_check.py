@@ -48,7 +48,7 @@ SETTINGS = {  # per device: each part's arguments and time limit (s); the GPU's 
     },
     "cpu": {
         "decode": (["--size", "tiny", "--prompts", "2", "--group", "2", "--image", "56", "--tokens", "8",
-                    "--warmup", "1", "--repeats", "1"], 300),
+                    "--warmup", "1", "--repeats", "3"], 300),
         "step": (["--size", "tiny", "--prompts", "2", "--group", "2", "--image", "56", "--tokens", "8", "--micro", "4",
                   "--warmup", "1", "--steps", "1", "--decode", "static"], 300),
         "tests": ([], 300),

@@ -35,6 +35,13 @@ def test_every_command_has_help(capsys):
         assert out.startswith("usage: vlmrl") and len(out.splitlines()) > 3, command
 
 
+def test_tiny_model_refuses_a_size_with_a_tool_in_one_line(tmp_path, capsys):
+    assert main(["tiny-model", str(tmp_path / "m"), "--tool", "detect", "--size", "small"]) == 2
+    assert capsys.readouterr().err == ("error: --size is the VLM's; a tool's tiny model has one size: drop --size "
+                                       "small or --tool detect\n")
+    assert not (tmp_path / "m").exists()
+
+
 def test_tiny_model_command_writes_a_loadable_folder(tmp_path, capsys):
     assert main(["tiny-model", str(tmp_path / "m"), "--seed", "3"]) == 0
     assert "qwen2_5_vl (tiny, seed 3)" in capsys.readouterr().out

@@ -189,6 +189,84 @@ def test_a_lora_checkpoint_s_host_copy_holds_the_adapter_alone(tmp_path, tiny_mo
     assert sharded.copy == sum(p.numel() * 4 for p in policy.parameters()) + 2 * adapter_bytes  # gathered whole
 
 
+class HeldWriter:
+    """A CheckpointWriter that holds its write until the test runs it."""
+
+    def start(self, write) -> None:
+        self.write = write
+
+
+def background_save(tmp_path: Path, model_dir: str, whole_of) -> tuple:
+    """A session's background checkpoint of a tiny policy (one AdamW step taken, a reference copy)
+    taken with `whole_of(policy, optimizer)` as its gathered state; training then goes on (another
+    optimizer step, a refresh of the reference) before the writer's thread writes it. Returns the
+    state and reference at save time, and the folder written."""
+    from types import SimpleNamespace
+
+    from vlmrl.config import AlgorithmConfig
+    from vlmrl.training.reference import ReferencePolicy
+
+    policy, processor = load_policy(model_dir, device="cpu", dtype="float32")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    reference = ReferencePolicy(policy, AlgorithmConfig(beta=0.05, ref_refresh_steps=1, ref_mix=0.5))
+
+    def step() -> None:
+        for p in policy.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+
+    step()
+    session = SimpleNamespace(processor=processor, optimizer=optimizer, policy=policy, reference=reference,
+                              scheduler=scheduler, writer=HeldWriter(), run_dir=tmp_path, command="train",
+                              guard=SimpleNamespace(state_dict=dict),
+                              config=SimpleNamespace(train=SimpleNamespace(keep_checkpoints=2)))
+    then = checkpoint.host_copy((optimizer.state_dict(), reference.saved_weights()))
+    session_module.TrainingSession.write_in_background(session, 1, 7, whole_of(policy, optimizer))
+    step()  # training goes on while the thread has not written yet
+    assert reference.maybe_refresh(policy, 1)
+    session.writer.write()
+    return then, tmp_path / "checkpoints/step_000001"
+
+
+def test_a_zero3_background_checkpoint_holds_the_reference_of_its_step(tmp_path, tiny_model_dir):
+    """ZeRO-3 gathers the policy and its optimizer state, not the reference (whole and live on each
+    process): the background checkpoint copies it at save time, so a refresh (an in-place lerp) that
+    comes before the thread writes is not in it."""
+    weights = lambda policy, optimizer: checkpoint.Gathered(checkpoint.host_copy(session_module.own_weights(policy)),
+                                                           checkpoint.host_copy(optimizer.state_dict()))
+    (_, reference), folder = background_save(tmp_path, tiny_model_dir, weights)
+    assert_same(load_file(folder / "reference.safetensors"), reference)
+
+
+def test_an_fsdp2_background_checkpoint_holds_the_optimizer_state_of_its_step(tmp_path, tiny_model_dir):
+    """FSDP2's full optimizer state (cpu_offload) hands a 0-d CPU tensor, AdamW's `step`, back as the
+    live one: the background path clones what shares storage with the live state, so the next
+    optimizer step (which increments it in place) is not in trainer_state.pt."""
+    whole = lambda policy, optimizer: checkpoint.Gathered(checkpoint.host_copy(session_module.own_weights(policy)),
+                                                         optimizer.state_dict(), {})  # live, as FSDP2's step; {}: a gathered reference
+    (state, _), folder = background_save(tmp_path, tiny_model_dir, whole)
+    saved = torch.load(folder / STATE_FILE, weights_only=True)["optimizer"]
+    assert {int(s["step"]) for s in saved["state"].values()} == {1}
+    assert_same(saved, state)
+
+
+def test_unshared_leaves_no_tensor_of_the_live_optimizer_state():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    live = optimizer.state_dict()  # every tensor the live one
+    fresh = torch.zeros(2)
+    copied = checkpoint.unshared({"optimizer": live, "fresh": fresh}, checkpoint.live_storages(optimizer))
+    storages = checkpoint.live_storages(optimizer)
+    tensors = [v for s in copied["optimizer"]["state"].values() for v in s.values()]
+    assert len(tensors) == 6 and not {t.untyped_storage().data_ptr() for t in tensors} & storages
+    assert copied["fresh"] is fresh  # a fresh host copy is not copied twice
+    optimizer.step()
+    assert {int(s["step"]) for s in copied["optimizer"]["state"].values()} == {1}
+
+
 def test_a_bad_example_met_by_the_worker_stops_the_run_at_its_step_in_one_line(tmp_path, tiny_model_dir, letter_task):
     task = ThreadedLetters(bad=(4,))  # the first prompt of step 3
     run = tmp_path / "run"
@@ -288,3 +366,57 @@ def test_the_worker_prepares_the_calls_that_come_next_in_order(tiny_model_dir):
     finally:
         prefetcher.close()
     assert {task.made[idx] for idx in (1, 4, 5)} == {"vlmrl-prefetch"}
+
+
+def test_a_sampler_whose_rewards_cannot_be_built_leaves_no_prefetching_thread(tmp_path, tiny_model_dir, monkeypatch):
+    from types import SimpleNamespace
+
+    from vlmrl.training import experience
+
+    def broken(*args):
+        raise VlmrlError("no such reward")
+
+    monkeypatch.setattr(experience, "build_rewards", broken)
+    config = load_config(None, overrides(tmp_path / "run", tiny_model_dir, *OVERLAPPED, "rollout.share_prompt_cache=false"))
+    session = SimpleNamespace(config=config, processor=load_processor(tiny_model_dir))
+    before = {t for t in threading.enumerate() if t.name == "vlmrl-prefetch"}
+    with pytest.raises(VlmrlError, match="^no such reward$"):
+        experience.GroupSampler.for_run(session, ThreadedLetters())
+    assert {t for t in threading.enumerate() if t.name == "vlmrl-prefetch"} == before
+
+
+class HeldLetters(ThreadedLetters):
+    """The letter task, its first train example held until `go` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.go = threading.Event(), threading.Event()
+
+    def _example(self, idx: int, split: str):
+        self.started.set()
+        self.go.wait(10)
+        return super()._example(idx, split)
+
+
+def test_close_stops_the_worker_after_the_call_it_is_on(tiny_model_dir):
+    task = HeldLetters()
+    prefetcher = Prefetcher(task, load_processor(tiny_model_dir), limit=None, encode=False, depth=3)
+    prefetcher.take([0], first=0, layout=(4, 1, 4))  # asks for [1], [2], [3]
+    assert task.started.wait(10)
+    prefetcher.close()
+    task.go.set()
+    prefetcher.thread.join(10)
+    assert not prefetcher.thread.is_alive() and sorted(task.made) == [1]  # [2] and [3] dropped
+
+
+def test_a_call_off_the_planned_grid_is_not_foreseen_and_does_not_hang(tiny_model_dir):
+    """Indices that are none of the round's calls (the layout's grid) give (None, 0) at once and
+    ask the worker for nothing; the next call on the grid plans again."""
+    prefetcher = Prefetcher(ThreadedLetters(), load_processor(tiny_model_dir), limit=None, encode=False, depth=2)
+    try:
+        assert prefetcher.take([1, 2], first=0, layout=(4, 2, 8)) == (None, 0.0)  # calls are [0, 1], [2, 3]
+        assert not prefetcher.pending and prefetcher.plan is None
+        assert prefetcher.take([2, 3], first=0, layout=(4, 2, 8)) == (None, 0.0)
+        assert [indices for indices, _ in prefetcher.pending] == [[8, 9], [10, 11]]
+    finally:
+        prefetcher.close()

@@ -192,6 +192,34 @@ def test_a_folder_that_cannot_be_written_mid_run_is_one_line(tmp_path, monkeypat
     assert left_in(tmp_path) == ["step_000001"]
 
 
+@pytest.mark.parametrize("refusal", [OSError(errno.EINVAL, "Invalid argument"), PermissionError(errno.EACCES, "denied")])
+def test_a_filesystem_that_cannot_fsync_a_folder_still_saves_but_a_file_s_fsync_stays_strict(tmp_path, monkeypatch,
+                                                                                             refusal):
+    """Folders cannot be opened for fsync on FUSE and network filesystems (EINVAL) nor on Windows
+    (PermissionError): the checkpoint, complete and renamed into place, is saved; a file that cannot
+    be fsynced still stops the save in one line."""
+    real_open = os.open
+
+    def no_folders(path, flags, *args, **kwargs):
+        if "dir_fd" not in kwargs and os.path.isdir(path):  # checkpoint.py's fsync, not shutil.rmtree's walk
+            raise refusal
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_folders)
+    assert save_step(tmp_path, 1) == tmp_path / "checkpoints" / "step_000001"
+    assert read_checkpoint(tmp_path / "checkpoints" / "step_000001")["step"] == 1
+
+    def no_fsync(path, flags, *args, **kwargs):
+        if str(path).endswith(".safetensors"):
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return no_folders(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_fsync)
+    with pytest.raises(VlmrlError, match=r"^cannot save checkpoint step 2: Input/output error \(.*model.safetensors\)"):
+        save_step(tmp_path, 2)
+    assert left_in(tmp_path) == ["step_000001"]
+
+
 def test_a_checkpoint_place_taken_by_a_file_or_a_link_is_one_line(tmp_path):
     save_step(tmp_path, 1)
     (tmp_path / "checkpoints" / ".tmp_step_000009").mkdir()  # left by a kill while saving: cleared at the next save

@@ -20,12 +20,15 @@ def _tiny_model(args: argparse.Namespace) -> None:
     from vlmrl.models import build_tiny_model
     from vlmrl.models.tiny_model import model_summary
 
+    if args.tool and args.size:
+        raise VlmrlError(f"--size is the VLM's; a tool's tiny model has one size: drop --size {args.size} "
+                         f"or --tool {args.tool}")
     if args.tool:
         from vlmrl.models.tool_models import build_tiny_tool_model
 
         print(build_tiny_tool_model(args.out, args.tool, seed=args.seed, arch=args.arch))
         return
-    out = build_tiny_model(args.out, size=args.size, arch=args.arch or "qwen2_5_vl", seed=args.seed)
+    out = build_tiny_model(args.out, size=args.size or "tiny", arch=args.arch or "qwen2_5_vl", seed=args.seed)
     print(model_summary(out))
 
 
@@ -263,8 +266,9 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
                     "offline and an image processor that needs no torchvision; saved with "
                     "save_pretrained so it loads like any hub model.")
     tiny.add_argument("out", help="folder to write the model into")
-    tiny.add_argument("--size", choices=SIZES, default="tiny",
-                      help="tiny: ~0.2M parameters, for tests; small: ~4M, learns the built-in tasks")
+    tiny.add_argument("--size", choices=SIZES, default=None,
+                      help="tiny (default): ~0.2M parameters, for tests; small: ~4M, learns the built-in tasks; "
+                           "not with --tool (a tool's tiny model has one size)")
     tiny.add_argument("--arch", default=None, metavar="MODEL_TYPE",
                       help=f"architecture family: {', '.join(ARCHES)} (default qwen2_5_vl); with --tool, one of that "
                            "tool's tiny architectures (docs/tools.md), the first by default")

@@ -113,6 +113,27 @@ def host_copy(value):
     return copy.deepcopy(value)
 
 
+def live_storages(optimizer: torch.optim.Optimizer) -> set[int]:
+    """The storages (data pointers) of `optimizer`'s live state tensors (a DTensor's local shard)."""
+    tensors = [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+    return {getattr(value, "_local_tensor", value).untyped_storage().data_ptr() for value in tensors}
+
+
+def unshared(value, storages: set[int]):
+    """`value` with every tensor whose storage is in `storages` cloned (containers rebuilt, the
+    others as they are): FSDP2's full optimizer state hands a 0-d CPU tensor (AdamW's `step`) back
+    as the live one, which the next step increments in place while a background write reads it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone() if value.untyped_storage().data_ptr() in storages else value
+    if isinstance(value, dict):
+        return {key: unshared(item, storages) for key, item in value.items()}
+    if isinstance(value, list):
+        return [unshared(item, storages) for item in value]
+    if type(value) is tuple:
+        return tuple(unshared(item, storages) for item in value)
+    return value
+
+
 def save_checkpoint(run_dir: Path, step: int, model, processor, optimizer, scheduler,
                     data_position: int, reference=None, keep: int = 2, extra: dict | None = None,
                     gathered: Gathered | None = None) -> Path:
@@ -152,7 +173,7 @@ def write_checkpoint(run_dir: Path, contents: Contents, owners: tuple, keep: int
             make_durable(tmp)
             _remove(final)
             tmp.rename(final)
-            _sync(root)
+            _sync_folder(root)
     except BaseException as error:
         with contextlib.suppress(OSError):
             _remove(tmp)
@@ -170,7 +191,15 @@ def make_durable(folder: Path) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file() and not path.is_symlink():
             _sync(path)
-    _sync(folder)
+    _sync_folder(folder)
+
+
+def _sync_folder(path: Path) -> None:
+    """fsync a folder where the filesystem allows it: some refuse to open or fsync one (EINVAL on
+    FUSE and network filesystems, PermissionError on Windows), which says nothing against the files
+    in it (each fsynced, strictly) nor against a rename already done."""
+    with contextlib.suppress(OSError):
+        _sync(path)
 
 
 def _sync(path: Path) -> None:

@@ -246,7 +246,7 @@ def _what(colour: Any, shape: Any) -> str:
 # --------------------------------------------------------------------------- find_objects
 
 
-def _marks(original: Image.Image, regions: list[Region], box: tuple[int, int, int, int], max_side: int) -> Image.Image:
+def marks(original: Image.Image, regions: list[Region], box: tuple[int, int, int, int], max_side: int) -> Image.Image:
     """The box of `original`, resized as zoom resizes (LANCZOS, longest side `max_side`), with each
     region's box drawn (black, 1 px outside the region) and its id on a white tag at its top-left."""
     x1, y1, x2, y2 = box
@@ -271,7 +271,7 @@ def find_objects(context: Any, colour: Any = None, shape: Any = None, box: Any =
     """The regions of `colour` (a PALETTE name; None: every CHROMATIC colour) and `shape` (a SHAPES class;
     None: any) inside `box` [x1, y1, x2, y2] (original pixels; None: the whole image) of image number
     `image`, as text (id, colour, shape, box in original pixels, area in pixels; at most MAX_LISTED) and
-    the set-of-marks image (`_marks`). ValueError for a bad argument (module docstring). A repeated call
+    the set-of-marks image (`marks`). ValueError for a bad argument (module docstring). A repeated call
     is answered from `find_objects.answer_cache`."""
     original = context_image(context, image)
     arguments = argument_key([colour, shape, box, image])
@@ -291,7 +291,7 @@ def _find_objects(original: Image.Image, colour: Any, shape: Any, box: Any, imag
     if len(regions) > len(listed):
         lines.append(f"... and {len(regions) - len(listed)} more (ids {len(listed) + 1} to {len(regions)}): "
                      "ask with a smaller box, a colour or a shape")
-    return ["\n".join(lines), _marks(original, listed, where, max_side)]
+    return ["\n".join(lines), marks(original, listed, where, max_side)]
 
 
 find_objects.answer_cache = AnswerCache(CV_CACHE_SIZE)  # type: ignore[attr-defined]

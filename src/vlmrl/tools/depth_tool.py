@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmrl.tools.cv_tools import _marks
+from vlmrl.tools.cv_tools import marks
 from vlmrl.tools.image_tools import context_image, fit_side, pixel_box
 from vlmrl.tools.model_tools import ModelTool, Prepared
 
@@ -47,7 +47,7 @@ PALETTE = np.stack([np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(COLO
 
 @dataclass
 class Marked:
-    """A region to draw on the map: its box in the drawn image's pixels (what `_marks` reads)."""
+    """A region to draw on the map: its box in the drawn image's pixels (what `marks` reads)."""
 
     box: tuple[float, float, float, float]
 
@@ -153,7 +153,7 @@ class DepthTool(ModelTool):
         depth, metric = output
         x0, y0, x1, y1 = call.where
         size = fit_side(x1 - x0, y1 - y0, call.side)
-        scale = call.side / max(x1 - x0, y1 - y0)  # as zoom and _marks scale the box
+        scale = call.side / max(x1 - x0, y1 - y0)  # as zoom and marks scale the box
         shown = colour_map(relative_depth(depth, metric), size)
         marked = [Marked(tuple((v - o) * scale for v, o in zip(region, (x0, y0, x0, y0)))) for region in call.args]
-        return describe(call, depth, metric), _marks(shown, marked, (0, 0, *size), call.side)
+        return describe(call, depth, metric), marks(shown, marked, (0, 0, *size), call.side)

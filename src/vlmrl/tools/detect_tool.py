@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmrl.tools.cv_tools import _marks
+from vlmrl.tools.cv_tools import marks
 from vlmrl.tools.model_tools import ModelTool, Prepared
 
 MAX_QUERIES = 8
@@ -122,4 +122,4 @@ class DetectTool(ModelTool):
         boxes, scores, labels = output
         found = select(boxes, scores, labels, call.where[:2])
         return (describe(found, call.args, call.where, call.image, call.original.size),
-                _marks(call.original, found, call.where, call.side))
+                marks(call.original, found, call.where, call.side))

@@ -107,10 +107,12 @@ class GroupSampler:
         settings, depth = session.config.rollout, session.config.train.prefetch_batches
         encodes = (settings.share_prompt_cache and settings.group_size > 1 and not settings.tools
                    and shared_prefill_unsupported(session.policy) is None)
+        rows = RowGuard(task, session.processor, limit=settings.max_prompt_length)
+        rewards = build_rewards(session.config.rewards, task)
+        toolbox = ToolBox.from_config(settings) if settings.tools else None
+        # the worker's thread last: a reward or tool that cannot be built leaves no thread behind
         prefetcher = Prefetcher(task, session.processor, settings.max_prompt_length, encodes, depth) if depth else None
-        return cls(session, task, RowGuard(task, session.processor, limit=settings.max_prompt_length),
-                   build_rewards(session.config.rewards, task), ToolBox.from_config(settings) if settings.tools else None,
-                   prefetcher, encodes)
+        return cls(session, task, rows, rewards, toolbox, prefetcher, encodes)
 
     def close(self) -> None:
         """Stop the prefetching worker, if any."""

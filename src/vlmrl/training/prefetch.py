@@ -22,6 +22,7 @@ second thread (vlmrl's tasks and the dataset task are); `train.prefetch_batches=
 from __future__ import annotations
 
 import copy
+import itertools
 import queue
 import threading
 import time
@@ -65,6 +66,7 @@ class Prefetcher:
         self.requests: queue.Queue = queue.Queue()
         self.pending: deque[tuple[list[int], queue.Queue]] = deque()
         self.plan: Iterator[list[int]] | None = None
+        self.closed = threading.Event()  # set by `close`: the worker takes no further request
         self.thread = threading.Thread(target=self._work, name="vlmrl-prefetch", daemon=True)
         self.thread.start()
 
@@ -79,10 +81,12 @@ class Prefetcher:
             started = time.perf_counter()
             found = self.pending.popleft()[1].get()
             waited = time.perf_counter() - started
-        else:  # a call not foreseen (the first one): plan from here
+        else:  # a call not foreseen (the first one): plan from here, when it is one of its round's calls
+            per_process, per_call, _ = layout
             self.plan = call_indices(first, *layout)
-            while next(self.plan) != indices:
-                pass
+            if indices not in itertools.islice(self.plan, -(-per_process // per_call)):  # consumed up to it
+                self.plan = None  # off the layout's grid: nothing foreseen, the trainer draws it
+                return None, 0.0
         while len(self.pending) < self.depth:
             upcoming = next(self.plan)
             answer: queue.Queue = queue.Queue(maxsize=1)
@@ -91,12 +95,13 @@ class Prefetcher:
         return found, waited
 
     def close(self) -> None:
-        """Stop the worker after the call it is on (nothing waits for it)."""
+        """Stop the worker after the call it is on, the calls still queued dropped (nothing waits for it)."""
+        self.closed.set()
         self.pending.clear()
         self.requests.put(None)
 
     def _work(self) -> None:
-        while (request := self.requests.get()) is not None:
+        while (request := self.requests.get()) is not None and not self.closed.is_set():
             indices, answer = request
             answer.put(self.prepare(indices))
 

@@ -53,9 +53,11 @@ from vlmrl.safety.checkpoint import (
     reference_missing,
     restore_trainer_state,
     host_copy,
+    live_storages,
     save_checkpoint,
     save_model,
     trainer_state,
+    unshared,
     write_checkpoint,
 )
 from vlmrl.safety.checkpoint_writer import CheckpointWriter
@@ -341,12 +343,17 @@ class TrainingSession:
 
     def write_in_background(self, steps_done: int, cursor: int, whole: Gathered | None) -> None:
         """The main process's part of `save` with background checkpoints: what the checkpoint holds
-        copied to host memory now (a sharded run's gathered states are copies already), written by the
-        writer's thread while training goes on."""
+        copied to host memory now (a sharded run's gathered states are copies already, but ZeRO-3
+        gathers no reference: its live copy is copied here), written by the writer's thread while
+        training goes on."""
         if not hasattr(self, "saving_processor"):
             self.saving_processor = copy.deepcopy(self.processor)  # the thread's own: a tokenizer is not shared
         if whole is not None:
             optimizer, weights, reference = whole.optimizer, whole.weights, whole.reference
+            if optimizer is not None:  # FSDP2 hands a 0-d CPU tensor (AdamW's `step`) back live: cloned
+                optimizer = unshared(optimizer, live_storages(self.optimizer))
+            if reference is None and self.reference is not None:  # ZeRO-3 gathers no reference: its copy is
+                reference = host_copy(self.reference.saved_weights())  # whole and live (refresh lerps it in place)
         else:
             optimizer = host_copy(self.optimizer.state_dict())
             weights = host_copy(own_weights(self.policy))
