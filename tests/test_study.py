@@ -509,8 +509,8 @@ def ended(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("way", ["ctrl-c",  # 25 s each
-                                 pytest.param("sigterm to the study", marks=pytest.mark.slow),
+@pytest.mark.parametrize("way", [pytest.param("ctrl-c", marks=pytest.mark.slow),  # 16-25 s each: the suite keeps
+                                 pytest.param("sigterm to the study", marks=pytest.mark.slow),  # the sigkill one
                                  pytest.param("sigterm to a run", marks=pytest.mark.slow),
                                  pytest.param("sigkill to the study", marks=pytest.mark.skipif(
                                      not sys.platform.startswith("linux"), reason="Linux's parent-death signal"))])
