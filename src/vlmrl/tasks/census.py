@@ -41,8 +41,8 @@ last turn.
 
 The weak teacher (`teacher="regions"`): the same calls and the same form of answer, but it trusts the
 raw region count: a region of touching shapes counts as one shape ("0 of 2 circles: 5 + 0 = 5; 0 of
-3: 5 + 0 = 5"), except that it reads a share `teacher_reads` of those regions by their area (drawn per region from
-the example's seed; 0, the default: never). Its answers are wrong where shapes of an asked colour touch
+3: 5 + 0 = 5"), except that it reads a share `teacher_reads` of those regions by their area (drawn
+per region from the example's seed; 0, the default: never). Its answers are wrong where shapes of an asked colour touch
 and it did not read them (for a difference: where the two colours' missed shapes differ), right
 elsewhere: what RL has to fix. With 0 < teacher_reads < 1 the SFT data shows both readings of a
 touching region, so the model it makes says the right one some of the time, which RL can then
