@@ -123,6 +123,40 @@ def test_the_weak_teacher_reads_its_share_of_touching_regions_by_area():
     assert read >= 2 and missed >= 2
 
 
+def test_the_total_reading_divides_measure_s_total_area_by_one_shape_s():
+    """reading=total: the reference calls measure on each colour asked about; its total area over one shape's,
+    rounded, is the count, and the last turn says it ("blue: total area 882 px / 148 px = 6."); the weak teacher says the region
+    count instead ("blue: 5 regions.") where shapes touch, except its share teacher_reads; the scenes are those of
+    a task whose layouts pass both readings' checks (the same rng)."""
+    total = get_task("census", seed=3, reading="total")
+    weak = get_task("census", seed=3, reading="total", teacher="regions", teacher_reads=0.5)
+    touching = read = missed = 0
+    for i in range(24):
+        example = total.example(i, "test")
+        meta, turns = example.meta, example.meta["reference_turns"]
+        assert weak.example(i, "test").prompt == example.prompt and weak.example(i, "test").answer == example.answer
+        context, totals = ToolContext(images=example.originals), []
+        for colour, turn in zip(meta["asked"], turns):
+            call = parse_tool_call(turn)
+            assert call.name == "measure" and call.arguments == {"colour": colour}
+            result = run_tool(call, BUILTIN_TOOLS, context, ToolLimits())
+            regions, area = map(int, re.match(r"(\d+) \w+ regions? .*total area (\d+) px", result.text).groups())
+            assert regions == meta["regions"][colour]
+            touching += regions < meta["counts"][colour]
+            count = max(1, math.floor(area / meta["single_area"] + 0.5))
+            assert f"{colour}: total area {area} px / {meta['single_area']} px = {count}." in turns[-1]
+            totals.append(count)
+        assert str(totals[0] - totals[1] if meta["question"] == "difference" else totals[0]) == example.answer
+        assert total.score(example, turns[-1])["total"] == 1.5
+        said = weak.example(i, "test")
+        if meta["question"] == "count" and meta["regions"][meta["asked"][0]] < meta["count"]:
+            hit = said.reference_completion.endswith(f"<answer>{example.answer}</answer>")
+            assert hit == (f"{meta['asked'][0]}: {meta['regions'][meta['asked'][0]]} regions." not in said.reference_completion)
+            read, missed = read + hit, missed + (not hit)
+    assert touching >= 4 and read >= 1 and missed >= 1
+    assert "measure gives the count" in get_task("census", reading="total").example(0, "train").prompt
+
+
 def test_the_ood_split_asks_about_more_shapes_than_training_shows():
     for i in range(8):
         meta = TASK.example(i, "ood").meta
@@ -182,6 +216,7 @@ def test_the_prototype_fact_raw_regions_are_rarely_exact_and_area_rounding_fixes
     ({"colours": ["red"]}, "colours must be at least 2 distinct names"),
     ({"overlap": 0.6}, "overlap must be in 0.05..0.4"),
     ({"teacher": "oracle"}, "teacher must be one of exact, regions"),
+    ({"reading": "median"}, "reading must be one of regions, total"),
     ({"teacher_reads": 1.5, "teacher": "regions"}, "teacher_reads must be in .0, 1.,"),
     ({"teacher_reads": 0.5}, "teacher_reads is the weak teacher's"),
     ({"questions": ["ratio"]}, "questions must be names from count, difference"),

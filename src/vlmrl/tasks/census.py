@@ -77,8 +77,10 @@ from vlmrl.tools.cv_tools import CHROMATIC, PALETTE, find_regions
 
 QUESTIONS = ("count", "difference")
 TEACHERS = ("exact", "regions")
+READINGS = ("regions", "total")
 _INTEGER = re.compile(r"-?[0-9]{1,6}")
-CALL_NAME = "find_objects"
+CALL_NAMES = {"regions": "find_objects", "total": "measure"}
+"""The tool each reading calls, on the colour asked about."""
 
 
 def chain(k: int, size: int, overlap: float, angle: float) -> list[tuple[int, int]]:
@@ -101,9 +103,10 @@ def shapes_in(area: int, single: int) -> int:
     return max(1, math.floor(area / single + 0.5))
 
 
-def call_text(colour: str) -> str:
-    """The find_objects call on `colour`, in Qwen's native format."""
-    return "<tool_call>\n" + json.dumps({"name": CALL_NAME, "arguments": {"colour": colour}}) + "\n</tool_call>"
+def call_text(colour: str, reading: str = "regions") -> str:
+    """The call `reading` makes on `colour` (find_objects or measure), in Qwen's native format."""
+    call = {"name": CALL_NAMES[reading], "arguments": {"colour": colour}}
+    return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
 
 
 @dataclass
@@ -138,12 +141,15 @@ class CensusParams(TaskParams):
     """Least distance in pixels between two groups (and from the border)."""
     questions: tuple[str, ...] = QUESTIONS
     """Questions asked: count (how many blue circles?) and/or difference (how many more red than green?)."""
+    reading: str = "regions"
+    """How the reference reads the count: regions (find_objects' list: each region holds round(area / single
+    area) shapes) or total (measure's area statistics: round(total area / single area) shapes)."""
     teacher: str = "exact"
-    """Reference trajectories: exact (each region counts round(area / single area) shapes) or regions (the
-    weak teacher: every region is one shape, wrong where shapes touch, except a share `teacher_reads`)."""
+    """Reference trajectories: exact (the areas read) or regions (the weak teacher: every region is one shape,
+    wrong where shapes touch, except a share `teacher_reads`)."""
     teacher_reads: float = 0.0
-    """The weak teacher's share of touching-shape regions read by area (the rest counted as one shape), drawn per
-    region; only with teacher="regions"."""
+    """The weak teacher's share of readings by area (the rest count the regions): drawn per touching-shape region
+    (reading=regions) or per colour asked about (reading=total); only with teacher="regions"."""
     instructions: bool = True
     """Explain the view and the tool in the prompt; false: the question and the single shape's area only."""
     format_weight: float = 0.5
@@ -173,6 +179,7 @@ class CensusParams(TaskParams):
               f"questions must be names from {', '.join(QUESTIONS)}, got {self.questions!r}")
         check("difference" not in self.questions or self.min_count < self.max_count, "a difference question needs two "
               f"colours of different counts: need min_count < max_count, got {self.min_count}, {self.max_count}")
+        check(self.reading in READINGS, f"reading must be one of {', '.join(READINGS)}, got {self.reading!r}")
         check(self.teacher in TEACHERS, f"teacher must be one of {', '.join(TEACHERS)}, got {self.teacher!r}")
         check(0 <= self.teacher_reads <= 1, f"teacher_reads must be in [0, 1], got {self.teacher_reads}")
         check(self.teacher_reads == 0 or self.teacher == "regions", "teacher_reads is the weak teacher's "
@@ -260,36 +267,67 @@ class CensusTask(Task):
         if not p.instructions:
             return f"{ask} {alone}"
         side, view = p.image_size, p.view_side
+        tool = ("find_objects lists the regions of a colour with their boxes and areas" if p.reading == "regions" else
+                "measure gives the count of a colour's regions and their total area")
         return (f"This picture is a {view}x{view} downscaled view of a {side}x{side} image of small {plural}, some "
-                f"touching. {ask} find_objects lists the regions of a colour with their boxes and areas in the "
-                f"original's pixels; touching {plural} make one region. {alone} For example:\n{call_text(asked[0])}\n"
+                f"touching. {ask} {tool} in the original's pixels; touching {plural} make one region. {alone} For "
+                f"example:\n{call_text(asked[0], p.reading)}\n"
                 "Think inside <think> </think>, then give the number inside <answer> </answer>.")
 
     def _turns(self, rng: random.Random, question: str, asked: list[str], areas: dict[str, list[int]]) -> list[str]:
         """The reference turns: one call per colour asked about, then the answer from the regions' areas."""
         p = self.params
         plural = PLURALS[p.kind]
-        calls = [f"<think>Find the {colour} {plural}.</think>\n{call_text(colour)}" for colour in asked]
-        sizes = range(2, p.max_cluster + 1)
+        calls = [f"<think>Find the {colour} {plural}.</think>\n{call_text(colour, p.reading)}" for colour in asked]
+        read = self._read_total if p.reading == "total" else self._read_regions
         parts, totals = [], []
         for colour in asked:
-            held = {k: 0 for k in sizes}  # regions read as holding k shapes
-            for area in areas[colour]:
-                k = shapes_in(area, self.single_area)
-                if k > 1 and not (p.teacher == "regions" and rng.random() >= p.teacher_reads):
-                    held[k] += 1
-            total = len(areas[colour])
-            steps = [f"{colour}: {total} regions"]
-            for k, n in held.items():  # each size of region adds the shapes it hides: one small sum at a time
-                steps.append(f"{n} of {k}" + (f" {plural}" if k == 2 else "") + f": {total} + {(k - 1) * n} = "
-                             f"{total + (k - 1) * n}")
-                total += (k - 1) * n
+            part, total = read(rng, colour, areas[colour])
+            parts.append(part)
             totals.append(total)
-            parts.append("; ".join(steps) + ".")
         if question == "difference":
             parts.append(f"{totals[0]} - {totals[1]} = {totals[0] - totals[1]}.")
         said = totals[0] - totals[1] if question == "difference" else totals[0]
         return calls + [f"<think>{' '.join(parts)}</think> <answer>{said}</answer>"]
+
+    def _weak(self, rng: random.Random) -> bool:
+        """Whether the weak teacher counts a reading's regions rather than reading its areas (one draw)."""
+        return self.params.teacher == "regions" and rng.random() >= self.params.teacher_reads
+
+    def _read_total(self, rng: random.Random, colour: str, areas: list[int]) -> tuple[str, int]:
+        """(the reading of one colour from measure's total area, the count it gives): "blue: total area 882 px /
+        148 px = 6." (the tool's own words before the number: the model copies it as it copies any text); the
+        weak teacher's "blue: 5 regions." unless it reads this one."""
+        if any(shapes_in(a, self.single_area) > 1 for a in areas) and self._weak(rng):
+            return f"{colour}: {len(areas)} regions.", len(areas)
+        count = shapes_in(sum(areas), self.single_area)
+        return f"{colour}: total area {sum(areas)} px / {self.single_area} px = {count}.", count
+
+    def _read_regions(self, rng: random.Random, colour: str, areas: list[int]) -> tuple[str, int]:
+        """(the reading of one colour from find_objects' list, the count it gives): "blue: 5 regions; 1 of 2
+        circles: 5 + 1 = 6; 0 of 3: 6 + 0 = 6."; the weak teacher counts a touching region it does not read
+        as one shape."""
+        p = self.params
+        plural = PLURALS[p.kind]
+        sizes = range(2, p.max_cluster + 1)
+        held = {k: 0 for k in sizes}  # regions read as holding k shapes
+        for area in areas:
+            k = shapes_in(area, self.single_area)
+            if k > 1 and not self._weak(rng):
+                held[k] += 1
+        total = len(areas)
+        steps = [f"{colour}: {total} regions"]
+        for k, n in held.items():  # each size of region adds the shapes it hides: one small sum at a time
+            steps.append(f"{n} of {k}" + (f" {plural}" if k == 2 else "") + f": {total} + {(k - 1) * n} = "
+                         f"{total + (k - 1) * n}")
+            total += (k - 1) * n
+        return "; ".join(steps) + ".", total
+
+    def _readable(self, areas: list[int]) -> int:
+        """The count the exact reading gives from one colour's region areas."""
+        if self.params.reading == "total":
+            return shapes_in(sum(areas), self.single_area)
+        return sum(shapes_in(a, self.single_area) for a in areas)
 
     def _example(self, idx: int, split: str) -> Example:
         p, rng = self.params, self.rng(split, idx)
@@ -302,8 +340,8 @@ class CensusTask(Task):
             original = self._draw(groups)
             areas = {c: [r.area for r in find_regions(original, c)[0]] for c in asked}
             regions = {c: sum(colour == c for colour, _ in groups) for c in asked}
-            if all(len(areas[c]) == regions[c] and sum(shapes_in(a, self.single_area) for a in areas[c]) == counts[c]
-                   for c in asked):  # the tool sees each group as one region, and area rounding gives the count
+            if all(len(areas[c]) == regions[c] and self._readable(areas[c]) == counts[c]
+                   for c in asked):  # the tool sees each group as one region, and the reading gives the count
                 break
         else:  # pragma: no cover - probability 2**-1000
             raise RuntimeError("no layout landed in the split")
