@@ -214,11 +214,10 @@ PRESETS = {
     #   only, find_objects and measure only; the blind-image checks on the first.
     "census": DemoPreset(
         shared=["task.name=census", "task.params.questions=[count]", "task.params.instructions=false",
-                "task.params.teacher=regions", "task.params.teacher_reads=0.5", "task.params.reading=total",
-                "model.vision_lr_scale=0",
+                "task.params.teacher=regions", "task.params.teacher_reads=0.5", "model.vision_lr_scale=0",
                 "rollout.tools=[zoom,find_objects,measure]", "rollout.tool_image_side=112", "rollout.max_turns=3",
-                "rollout.max_trajectory_tokens=256"],
-        sft=["sft.batch_size=32", "train.steps=150", "train.lr=1e-3", "train.warmup_steps=20",
+                "rollout.max_trajectory_tokens=384"],
+        sft=["sft.batch_size=32", "train.steps=250", "train.lr=1e-3", "train.warmup_steps=20",
              "train.schedule=cosine", "train.micro_batch_size=16", "train.save_every=50", "eval.every=50",
              "eval.n=64"],
         grpo=[*GRPO_8X8,

@@ -39,6 +39,14 @@ region count was copied right in 97% and the regions of 2 counted right in 53% (
 right). A difference ends "red: ... = 6. green: ... = 4. 6 - 4 = 2.". `reference_completion` is the
 last turn.
 
+`reading="total"` reads the count from `measure` instead: one call per colour asked about
+(`{"name": "measure", "arguments": {"colour": "blue"}}`, the regions' count and area statistics), then the
+total area over one shape's, in the tool's own words ("blue: total area 882 px / 148 px = 6."); generation
+checks that round(total / single_area) gives the count. The trajectory is about 170 tokens against 300, but
+the offline small model (64 held-out scenes, greedy) copied the total from the tool's answer in at most
+20% of them after 200 SFT steps at lr 1e-3 or 3e-3 (it wrote a common total, then divided that right):
+copying a number from a tool's answer is what it learns slowest (docs/results.md "The census demo").
+
 The weak teacher (`teacher="regions"`): the same calls and the same form of answer, but it trusts the
 raw region count: a region of touching shapes counts as one shape ("0 of 2 circles: 5 + 0 = 5; 0 of
 3: 5 + 0 = 5"), except that it reads a share `teacher_reads` of those regions by their area (drawn
