@@ -13,7 +13,10 @@ run's (a change of what the run is: one line, safety/resume.py) and the task's d
 fingerprint in data.json (files that changed: one line), then starts from the newest
 checkpoint that is whole and fits the model (its optimizer state checked against the policy loaded
 from it), passing over the others with a warning; each checkpoint records its command (train or
-sft), which the other command does not continue. config.yaml is the run's first config; a resume
+sft), which the other command does not continue. Under several processes the main process chooses
+the checkpoint and a machine whose output_dir lacks it receives it first (checkpoint_copy.py: run
+folders not shared between machines). A run that loses one of its processes (killed, its machine
+gone) stops on every other with one line naming the last complete checkpoint. config.yaml is the run's first config; a resume
 writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) from before
 anything in it is read until `close()`: a second trainer started in it is refused. With
 `train.background_checkpoints` a checkpoint is copied to host memory at the step's end and written
