@@ -23,6 +23,12 @@ A run started with STOP_WITH_PARENT set to its parent's process id (a study's ru
 SIGTERM when that parent dies (`stop_with_parent`): a study killed outright (SIGKILL) cannot pass a
 stop on, and its runs stop after their step with a checkpoint all the same. The processes of
 `accelerate launch` (or torchrun) follow their launcher the same way (`parent_to_follow`).
+
+A lost process. When a process of a multi-process run dies (killed, out of memory, its machine
+gone), the others learn it at their next collective, from the process group: gloo's "Connection
+closed by peer" at once when the dead process's connections were closed (its machine is up), else
+the group's timeout (30 minutes for gloo, 10 for NCCL). `lost_process` recognises that error, and
+the session turns it into one line naming the last complete checkpoint (training/session.py).
 """
 
 from __future__ import annotations
@@ -55,6 +61,21 @@ MAIN_FIRST_S = 2.0
 met and says (training/session.py `on_main`: a full disk while saving, a refusal before step 1): the
 main process prints its line and ends first, so the launcher names it as the run's failure and does
 not stop it (SIGTERM) before its line is out, and no other process's error stands in its place."""
+
+
+LOST_PROCESS_SIGNS = ("gloo/transport/", "Connection closed by peer", "Connection reset by peer")
+"""Words of torch.distributed's errors when a peer is gone: gloo raises a plain RuntimeError from its
+TCP transport (third_party/gloo/gloo/transport/tcp/pair.cc: "Connection closed by peer [ip]:port")."""
+
+
+def lost_process(error: BaseException) -> bool:
+    """Whether `error` says another process of the run is gone: torch.distributed's backend or network
+    error (NCCL, the store), or gloo's RuntimeError from its transport (LOST_PROCESS_SIGNS)."""
+    kinds = tuple(getattr(torch.distributed, name) for name in ("DistBackendError", "DistNetworkError")
+                  if hasattr(torch.distributed, name))
+    if kinds and isinstance(error, kinds):
+        return True
+    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in LOST_PROCESS_SIGNS)
 
 
 def any_process(accelerator, flag: bool) -> bool:

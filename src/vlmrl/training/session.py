@@ -13,7 +13,10 @@ run's (a change of what the run is: one line, safety/resume.py) and the task's d
 fingerprint in data.json (files that changed: one line), then starts from the newest
 checkpoint that is whole and fits the model (its optimizer state checked against the policy loaded
 from it), passing over the others with a warning; each checkpoint records its command (train or
-sft), which the other command does not continue. config.yaml is the run's first config; a resume
+sft), which the other command does not continue. Under several processes the main process chooses
+the checkpoint and a machine whose output_dir lacks it receives it first (checkpoint_copy.py: run
+folders not shared between machines). A run that loses one of its processes (killed, its machine
+gone) stops on every other with one line naming the last complete checkpoint. config.yaml is the run's first config; a resume
 writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) from before
 anything in it is read until `close()`: a second trainer started in it is refused. With
 `train.background_checkpoints` a checkpoint is copied to host memory at the step's end and written
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -48,7 +52,9 @@ from vlmrl.safety.checkpoint import (
     Gathered,
     check_checkpoint_room,
     find_resumable,
+    latest_checkpoint,
     name_keyed,
+    read_checkpoint,
     optimizer_problem,
     reference_missing,
     restore_trainer_state,
@@ -61,7 +67,7 @@ from vlmrl.safety.checkpoint import (
     write_checkpoint,
 )
 from vlmrl.safety.checkpoint_writer import CheckpointWriter
-from vlmrl.safety.faults import MAIN_FIRST_S, NumericGuard, OptimizerUpdate, StopSignals, any_process
+from vlmrl.safety.faults import MAIN_FIRST_S, NumericGuard, OptimizerUpdate, StopSignals, any_process, lost_process
 from vlmrl.safety.folder_lock import FolderBusy, hold
 from vlmrl.safety.preflight import copies_reference
 from vlmrl.safety.resume import (
@@ -75,6 +81,7 @@ from vlmrl.safety.resume import (
 )
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
+from vlmrl.training.checkpoint_copy import checkpoint_everywhere
 from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_layout
 from vlmrl.training.reference import ReferencePolicy, build_reference
 from vlmrl.training.sharding import FullStateOptimizer, distinct_names, full_state, gathered, is_sharded, shard
@@ -176,7 +183,7 @@ class TrainingSession:
             check_resume_config(self.run_dir, config, report=self.main)  # before anything is loaded
             self.on_main(check_resume_data, self.run_dir, self.data_fingerprint(), config)
             self.needs_reference = with_reference and copies_reference(config, "train")
-            found = find_resumable(self.run_dir, fits=self.fits)
+            found = self.resumable()
             if found is None:
                 raise VlmrlError(f"resume=true but {self.run_dir / 'checkpoints'} holds no checkpoint")
         else:
@@ -185,6 +192,34 @@ class TrainingSession:
         if found is None:  # a fresh run: loaded once the checkpoints are known to be writable
             self.load_policy(None)
         return found if found is not None else (None, None)
+
+    def resumable(self) -> tuple[Path, dict] | None:
+        """(folder, trainer state) of the checkpoint to resume from, the policy loaded from it (`fits`):
+        the newest whole one that fits, as the main process finds it in its run_dir; on the other
+        processes the same one, in theirs, received from the main process where it lacks (machines
+        whose output_dir is not shared: checkpoint_copy.py). None when the main process finds none."""
+        if self.world == 1:
+            return find_resumable(self.run_dir, fits=self.fits)
+        self.on_main(self.find_on_main)
+        chosen = self.found[0] if self.main and self.found else None
+        folder = checkpoint_everywhere(self.accelerator, self.run_dir, chosen)
+        if folder is None:
+            return None
+        found, problem = self.found if self.main else (folder, None), None
+        if not self.main:
+            try:
+                found = folder, read_checkpoint(folder)
+                problem = self.fits(*found)
+            except VlmrlError as error:
+                problem = str(error)
+        if self.any_process(problem is not None):  # every process: the main one has loaded it already
+            raise VlmrlError(problem or "another process could not load the checkpoint the main process chose (see "
+                             "its error)")
+        return found
+
+    def find_on_main(self) -> None:
+        """`resumable`'s main-process part: self.found."""
+        self.found = find_resumable(self.run_dir, fits=self.fits)
 
     def fits(self, folder: Path, state: dict) -> str | None:
         """`find_resumable`'s check of a checkpoint whose files are whole: saved by this command (else
@@ -485,9 +520,27 @@ class TrainingSession:
 
     def __exit__(self, kind, error, trace) -> None:
         """A run that ends in an error (or Ctrl-C) closes too: the signal handlers go back, so a
-        notebook's next Ctrl-C is its own, and the run folder is given back."""
-        if error is not None:
+        notebook's next Ctrl-C is its own, and the run folder is given back. An error that says
+        another process is gone (faults.lost_process) becomes one line naming the last checkpoint."""
+        if error is None:
+            return
+        if not lost_process(error):
             self.close()
+            return
+        try:
+            self.close()  # a checkpoint being written in the background is finished first
+        except Exception:  # noqa: BLE001 - tearing down a group whose peer is gone may fail too: the line says why
+            pass
+        raise VlmrlError(self.lost_process_line(error)) from error
+
+    def lost_process_line(self, error: BaseException) -> str:
+        """The one line of a run that lost another of its processes (`error`, torch.distributed's)."""
+        latest = latest_checkpoint(self.run_dir)
+        where = (f"the last complete checkpoint is {latest}" if latest is not None else
+                 f"{self.run_dir / 'checkpoints'} holds no checkpoint here (the main process writes them)")
+        return (f"another process of the run is gone (process {self.rank} of {self.world} lost it: "
+                f"{lost_words(error)}); {where}. Find why it stopped (its machine's log), then launch "
+                "again on every machine with resume=true")
 
     def close(self) -> None:
         """Close the logs, give the signal handlers and the run folder back (the model is not saved).
@@ -611,6 +664,13 @@ def own_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if kept <= {id(value) for value in weights.values()}:  # the same tensors, renamed: keep them by name
             weights = {name: value for name, value in weights.items() if id(value) in kept}
     return weights
+
+
+def lost_words(error: BaseException) -> str:
+    """torch.distributed's error in a few words: gloo's "[.../gloo/transport/tcp/pair.cc:553] Connection
+    closed by peer [127.0.0.1]:60305. This is typically caused by..." -> its first sentence, no source path."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", one_line(error))
+    return text.split(". ")[0][:200]
 
 
 def epoch_metric(task: Task, seen: int) -> dict[str, float]:
