@@ -2,10 +2,13 @@
 worker thread (training/prefetch.py) and checkpoints written from a copy on a background thread
 (safety/checkpoint_writer.py) give the losses, checkpoints and final weights of a run without them;
 a failure in either stops the run in one line at the step that needs it; a kill while a checkpoint
-is written leaves the one before, from which resume continues exactly."""
+is written leaves the one before, from which resume continues exactly. Rewards scored in the
+background while the next generate call runs (training/background_scoring.py) give the scores, the
+metrics and the failure of scoring each call in turn."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from http_servers import LocalServer, json_answer
 from letter_task import LetterTask
 from vlmrl.config import load_config
 from vlmrl.disk import DiskFull
@@ -420,3 +424,85 @@ def test_a_call_off_the_planned_grid_is_not_foreseen_and_does_not_hang(tiny_mode
         assert [indices for indices, _ in prefetcher.pending] == [[8, 9], [10, 11]]
     finally:
         prefetcher.close()
+
+
+# --------------------------------------------------------------------------- rewards scored beside generation
+
+
+class RowLetters(ThreadedLetters):
+    """The letter task whose examples carry their index as a data column, `row`, sent to reward services."""
+
+    def _example(self, idx: int, split: str):
+        example = super()._example(idx, split)
+        example.meta["columns"] = {"row": idx}
+        return example
+
+
+class SlowService(LocalServer):
+    """A reward service that answers after `delay_s`: (characters of the completion mod 3) / 2 per
+    completion, so groups have signal. Its failures, by the row a call scores: row 2 a 500 after
+    0.3 s, row 3 at once a list one value short (the later call fails first in time)."""
+
+    def __init__(self, delay_s: float, failing: bool = False):
+        self.delay_s, self.failing = delay_s, failing
+        super().__init__(self.answer)
+        self.url = self.address("/score")
+
+    def answer(self, request):
+        rows, texts = request.json["row"], [c[0]["content"] for c in request.json["completions"]]
+        if self.failing and 2 in rows:
+            time.sleep(0.3)
+            return 500, {}, b""
+        if self.failing and 3 in rows:
+            return json_answer({"rewards": [0.5] * (len(texts) - 1)})
+        time.sleep(self.delay_s)
+        return json_answer({"rewards": [(len(text) % 3) / 2 for text in texts]})
+
+
+def scored_run(run: Path, model_dir: str, url: str, background: bool) -> list[str]:
+    """2 steps of 2 generate calls, rewarded by the task and the service at `url` (no retries); the
+    other overlaps off."""
+    rewards = json.dumps(["task", {"name": url, "label": "service", "kwargs": {"retries": 0}}])
+    return overrides(run, model_dir, *PLAIN, "train.steps=2", f"rewards={rewards}",
+                     f"train.background_scoring={str(background).lower()}")
+
+
+def test_rewards_scored_in_the_background_equal_scoring_each_call_in_turn(tmp_path, tiny_model_dir, letter_task):
+    runs, peaks = {}, {}
+    for background in (False, True):
+        service = SlowService(delay_s=0.15)
+        try:
+            runs[background] = train(load_config(None, scored_run(tmp_path / str(background), tiny_model_dir,
+                                                                  service.url, background)), RowLetters())
+        finally:
+            service.close()
+        peaks[background] = service.peak
+        assert len(service.requests) == 4  # one call per generate call
+    # in turn, each call waited for the one before; in the background both calls of a step were out at once
+    assert peaks == {False: 1, True: 2}
+    rows = {background: read_metrics(run / "metrics.jsonl") for background, run in runs.items()}
+    assert all(row["time/score_ahead"] == 0 for row in rows[False])
+    assert all(row["time/score_ahead"] >= 0.15 for row in rows[True])  # the service's answers, hidden
+    assert all("reward/service" in row for row in rows[True])
+    assert without_timing(rows[True]) == without_timing(rows[False])
+    assert_same(load_file(runs[True] / "final/model.safetensors"), load_file(runs[False] / "final/model.safetensors"))
+
+
+def test_a_reward_that_fails_in_the_background_stops_the_run_as_scoring_in_turn_does(tmp_path, tiny_model_dir,
+                                                                                        letter_task):
+    """Step 2's first call fails (a 500) after its second call failed (one value short): both ways the
+    run stops on the first call's failure, with a checkpoint of step 1."""
+    stops = {}
+    for background in (False, True):
+        service = SlowService(delay_s=0.0, failing=True)
+        run = tmp_path / str(background)
+        try:
+            with pytest.raises(VlmrlError) as stop:
+                train(load_config(None, scored_run(run, tiny_model_dir, service.url, background)), RowLetters())
+        finally:
+            service.close()
+        stops[background] = str(stop.value).replace(str(run), "RUN").replace(service.url, "URL")
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert stops[True] == stops[False]
+    assert stops[True].startswith("a reward failed at step 2: reward 'service' (URL) failed: ServiceDown: ")
+    assert "HTTP Error 500" in stops[True] and "returned 1 values" not in stops[True]
