@@ -506,3 +506,30 @@ def test_a_reward_that_fails_in_the_background_stops_the_run_as_scoring_in_turn_
     assert stops[True] == stops[False]
     assert stops[True].startswith("a reward failed at step 2: reward 'service' (URL) failed: ServiceDown: ")
     assert "HTTP Error 500" in stops[True] and "returned 1 values" not in stops[True]
+
+
+def test_a_judge_s_concurrency_bounds_its_requests_over_the_calls_under_way():
+    """Two generate calls' batches judged at once (background scoring) share the judge's `concurrency`:
+    at most 2 requests out, not 2 per batch; every completion of both batches judged."""
+    from vlmrl.rewards.judge import judge_reward
+
+    def answer(request):
+        time.sleep(0.05)
+        return json_answer({"choices": [{"message": {"role": "assistant", "content": "Score: 1"}}]})
+
+    server = LocalServer(answer)
+    try:
+        judge, _ = judge_reward({"url": server.address("/v1"), "model": "m", "template": "{completion}",
+                                 "concurrency": 2, "retries": 0})
+        batch = {"prompts": [[{"role": "user", "content": "q"}]] * 4, "answer": ["a"] * 4,
+                 "completions": [[{"role": "assistant", "content": f"c{i}"}] for i in range(4)]}
+        threads = [threading.Thread(target=lambda: scores.append(judge(**batch))) for _ in range(2)]
+        scores: list = []
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        server.close()
+    assert server.peak == 2 and len(server.requests) == 8
+    assert scores == [[{"total": 1.0, "unparsable": 0.0}] * 4] * 2
