@@ -537,3 +537,57 @@ def test_a_judge_s_concurrency_bounds_its_requests_over_the_calls_under_way():
         server.close()
     assert server.peak == 2 and len(server.requests) == 8
     assert scores == [[{"total": 1.0, "unparsable": 0.0}] * 4] * 2
+
+
+def test_the_chunk_scorer_calls_each_reward_where_it_may_and_fails_as_scoring_in_turn():
+    """A reward of the trainer's thread is called there at hand-off; one in the reward worker on one
+    background thread, the calls in order; a service's on the service threads. The scores are
+    score_completions's; a failure is the first failing reward of the list, even when a later one
+    failed sooner, and a trainer-thread reward after a failing one is not called."""
+    from types import SimpleNamespace
+
+    from vlmrl.rewards.reward import IN_WORKER, SERVICE, Reward
+    from vlmrl.rewards.score import RewardError
+    from vlmrl.rollout.scoring import score_completions
+    from vlmrl.tasks.base import Example
+    from vlmrl.training.background_scoring import ChunkScorer
+
+    seen = []
+
+    def reward(label: str, fails: bool = False, wait_s: float = 0.0):
+        def fn(completions):
+            time.sleep(wait_s)
+            seen.append((label, completions[0][0]["content"], threading.current_thread().name))
+            if fails:
+                raise ValueError(f"{label} is down")
+            return [len(c[0]["content"]) * {"w": 1, "h": 10, "s": 100}.get(label, 1) for c in completions]
+        return Reward(label, fn, takes=frozenset({"completions"}), spec=label,
+                      runs={"w": IN_WORKER, "s": SERVICE}.get(label[0], "here"))
+
+    def rollout(*texts: str):
+        return SimpleNamespace(rows=[Example(image=None, prompt="p", answer="a", meta={})] * len(texts),
+                               texts=list(texts))
+
+    rewards = [reward("w"), reward("h"), reward("s")]
+    scorer = ChunkScorer(rewards, "sum", 2, background=True)
+    try:
+        calls = [rollout(f"c{i}", f"cc{i}") for i in range(3)]
+        scorings = [scorer.submit(call) for call in calls]
+        results = [scorer.result(scoring, 2) for scoring in scorings]
+    finally:
+        scorer.close()
+    threads = {label: {thread.rstrip("0123456789") for other, _, thread in seen if other == label} for label in "whs"}
+    assert threads == {"w": {"vlmrl-score-in_worker_"}, "h": {"MainThread"}, "s": {"vlmrl-score-service_"}}
+    assert [text for label, text, _ in seen if label == "w"] == ["c0", "c1", "c2"]
+    for call, result in zip(calls, results):
+        assert_same(result, score_completions(rewards, call, "sum", 2))
+
+    seen.clear()
+    failing = [reward("s_slow", fails=True, wait_s=0.3), reward("h_fails", fails=True), reward("h_after")]
+    scorer = ChunkScorer(failing, "sum", 2, background=True)
+    try:
+        with pytest.raises(RewardError, match=r"^reward 's_slow' \(s_slow\) failed: ValueError: s_slow is down"):
+            scorer.result(scorer.submit(rollout("x", "y")), 2)
+    finally:
+        scorer.close()
+    assert [label for label, _, _ in seen] == ["h_fails", "s_slow"]  # h_after not called; s_slow failed later
