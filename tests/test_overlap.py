@@ -440,8 +440,8 @@ class RowLetters(ThreadedLetters):
 
 class SlowService(LocalServer):
     """A reward service: (characters of the completion mod 3) / 2 per completion, so groups have
-    signal. `together`: each answer held until another call is in flight too (at most 5 s: a step's
-    calls out at once show as `peak` 2 however slowly the machine generates). Its failures, by the
+    signal. `together`: each answer held until another call is in flight too or has come since (at
+    most 5 s: a step's calls out at once show as `peak` 2 however slowly the machine generates). Its failures, by the
     row a call scores: row 2 a 500 after 0.3 s, row 3 at once a list one value short (the later call
     fails first in time)."""
 
@@ -457,17 +457,18 @@ class SlowService(LocalServer):
             return 500, {}, b""
         if self.failing and 3 in rows:
             return json_answer({"rewards": [0.5] * (len(texts) - 1)})
-        deadline = time.monotonic() + 5
-        while self.together and self.in_flight < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        mine, deadline = len(self.requests), time.monotonic() + 5  # this call is the last one recorded
+        while self.together and self.in_flight < 2 and len(self.requests) == mine and time.monotonic() < deadline:
+            time.sleep(0.01)  # held until another call is out too, or has come since
         return json_answer({"rewards": [(len(text) % 3) / 2 for text in texts]})
 
 
 def scored_run(run: Path, model_dir: str, url: str, background: bool) -> list[str]:
     """2 steps of 2 generate calls, rewarded by the task and the service at `url` (no retries); the
-    other overlaps off."""
+    other overlaps off, no reference, a checkpoint at the end (or at a stop)."""
     rewards = json.dumps(["task", {"name": url, "label": "service", "kwargs": {"retries": 0}}])
-    return overrides(run, model_dir, *PLAIN, "train.steps=2", f"rewards={rewards}",
+    return overrides(run, model_dir, *PLAIN, "train.steps=2", "train.save_every=0", "algorithm.beta=0",
+                     f"rewards={rewards}",
                      f"train.background_scoring={str(background).lower()}")
 
 
