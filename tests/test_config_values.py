@@ -107,6 +107,7 @@ VALUES: dict[str, list] = {
     "train.keep_checkpoints": [-1, 0, 1],
     "train.prefetch_batches": [-1, 0, 2],
     "train.background_checkpoints": [False, True],
+    "train.background_scoring": [False, True],
     "train.log_rollouts_every": [-1, 0, 1],
     "train.attention_every": [-1, 0, 1],
     "train.trackers": [[], ["tensorboard"], ["tensorbored"]],

@@ -2,10 +2,13 @@
 worker thread (training/prefetch.py) and checkpoints written from a copy on a background thread
 (safety/checkpoint_writer.py) give the losses, checkpoints and final weights of a run without them;
 a failure in either stops the run in one line at the step that needs it; a kill while a checkpoint
-is written leaves the one before, from which resume continues exactly."""
+is written leaves the one before, from which resume continues exactly. Rewards scored in the
+background while the next generate call runs (training/background_scoring.py) give the scores, the
+metrics and the failure of scoring each call in turn."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from http_servers import LocalServer, json_answer
 from letter_task import LetterTask
 from vlmrl.config import load_config
 from vlmrl.disk import DiskFull
@@ -420,3 +424,171 @@ def test_a_call_off_the_planned_grid_is_not_foreseen_and_does_not_hang(tiny_mode
         assert [indices for indices, _ in prefetcher.pending] == [[8, 9], [10, 11]]
     finally:
         prefetcher.close()
+
+
+# --------------------------------------------------------------------------- rewards scored beside generation
+
+
+class RowLetters(ThreadedLetters):
+    """The letter task whose examples carry their index as a data column, `row`, sent to reward services."""
+
+    def _example(self, idx: int, split: str):
+        example = super()._example(idx, split)
+        example.meta["columns"] = {"row": idx}
+        return example
+
+
+class SlowService(LocalServer):
+    """A reward service: (characters of the completion mod 3) / 2 per completion, so groups have
+    signal. `together`: each answer held until another call is in flight too or has come since (at
+    most 5 s: a step's calls out at once show as `peak` 2 however slowly the machine generates). Its failures, by the
+    row a call scores: row 2 a 500 after 0.3 s, row 3 at once a list one value short (the later call
+    fails first in time)."""
+
+    def __init__(self, together: bool = False, failing: bool = False):
+        self.together, self.failing = together, failing
+        super().__init__(self.answer)
+        self.url = self.address("/score")
+
+    def answer(self, request):
+        rows, texts = request.json["row"], [c[0]["content"] for c in request.json["completions"]]
+        if self.failing and 2 in rows:
+            time.sleep(0.3)
+            return 500, {}, b""
+        if self.failing and 3 in rows:
+            return json_answer({"rewards": [0.5] * (len(texts) - 1)})
+        mine, deadline = len(self.requests), time.monotonic() + 5  # this call is the last one recorded
+        while self.together and self.in_flight < 2 and len(self.requests) == mine and time.monotonic() < deadline:
+            time.sleep(0.01)  # held until another call is out too, or has come since
+        return json_answer({"rewards": [(len(text) % 3) / 2 for text in texts]})
+
+
+def scored_run(run: Path, model_dir: str, url: str, background: bool) -> list[str]:
+    """2 steps of 2 generate calls, rewarded by the task and the service at `url` (no retries); the
+    other overlaps off, no reference, a checkpoint at the end (or at a stop)."""
+    rewards = json.dumps(["task", {"name": url, "label": "service", "kwargs": {"retries": 0}}])
+    return overrides(run, model_dir, *PLAIN, "train.steps=2", "train.save_every=0", "algorithm.beta=0",
+                     f"rewards={rewards}",
+                     f"train.background_scoring={str(background).lower()}")
+
+
+def test_rewards_scored_in_the_background_equal_scoring_each_call_in_turn(tmp_path, tiny_model_dir, letter_task):
+    runs, peaks = {}, {}
+    for background in (False, True):
+        service = SlowService(together=background)  # in turn a held answer would wait its 5 s
+        try:
+            runs[background] = train(load_config(None, scored_run(tmp_path / str(background), tiny_model_dir,
+                                                                  service.url, background)), RowLetters())
+        finally:
+            service.close()
+        peaks[background] = service.peak
+        assert len(service.requests) == 4  # one call per generate call
+    # in turn, each call waited for the one before; in the background both calls of a step were out at once
+    assert peaks == {False: 1, True: 2}
+    rows = {background: read_metrics(run / "metrics.jsonl") for background, run in runs.items()}
+    assert all(row["time/score_ahead"] == 0 for row in rows[False])
+    assert all(row["time/score_ahead"] > 0 for row in rows[True])  # the service's answers, hidden
+    assert all("reward/service" in row for row in rows[True])
+    assert without_timing(rows[True]) == without_timing(rows[False])
+    assert_same(load_file(runs[True] / "final/model.safetensors"), load_file(runs[False] / "final/model.safetensors"))
+
+
+def test_a_reward_that_fails_in_the_background_stops_the_run_as_scoring_in_turn_does(tmp_path, tiny_model_dir,
+                                                                                        letter_task):
+    """Step 2's first call fails (a 500) after its second call failed (one value short): both ways the
+    run stops on the first call's failure, with a checkpoint of step 1."""
+    stops = {}
+    for background in (False, True):
+        service = SlowService(failing=True)
+        run = tmp_path / str(background)
+        try:
+            with pytest.raises(VlmrlError) as stop:
+                train(load_config(None, scored_run(run, tiny_model_dir, service.url, background)), RowLetters())
+        finally:
+            service.close()
+        stops[background] = str(stop.value).replace(str(run), "RUN").replace(service.url, "URL")
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert stops[True] == stops[False]
+    assert stops[True].startswith("a reward failed at step 2: reward 'service' (URL) failed: ServiceDown: ")
+    assert "HTTP Error 500" in stops[True] and "returned 1 values" not in stops[True]
+
+
+def test_a_judge_s_concurrency_bounds_its_requests_over_the_calls_under_way():
+    """Two generate calls' batches judged at once (background scoring) share the judge's `concurrency`:
+    at most 2 requests out, not 2 per batch; every completion of both batches judged."""
+    from vlmrl.rewards.judge import judge_reward
+
+    def answer(request):
+        time.sleep(0.05)
+        return json_answer({"choices": [{"message": {"role": "assistant", "content": "Score: 1"}}]})
+
+    server = LocalServer(answer)
+    try:
+        judge, _ = judge_reward({"url": server.address("/v1"), "model": "m", "template": "{completion}",
+                                 "concurrency": 2, "retries": 0})
+        batch = {"prompts": [[{"role": "user", "content": "q"}]] * 4, "answer": ["a"] * 4,
+                 "completions": [[{"role": "assistant", "content": f"c{i}"}] for i in range(4)]}
+        threads = [threading.Thread(target=lambda: scores.append(judge(**batch))) for _ in range(2)]
+        scores: list = []
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        server.close()
+    assert server.peak == 2 and len(server.requests) == 8
+    assert scores == [[{"total": 1.0, "unparsable": 0.0}] * 4] * 2
+
+
+def test_the_chunk_scorer_calls_each_reward_where_it_may_and_fails_as_scoring_in_turn():
+    """A reward of the trainer's thread is called there at hand-off; one in the reward worker on one
+    background thread, the calls in order; a service's on the service threads. The scores are
+    score_completions's; a failure is the first failing reward of the list, even when a later one
+    failed sooner, and a trainer-thread reward after a failing one is not called."""
+    from types import SimpleNamespace
+
+    from vlmrl.rewards.reward import IN_WORKER, SERVICE, Reward
+    from vlmrl.rewards.score import RewardError
+    from vlmrl.rollout.scoring import score_completions
+    from vlmrl.tasks.base import Example
+    from vlmrl.training.background_scoring import ChunkScorer
+
+    seen = []
+
+    def reward(label: str, fails: bool = False, wait_s: float = 0.0):
+        def fn(completions):
+            time.sleep(wait_s)
+            seen.append((label, completions[0][0]["content"], threading.current_thread().name))
+            if fails:
+                raise ValueError(f"{label} is down")
+            return [len(c[0]["content"]) * {"w": 1, "h": 10, "s": 100}.get(label, 1) for c in completions]
+        return Reward(label, fn, takes=frozenset({"completions"}), spec=label,
+                      runs={"w": IN_WORKER, "s": SERVICE}.get(label[0], "here"))
+
+    def rollout(*texts: str):
+        return SimpleNamespace(rows=[Example(image=None, prompt="p", answer="a", meta={})] * len(texts),
+                               texts=list(texts))
+
+    rewards = [reward("w"), reward("h"), reward("s")]
+    scorer = ChunkScorer(rewards, "sum", 2, background=True)
+    try:
+        calls = [rollout(f"c{i}", f"cc{i}") for i in range(3)]
+        scorings = [scorer.submit(call) for call in calls]
+        results = [scorer.result(scoring, 2) for scoring in scorings]
+    finally:
+        scorer.close()
+    threads = {label: {thread.rstrip("0123456789") for other, _, thread in seen if other == label} for label in "whs"}
+    assert threads == {"w": {"vlmrl-score-in_worker_"}, "h": {"MainThread"}, "s": {"vlmrl-score-service_"}}
+    assert [text for label, text, _ in seen if label == "w"] == ["c0", "c1", "c2"]
+    for call, result in zip(calls, results):
+        assert_same(result, score_completions(rewards, call, "sum", 2))
+
+    seen.clear()
+    failing = [reward("s_slow", fails=True, wait_s=0.3), reward("h_fails", fails=True), reward("h_after")]
+    scorer = ChunkScorer(failing, "sum", 2, background=True)
+    try:
+        with pytest.raises(RewardError, match=r"^reward 's_slow' \(s_slow\) failed: ValueError: s_slow is down"):
+            scorer.result(scorer.submit(rollout("x", "y")), 2)
+    finally:
+        scorer.close()
+    assert [label for label, _, _ in seen] == ["h_fails", "s_slow"]  # h_after not called; s_slow failed later

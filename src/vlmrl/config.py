@@ -648,6 +648,14 @@ class TrainConfig:
     run copies its adapter alone). Where the preflight finds that copy would not fit in the host's
     available RAM beside the run, the run writes on the step's path instead and its `checkpoints`
     line says why. false = write on the step's path."""
+    background_scoring: bool = True
+    """Rewards that wait on another program (a reward service, a judge, a function of your own in
+    the reward worker) score each generate call's completions on background threads while the next
+    call generates, and a step's calls to a service go out together (at most 8 at once): the same
+    scores and the same failures, off the step's path (time/score is what is left on it,
+    time/score_ahead what was hidden). The built-ins and `task` score on the trainer's thread as
+    before. Pays with a slow reward and several generate calls a step (rollout.generation_batch_size).
+    false = each call scored in turn before the next generates."""
     save_every: int = 0
     """Checkpoint every N steps, and after the last step (0 = only after the last step)."""
     keep_checkpoints: int = 2

@@ -9,7 +9,8 @@ group), looked up in `words` (a reply word -> a score) or read as a number and c
 A reply the rule cannot read scores `unparsable` and is counted: each completion's value is
 `{"total": score, "unparsable": 0 or 1}`, logged as `reward/judge` and `reward/judge/unparsable`.
 
-A batch's requests go out together, at most `concurrency` at a time (identical requests once),
+A batch's requests go out together, at most `concurrency` at a time over all the judge's calls
+under way (identical requests once),
 each with the reward service's deadline, retries, refusals and URL redaction (http.py): a judge
 that stays down stops the run with a checkpoint, never scores 0. The API key is read from the
 environment variable `api_key_env` at each call and sent as `Authorization: Bearer ...`; only the
@@ -236,6 +237,7 @@ class Judge:
                       **({"Authorization": basic} if basic else {})}
         self.headers()  # a variable that is not set: refused now, before any model loads
         self.warned = False
+        self.slots = threading.BoundedSemaphore(self.options["concurrency"])  # over all its calls at once
         self.__name__ = JUDGE
 
     def key(self) -> str:
@@ -286,9 +288,10 @@ class Judge:
         stop = threading.Event()
 
         def attempt(body: bytes) -> str:
-            if stop.is_set():
-                raise Refused("not sent: another request of the batch failed")
-            return _content(post_json(self.target, body, headers, self.options["timeout_s"]))
+            with self.slots:  # calls of several generate calls at once share the bound (background scoring)
+                if stop.is_set():
+                    raise Refused("not sent: another request of the batch failed")
+                return _content(post_json(self.target, body, headers, self.options["timeout_s"]))
 
         pool = ThreadPoolExecutor(max_workers=min(self.options["concurrency"], len(bodies)) or 1,
                                   thread_name_prefix="vlmrl-judge")

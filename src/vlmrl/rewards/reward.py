@@ -26,7 +26,7 @@ from vlmrl.errors import VlmrlError
 from vlmrl.fields import closest
 from vlmrl.imports import is_import_spec
 from vlmrl.rewards.builtin import BUILTIN, completion_text
-from vlmrl.rewards.contain import TIMEOUT_S, contained
+from vlmrl.rewards.contain import TIMEOUT_S, InWorker, contained
 from vlmrl.rewards.http import http_reward, is_url
 from vlmrl.rewards.judge import JUDGE, is_judge, judge_reward
 from vlmrl.urls import host, redact
@@ -38,6 +38,11 @@ gold answer, the example's images, the `Example` itself and the tool trajectory 
 
 TASK = "task"
 """The name of the reward that is the task's own `score()`."""
+HERE, IN_WORKER, SERVICE = "here", "in_worker", "service"
+"""Where a reward's call runs (`Reward.runs`): in the trainer's own thread (a built-in, `task`, a function
+of your own contained in the process: contain.py), in the reward worker's process (a function of your
+own found by name), or in a service over HTTP (a URL, the judge). The last two may be called from a
+background thread while the next generate call runs (training/background_scoring.py)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Reward:
     spec: str = ""  # as the config named it
     of_task: bool = False  # the task's own score (its dict's other keys are logged under their own names)
     bound: frozenset[str] = frozenset()  # the config's kwargs, bound already: a column of that name is not passed
+    runs: str = HERE  # where a call runs: HERE, IN_WORKER or SERVICE (what may score beside generation)
 
     def keywords(self, available: Mapping[str, Any]) -> dict[str, Any]:
         """The keywords of `available` this reward takes."""
@@ -115,10 +121,10 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
     if (is_url(spec) or is_judge(spec)) and timeout_s is not None:
         _function(spec, task, timeout_s)  # refused: a service's time limit is in its kwargs
     if is_url(spec):  # a service, logged under its host (never its userinfo), shown redacted; kwargs: its settings
-        return Reward(label or host(spec), http_reward(spec, kwargs), weight, None, (), redact(spec))
+        return Reward(label or host(spec), http_reward(spec, kwargs), weight, None, (), redact(spec), runs=SERVICE)
     if is_judge(spec):  # kwargs: its settings (judge.py); shown with its URL redacted
         fn, takes = judge_reward(kwargs)
-        return Reward(label or JUDGE, fn, weight, takes, (), f"judge {redact(kwargs['url'])}")
+        return Reward(label or JUDGE, fn, weight, takes, (), f"judge {redact(kwargs['url'])}", runs=SERVICE)
     name, fn = _function(spec, task, timeout_s)
     takes, needs = _signature(fn, spec)
     unknown = sorted(set(kwargs) - takes) if takes is not None else []
@@ -128,7 +134,7 @@ def resolve(spec: str, weight: float = 1.0, kwargs: Mapping[str, Any] | None = N
     bound = functools.partial(fn, **kwargs) if kwargs else fn
     said = f"the score() of task {task.name!r}" if spec == TASK else spec
     return Reward(label or name, bound, weight, takes, tuple(n for n in needs if n not in kwargs), said, spec == TASK,
-                  frozenset(kwargs))
+                  frozenset(kwargs), IN_WORKER if isinstance(fn, InWorker) else HERE)
 
 
 def build_rewards(entries: Iterable, task=None) -> list[Reward]:

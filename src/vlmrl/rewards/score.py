@@ -150,6 +150,13 @@ def score_batch(rewards: list[Reward], examples: list, texts: list[str], traject
     keywords = batch_keywords(examples, texts, trajectories,
                               completion_ids if completion_ids is not None else [None] * len(texts))
     answers = {reward.name: call_reward(reward, keywords, examples, texts) for reward in rewards}
+    return components_of(rewards, answers, examples, texts)
+
+
+def components_of(rewards: list[Reward], answers: dict[str, list], examples: list, texts: list[str]
+                  ) -> dict[str, list[float]]:
+    """score_batch's components from every reward's checked answers (`call_reward`, by reward name),
+    the completions checked: one weighted reward applies, the weighted sum within ±MAX_REWARD."""
     components: dict[str, list[float]] = {name: [] for name in answers}
     for reward in rewards:
         name = reward.name

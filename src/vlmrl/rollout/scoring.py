@@ -25,16 +25,25 @@ def score_completions(rewards: list[Reward], rollout: Rollout, aggregation: str 
                       group_size: int | None = None) -> dict[str, torch.Tensor]:
     """Every reward component of every completion and their "total", as (N,) tensors; the groups of
     `group_size` contiguous rows (for normalize_then_sum) default to the whole batch."""
-    trajectories = getattr(rollout, "trajectories", None)
+    components = score_batch(rewards, *scored_inputs(rollout))
+    return score_tensors(rewards, components, aggregation, group_size or len(rollout.texts))
+
+
+def scored_inputs(rollout: Rollout) -> tuple[list, list[str], list | None, list[list[int]] | None]:
+    """What the rewards are called on: (examples, texts, trajectories, completion token ids) per completion."""
     ids = None
     if getattr(rollout, "completion_ids", None) is not None:  # (N, T) right-padded; the model's tokens only
         ids = [row[mask.bool()].tolist() for row, mask in zip(rollout.completion_ids, rollout.completion_mask)]
-    components = score_batch(rewards, rollout.rows, rollout.texts, trajectories, ids)
+    return rollout.rows, rollout.texts, getattr(rollout, "trajectories", None), ids
+
+
+def score_tensors(rewards: list[Reward], components: dict[str, list[float]], aggregation: str,
+                  group_size: int) -> dict[str, torch.Tensor]:
+    """score_batch's components as (N,) tensors, with their "total" (groups of `group_size` rows) and "accuracy"."""
     scores = {name: torch.tensor(values, dtype=torch.float32) for name, values in components.items()}
     stacked = torch.stack([scores[reward.name] for reward in rewards])  # (K, N)
     weights = torch.tensor([reward.weight for reward in rewards])  # (K,)
-    scores["total"] = grpo.combine_rewards(stacked, weights, group_size or len(rollout.texts),
-                                           aggregation=aggregation)  # (N,)
+    scores["total"] = grpo.combine_rewards(stacked, weights, group_size, aggregation=aggregation)  # (N,)
     if len(rewards) == 1 and rewards[0].of_task:
         del scores[rewards[0].name]  # the task alone: its own components, its total as "total" (as before the rewards list)
     correctness = accuracy_source(rewards)

@@ -15,7 +15,12 @@ rollout.max_prompt_length) follows the task's on_bad_row (safety/bad_rows.py). W
 `train.prefetch_batches` > 0 the next calls' examples are made and encoded on a worker thread while
 the model works (prefetch.py): the same examples, the same tensors; `seconds["data"]` is what the
 trainer still spent on them (drawing and encoding itself, or waiting for the worker) and
-`seconds["data_ahead"]` the worker's time on the calls it took, hidden behind the model's.
+`seconds["data_ahead"]` the worker's time on the calls it took, hidden behind the model's. With
+`train.background_scoring` the rewards that wait on another program (a service, a judge, the reward
+worker) score each call's completions on background threads while the next call generates
+(background_scoring.py): the same scores; `seconds["score"]` is the scoring left on the step's path
+(the rewards of the trainer's thread, the wait for the last calls' answers) and
+`seconds["score_ahead"]` each call's background scoring, hidden behind generation.
 """
 
 from __future__ import annotations
@@ -33,15 +38,15 @@ from vlmrl.rollout.generation import Rollout, generate_groups
 from vlmrl.rollout.prompts import Encoded, encode_prompts
 from vlmrl.rewards.reward import Reward, build_rewards
 from vlmrl.rewards.score import RewardError
-from vlmrl.rollout.scoring import score_completions
 from vlmrl.rollout.tool_rollout import CacheCounts, ToolBox, added_counts, generate_trajectories
 from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
+from vlmrl.training.background_scoring import ChunkScorer, Scoring
 from vlmrl.training.prefetch import Prefetcher
 
 
-STEP_SECONDS = ("data", "generate", "score", "data_ahead")
+STEP_SECONDS = ("data", "generate", "score", "data_ahead", "score_ahead")
 """The wall times a step's experience keeps (`Experience.seconds`)."""
 
 
@@ -56,7 +61,7 @@ class Experience:
     groups_drawn: int  # groups generated this step, on this process
     groups_with_signal: int  # of those, groups whose rewards were not all equal
     bad_rows_skipped: int = 0  # bad train examples replaced by the next good one this step, on this process
-    seconds: dict[str, float] = field(default_factory=dict)  # "data", "generate", "score", "data_ahead": wall time, this process
+    seconds: dict[str, float] = field(default_factory=dict)  # STEP_SECONDS: wall time, this process
     tool_cache: CacheCounts = field(default_factory=dict)  # cached tool -> (calls, computed) this step, this process
 
 
@@ -93,6 +98,7 @@ class GroupSampler:
     task: Task
     rows: RowGuard
     rewards: list[Reward]  # the run's rewards list resolved (rewards/reward.py)
+    scorer: ChunkScorer  # scores each generate call, in the background where train.background_scoring says
     toolbox: ToolBox | None = None  # rollout.tools resolved (tool_rollout.py); None: single-turn
     prefetcher: Prefetcher | None = None  # train.prefetch_batches > 0: the next calls made ahead (prefetch.py)
     encodes: bool = False  # whether generation takes the prompts encoded once per group (the shared prefill)
@@ -110,12 +116,15 @@ class GroupSampler:
         rows = RowGuard(task, session.processor, limit=settings.max_prompt_length)
         rewards = build_rewards(session.config.rewards, task)
         toolbox = ToolBox.from_config(settings) if settings.tools else None
-        # the worker's thread last: a reward or tool that cannot be built leaves no thread behind
+        # the threads last: a reward or tool that cannot be built leaves no thread behind
+        scorer = ChunkScorer(rewards, session.config.algorithm.reward_aggregation, settings.group_size,
+                             session.config.train.background_scoring)
         prefetcher = Prefetcher(task, session.processor, settings.max_prompt_length, encodes, depth) if depth else None
-        return cls(session, task, rows, rewards, toolbox, prefetcher, encodes)
+        return cls(session, task, rows, rewards, scorer, toolbox, prefetcher, encodes)
 
     def close(self) -> None:
-        """Stop the prefetching worker, if any."""
+        """Stop the prefetching worker, if any, and the scoring threads."""
+        self.scorer.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
 
@@ -168,31 +177,36 @@ class GroupSampler:
         self.replaced += sum(u != i for u, i in zip(used, indices))
         return examples, rollout
 
-    def score(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+    def score(self, scoring: Scoring, rollout: Rollout) -> dict[str, torch.Tensor]:
         """Every reward component of the rollout and its total, (B*G,) each; after a reward failure
         (kept in `reward_failure`: the trainer stops on it after the step's rollouts) a total of zeros."""
-        config = self.session.config
         try:
-            return score_completions(self.rewards, rollout, config.algorithm.reward_aggregation,
-                                     config.rollout.group_size)
+            return self.scorer.result(scoring, len(rollout.texts))
         except RewardError as error:
             self.reward_failure = self.reward_failure or str(error)
             return {"total": torch.zeros(len(rollout.texts))}
 
     def round(self, step: int, first: int) -> list[ScoredGroup]:
-        """Generate and score this process's share of one round: prompts `first`, `first` + 1, ..."""
+        """Generate and score this process's share of one round: prompts `first`, `first` + 1, ...;
+        each call's scoring begun when its completions are ready, taken in order at the round's end."""
         config = self.session.config
         per_call, group = config.rollout.per_call(self.session.world), config.rollout.group_size
-        groups = []
+        calls = []
         for start in range(first, first + config.rollout.per_process(self.session.world), per_call):
             started, data = time.perf_counter(), self.seconds["data"]
             examples, rollout = self.draw_and_generate(list(range(start, start + per_call)),
                                                        derive_seed(config.seed, step, start), first)
             scored = time.perf_counter()
-            scores = self.score(rollout)  # name -> (B*G,)
+            calls.append((examples, rollout, self.scorer.submit(rollout)))
             self.seconds["generate"] += scored - started - (self.seconds["data"] - data)
             self.seconds["score"] += time.perf_counter() - scored
             self.tool_cache = added_counts(self.tool_cache, getattr(rollout, "cache_counts", {}))
+        groups = []
+        for examples, rollout, scoring in calls:
+            waited = time.perf_counter()
+            scores = self.score(scoring, rollout)  # name -> (B*G,)
+            self.seconds["score"] += time.perf_counter() - waited
+            self.seconds["score_ahead"] += self.scorer.ahead(scoring)
             reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
             for g in range(len(examples)):
                 rows = list(range(g * group, (g + 1) * group))

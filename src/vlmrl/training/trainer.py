@@ -165,7 +165,8 @@ def step_metrics(experience: Experience, accelerator: Accelerator, group_size: i
     metrics["time/data"] = experience.seconds["data"]  # left on the step's path (prefetch.py)
     metrics["time/data_ahead"] = experience.seconds["data_ahead"]  # the worker's, hidden behind the model
     metrics["time/generate"] = experience.seconds["generate"]
-    metrics["time/score"] = experience.seconds["score"]
+    metrics["time/score"] = experience.seconds["score"]  # left on the step's path (background_scoring.py)
+    metrics["time/score_ahead"] = experience.seconds["score_ahead"]  # background scoring, hidden behind generation
     metrics["tokens"] = float(accelerator.reduce(rollout.lengths.sum().to(accelerator.device), "sum"))
     if getattr(rollout, "trajectories", None) is not None:  # multi-turn rollouts with tools
         metrics |= {f"tools/{name}": mean(values) for name, values in trajectory_statistics(rollout).items()}
