@@ -18,9 +18,10 @@ behind one `Trackers` object:
 A sink may also have `log_rollouts(step, rows)` (rows of report/rollout_log.py `rollout_rows`,
 images still PIL images); `Trackers.log_rollouts` calls it on the sinks that have it.
 
-A sink whose `MAIN_THREAD` is true (W&B, trackio: neither documents calls from a second thread) is
-called on the main thread (`Trackers.log_main`); the run's own files (metrics.jsonl, TensorBoard's
-events) may be written on the session's log thread (`Trackers.log_files`, training/log_writer.py).
+A sink whose `MAIN_THREAD` is true is called on the main thread (`Trackers.log_main`): W&B
+(`wandb.log` is not thread-safe, wandb/wandb#1824) and trackio (it documents no calls from a second
+thread). The run's own files (metrics.jsonl, TensorBoard's events) may be written on the session's
+log thread (`Trackers.log_files`, training/log_writer.py).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class WandbSink:
     """A Weights & Biases run named after the run directory, its files under RUN_DIR/wandb; a resumed
     run (`resume_step` given) continues the W&B run whose id RUN_DIR/wandb_run_id holds."""
 
-    MAIN_THREAD = True  # wandb documents no calls from a second thread
+    MAIN_THREAD = True  # wandb.log is not thread-safe (wandb/wandb#1824)
 
     def __init__(self, project: str, run_dir: Path, config: dict, resume_step: int | None = None):
         self.wandb = import_tracker("wandb", "wandb")

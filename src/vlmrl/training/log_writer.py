@@ -5,8 +5,8 @@ metrics.jsonl and TensorBoard (report/tracking.py: the sinks that are the run's 
 step's rollouts to rollouts/ (report/rollout_log.py: the PNGs of its images and the JSONL). One
 thread and a bounded queue (`QUEUE_SIZE` writes; a full queue holds the step up until the thread
 has written one), so every file gets the same lines in the same order as when they are written on
-the step's path. W&B and trackio stay on the main thread (`Trackers.log_main`): neither documents
-calls from a second thread.
+the step's path. W&B and trackio stay on the main thread (`Trackers.log_main`): `wandb.log` is
+not thread-safe (wandb/wandb#1824), and trackio documents no calls from a second thread.
 
 `drain()` returns once every write handed over is done (each file written and closed, as on the
 path): the session drains before a checkpoint is written (a crash leaves every line up to the last
