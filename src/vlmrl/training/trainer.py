@@ -128,9 +128,9 @@ def log_rollouts(session: TrainingSession, step: int, experience: Experience) ->
     group = session.config.rollout.group_size
     rows = rollout_rows(step, experience, group, first_group=session.rank * len(experience.rollout.rows) // group)
     rows = gather_object(rows)
-    if session.main:
+    if session.main:  # W&B's table (report/tracking.py) on this thread, before the writer reads the images too
+        session.log.log_rollouts(step, rows)
         session.logs.put(partial(write_rollouts, session.run_dir, step, rows))
-        session.log.log_rollouts(step, rows)  # W&B's completions table (report/tracking.py), this thread
     session.log_seconds += time.perf_counter() - started
 
 
