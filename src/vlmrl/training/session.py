@@ -78,10 +78,10 @@ from vlmrl.safety.resume import (
 )
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
+from vlmrl.training.log_writer import LogWriter
 from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_layout
 from vlmrl.training.reference import ReferencePolicy, build_reference
 from vlmrl.training.sharding import FullStateOptimizer, distinct_names, full_state, gathered, is_sharded, shard
-from vlmrl.training.log_writer import LogWriter
 from vlmrl.training.strategy import make_accelerator, refuse_unrunnable, settle_strategy
 from vlmrl.training.teacher import Teacher, check_teacher_fits, load_teacher
 
