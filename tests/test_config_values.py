@@ -108,6 +108,7 @@ VALUES: dict[str, list] = {
     "train.prefetch_batches": [-1, 0, 2],
     "train.background_checkpoints": [False, True],
     "train.background_scoring": [False, True],
+    "train.background_logs": [False, True],
     "train.log_rollouts_every": [-1, 0, 1],
     "train.attention_every": [-1, 0, 1],
     "train.trackers": [[], ["tensorboard"], ["tensorbored"]],

@@ -4,7 +4,9 @@ worker thread (training/prefetch.py) and checkpoints written from a copy on a ba
 a failure in either stops the run in one line at the step that needs it; a kill while a checkpoint
 is written leaves the one before, from which resume continues exactly. Rewards scored in the
 background while the next generate call runs (training/background_scoring.py) give the scores, the
-metrics and the failure of scoring each call in turn."""
+metrics and the failure of scoring each call in turn. Logs written on a background thread
+(training/log_writer.py) are the files written on the step's path, line for line, and an error
+mid-run still leaves every line up to it."""
 
 from __future__ import annotations
 
@@ -27,10 +29,13 @@ from vlmrl.config import load_config
 from vlmrl.disk import DiskFull
 from vlmrl.errors import VlmrlError
 from vlmrl.models.loading import load_policy, load_processor
+from vlmrl.report import tracking
 from vlmrl.report.tracking import read_metrics
 from vlmrl.safety import checkpoint, preflight
 from vlmrl.safety.checkpoint import STATE_FILE, read_checkpoint
 from vlmrl.training import session as session_module
+from vlmrl.training import trainer as trainer_module
+from vlmrl.training.log_writer import LogWriter
 from vlmrl.training.prefetch import Prefetcher, call_indices
 from vlmrl.training.trainer import train
 
@@ -592,3 +597,100 @@ def test_the_chunk_scorer_calls_each_reward_where_it_may_and_fails_as_scoring_in
     finally:
         scorer.close()
     assert [label for label, _, _ in seen] == ["h_fails", "s_slow"]  # h_after not called; s_slow failed later
+
+
+WALL_TIME = ("seconds", "tokens_per_s", "time/cpu", "time/data", "time/data_ahead", "time/generate", "time/score",
+             "time/score_ahead", "time/train", "time/checkpoint", "time/log", "time/log_write")
+"""The metrics that measure wall or CPU time, the only values two runs of the same seed may differ in."""
+
+
+def masked_lines(path: Path) -> list[str]:
+    """metrics.jsonl's lines, each with the values of WALL_TIME set to null (every other key and value,
+    and their order, as written: json reads and writes a float back to the same text)."""
+    return [json.dumps({key: None if key in WALL_TIME else value for key, value in json.loads(line).items()})
+            for line in path.read_text().splitlines()]
+
+
+def rollout_files(run: Path) -> dict[str, bytes]:
+    """Every file under run/rollouts (the step files and the images), by its relative path."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted((run / "rollouts").rglob("*")) if p.is_file()}
+
+
+def slow_thread_noting(monkeypatch, threads: list[str], delay: float) -> None:
+    """metrics.jsonl rows and rollout files are written `delay` s late, each noting its thread's name."""
+    log, write = tracking.MetricsLog.log, trainer_module.write_rollouts
+
+    def late(function):
+        def wrapper(*args):
+            threads.append(threading.current_thread().name)
+            time.sleep(delay)
+            return function(*args)
+        return wrapper
+
+    monkeypatch.setattr(tracking.MetricsLog, "log", late(log))
+    monkeypatch.setattr(trainer_module, "write_rollouts", late(write))
+
+
+def test_logs_written_in_the_background_are_the_logs_written_on_the_path(tmp_path, tiny_model_dir, letter_task,
+                                                                         monkeypatch):
+    runs, threads = {}, {}
+    for background in (False, True):
+        threads[background] = []
+        slow_thread_noting(monkeypatch, threads[background], 0.2)
+        runs[background] = train(load_config(None, overrides(
+            tmp_path / str(background), tiny_model_dir, *PLAIN, "train.steps=2", "train.save_every=1",
+            "algorithm.beta=0", "train.log_rollouts_every=1", f"train.background_logs={str(background).lower()}")),
+            ThreadedLetters())
+        monkeypatch.undo()
+    assert set(threads[False]) == {"MainThread"} and set(threads[True]) == {"vlmrl-logs"}
+    assert len(threads[True]) == 4  # 2 rows of metrics, 2 steps of rollouts
+    # the same lines in the same order, every value but the clocks' (WALL_TIME); the same rollout files, to the byte
+    assert masked_lines(runs[True] / "metrics.jsonl") == masked_lines(runs[False] / "metrics.jsonl")
+    files = rollout_files(runs[True])
+    assert {"rollouts/step_000001.jsonl", "rollouts/step_000002.jsonl"} <= files.keys()
+    assert files == rollout_files(runs[False])
+    # the 0.2 s writes were on the step's path, or on the thread (hidden)
+    rows = {background: read_metrics(run / "metrics.jsonl") for background, run in runs.items()}
+    assert rows[False][1]["time/log"] >= 0.4 and rows[False][1]["time/log_write"] == 0  # row 1 and rollouts 2
+    assert rows[True][1]["time/log"] < 0.2 and rows[True][1]["time/log_write"] >= 0.2
+
+
+def test_an_error_mid_run_leaves_the_logs_of_every_step_before_it(tmp_path, tiny_model_dir, letter_task,
+                                                                   monkeypatch):
+    """The update of step 3 raises; no checkpoint drains the writer (save_every=0): closing the run does."""
+    threads = []
+    slow_thread_noting(monkeypatch, threads, 0.3)
+    update = trainer_module.update_policy
+    calls = []
+
+    def failing_at_step_3(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the update of step 3 broke")
+        return update(*args)
+
+    monkeypatch.setattr(trainer_module, "update_policy", failing_at_step_3)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="step 3 broke"):
+        train(load_config(None, overrides(run, tiny_model_dir, *PLAIN, "train.save_every=0", "algorithm.beta=0",
+                                          "train.log_rollouts_every=1", "train.background_logs=true")),
+              ThreadedLetters())
+    assert set(threads) == {"vlmrl-logs"}
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert sorted(p.name for p in (run / "rollouts").glob("step_*")) == ["step_000001.jsonl", "step_000002.jsonl"]
+
+
+def test_the_log_writer_keeps_the_order_and_raises_a_failed_write_on_the_caller_s_thread():
+    done = []
+    writer = LogWriter()
+    for i in range(20):  # more than the queue holds: the caller waits for room
+        writer.put(lambda i=i: done.append(i))
+    writer.drain()
+    assert done == list(range(20))
+    writer.put(lambda: (_ for _ in ()).throw(DiskFull("the disk is full: writing metrics")))
+    writer.put(lambda: done.append("after"))  # not written: the run stops on the failure
+    with pytest.raises(DiskFull, match="writing metrics"):
+        writer.drain()
+    assert done == list(range(20))
+    writer.close()
+    assert writer.thread is None and writer.take_seconds() >= 0

@@ -114,6 +114,22 @@ def test_wandb_and_trackio_get_the_numbers_by_step(tmp_path, monkeypatch):
     assert json.loads((run_dir / "metrics.jsonl").read_text())["phase"] == "train"
 
 
+
+def test_the_run_s_files_go_to_the_log_thread_and_wandb_and_trackio_stay_on_the_main_thread(tmp_path, monkeypatch):
+    """`log_files` (what the session's log thread calls) writes metrics.jsonl alone; `log_main` (the
+    main thread) sends to W&B and trackio alone: wandb.log is not thread-safe."""
+    wandb_run, trackio_run = _FakeRun(), _FakeRun()
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=wandb_run.start))
+    monkeypatch.setitem(sys.modules, "trackio", types.SimpleNamespace(
+        init=trackio_run.start, log=trackio_run.log, finish=trackio_run.finish))
+    run_dir = tmp_path / "run"
+    with build_trackers(_config("train.trackers=[wandb, trackio]"), run_dir) as trackers:
+        trackers.log_files({"step": 1, "reward": 0.5})
+        assert wandb_run.logged == trackio_run.logged == []
+        trackers.log_main({"step": 1, "reward": 0.5})
+    assert wandb_run.logged == trackio_run.logged == [(1, {"reward": 0.5})]
+    assert read_metrics(run_dir / "metrics.jsonl") == [{"step": 1, "reward": 0.5}]
+
 class _FakeWandb(types.ModuleType):
     """A `wandb` module that records every call made to it, in order."""
 

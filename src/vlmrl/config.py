@@ -656,6 +656,13 @@ class TrainConfig:
     time/score_ahead what was hidden). The built-ins and `task` score on the trainer's thread as
     before. Pays with a slow reward and several generate calls a step (rollout.generation_batch_size).
     false = each call scored in turn before the next generates."""
+    background_logs: bool = True
+    """Write each step's metrics (metrics.jsonl, TensorBoard) and rollouts (rollouts/) on one
+    background thread while training goes on: the same files, line for line; all written before a
+    checkpoint is, before the run ends and when it stops on an error or a signal (time/log is what
+    the logs kept on the step's path, time/log_write the thread's time, hidden). W&B and trackio
+    stay on the main thread. Pays when the rollouts are large (many images) and written often.
+    false = write on the step's path."""
     save_every: int = 0
     """Checkpoint every N steps, and after the last step (0 = only after the last step)."""
     keep_checkpoints: int = 2

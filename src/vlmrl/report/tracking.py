@@ -17,6 +17,11 @@ behind one `Trackers` object:
 
 A sink may also have `log_rollouts(step, rows)` (rows of report/rollout_log.py `rollout_rows`,
 images still PIL images); `Trackers.log_rollouts` calls it on the sinks that have it.
+
+A sink whose `MAIN_THREAD` is true is called on the main thread (`Trackers.log_main`): W&B
+(`wandb.log` is not thread-safe, wandb/wandb#1824) and trackio (it documents no calls from a second
+thread). The run's own files (metrics.jsonl, TensorBoard's events) may be written on the session's
+log thread (`Trackers.log_files`, training/log_writer.py).
 """
 
 from __future__ import annotations
@@ -108,6 +113,18 @@ class Trackers:
     def log(self, metrics: dict) -> None:
         for sink in self.sinks:
             sink.log(metrics)
+
+    def log_files(self, metrics: dict) -> None:
+        """`log` to the sinks that write the run's own files (metrics.jsonl, TensorBoard), in order."""
+        for sink in self.sinks:
+            if not getattr(sink, "MAIN_THREAD", False):
+                sink.log(metrics)
+
+    def log_main(self, metrics: dict) -> None:
+        """`log` to the sinks that stay on the main thread (W&B, trackio), in order."""
+        for sink in self.sinks:
+            if getattr(sink, "MAIN_THREAD", False):
+                sink.log(metrics)
 
     def log_rollouts(self, step: int, rows: list[dict]) -> None:
         """One step's completions (rollout_log.rollout_rows) to the sinks that show them (W&B's table)."""
@@ -209,6 +226,8 @@ class WandbSink:
     """A Weights & Biases run named after the run directory, its files under RUN_DIR/wandb; a resumed
     run (`resume_step` given) continues the W&B run whose id RUN_DIR/wandb_run_id holds."""
 
+    MAIN_THREAD = True  # wandb.log is not thread-safe (wandb/wandb#1824)
+
     def __init__(self, project: str, run_dir: Path, config: dict, resume_step: int | None = None):
         self.wandb = import_tracker("wandb", "wandb")
         id_file = Path(run_dir) / WANDB_RUN_ID
@@ -238,6 +257,8 @@ class WandbSink:
 
 class TrackioSink:
     """A trackio run (local dashboard: `trackio show`) named after the run directory."""
+
+    MAIN_THREAD = True  # trackio documents no calls from a second thread
 
     def __init__(self, project: str, name: str, config: dict):
         self.trackio = import_tracker("trackio", "trackio")

@@ -52,7 +52,7 @@ RESUME_MAY_CHANGE = (
     "train.batched_vision_attention", "train.fused_kernels", "train.logprob_chunk", "train.save_every",
     "train.keep_checkpoints", "train.log_rollouts_every", "train.attention_every", "train.trackers",
     "train.tracker_project", "train.prefetch_batches", "train.background_checkpoints",
-    "train.background_scoring", "eval.")
+    "train.background_scoring", "train.background_logs", "eval.")
 """Keys (a trailing dot: a whole section) whose change leaves the run what it was: how long it goes,
 what it evaluates and logs, how often it saves, exact speedups, where it runs, and what it does with
 bad data (task.params.on_bad_row, check_images: a run stopped at a bad row resumes with

@@ -22,7 +22,10 @@ anything in it is read until `close()`: a second trainer started in it is refuse
 `train.background_checkpoints` a checkpoint is copied to host memory at the step's end and written
 on a thread while training goes on (checkpoint_writer.py); `time/checkpoint` in the next step's
 metrics is what the save of the step before kept on the step's path, `time/checkpoint_write` (in the
-first row after it finished) the write's time on its thread, hidden.
+first row after it finished) the write's time on its thread, hidden. With `train.background_logs`
+the metrics and rollouts are written on one thread (log_writer.py), drained before each checkpoint,
+at the run's end and when it stops; `time/log` is what the logs kept on the step's path (the row
+before's hand-off and this step's rollouts), `time/log_write` the thread's time since, hidden.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ from vlmrl.safety.resume import (
 from vlmrl.tasks import Task
 from vlmrl.training import zero3
 from vlmrl.training.checkpoint_copy import checkpoint_everywhere
+from vlmrl.training.log_writer import LogWriter
 from vlmrl.training.optim import build_optimizer, build_scheduler, optimizer_layout
 from vlmrl.training.reference import ReferencePolicy, build_reference
 from vlmrl.training.sharding import FullStateOptimizer, distinct_names, full_state, gathered, is_sharded, shard
@@ -164,6 +168,8 @@ class TrainingSession:
         if self.main:
             self.write_config(resumed=checkpoint is not None)
             self.log = build_trackers(config, self.run_dir, resume_step=self.start_step if checkpoint else None)
+        self.logs = LogWriter(background=config.train.background_logs and self.main)  # metrics.jsonl, rollouts/
+        self.log_seconds = 0.0  # the logs' time on the step's path since the last row (time/log)
         self.saved_step = self.start_step if checkpoint is not None else None
         self.held_out: dict[str, list] = {}  # eval split -> its fixed held-out examples
         self.closed = False
@@ -337,9 +343,21 @@ class TrainingSession:
         return any_process(self.accelerator, flag)
 
     def record(self, metrics: dict) -> None:
-        """Send one step's metrics to metrics.jsonl and the configured trackers (main process)."""
+        """Send one step's metrics to metrics.jsonl and the configured trackers (main process): the
+        files through the log writer (a copy of the row: on its thread with train.background_logs),
+        W&B and trackio on this thread."""
         if self.main:
-            self.log.log(metrics)
+            started = time.perf_counter()
+            row = dict(metrics)
+            self.logs.put(partial(self.log.log_files, row))
+            self.log.log_main(row)
+            self.log_seconds += time.perf_counter() - started
+
+    def take_log_seconds(self) -> dict[str, float]:
+        """{"time/log": the logs' seconds on the step's path since the last call, "time/log_write": the
+        log thread's seconds on the writes it finished since (0 when they are written on the path)}."""
+        seconds, self.log_seconds = self.log_seconds, 0.0
+        return {"time/log": seconds, "time/log_write": self.logs.take_seconds()}
 
     def maybe_save(self, steps_done: int, cursor: int) -> None:
         """A checkpoint every train.save_every steps and after the last (with save_every=0, only after
@@ -362,6 +380,7 @@ class TrainingSession:
         """A checkpoint now (all processes call this); returns its folder."""
         folder = self.run_dir / "checkpoints" / f"step_{steps_done:06d}"
         started = time.perf_counter()
+        self.on_main(self.logs.drain)  # every line logged so far is on disk before the checkpoint is
         self.accelerator.wait_for_everyone()
         self.refuse_non_finite_weights(f"checkpoint of step {steps_done}")
         whole = self.gather_state(for_checkpoint=True)  # every process takes part in gathering a sharded run's
@@ -551,6 +570,10 @@ class TrainingSession:
         for close in self.closers:
             close()
         try:
+            self.logs.close()  # every line handed to the log thread written, whatever ended the run
+        except Exception as error:  # noqa: BLE001 - the run is ending on its own error: say this one too
+            warn(f"the logs written in the background failed: {one_line(error)}")
+        try:
             self.writer.wait()  # a checkpoint being written is finished, whatever ended the run
         except Exception as error:  # noqa: BLE001 - the run is ending on its own error: say this one too
             warn(f"the checkpoint written in the background failed: {one_line(error)}")
@@ -627,6 +650,7 @@ class TrainingSession:
     def finish(self) -> Path:
         """Save the final model into run_dir/final and close the processes; returns run_dir."""
         self.accelerator.wait_for_everyone()
+        self.on_main(self.logs.drain)  # every line logged, or the failure of a write in one line
         self.on_main(self.writer.wait)  # the last checkpoint whole and durable before the run ends
         self.refuse_non_finite_weights("final model")
         whole = self.gather_state(for_checkpoint=False)

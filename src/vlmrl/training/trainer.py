@@ -15,6 +15,7 @@ Simplifications, on purpose:
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,6 +84,7 @@ def train(config: Config, task: Task | None = None) -> Path:
             metrics |= observe(session, step + 1, experience)
             metrics |= fallback_metrics(session)
             metrics |= session.take_save_seconds()  # the last checkpoint's time on the step's path
+            metrics |= session.take_log_seconds()  # the logs' time on the step's path, and their thread's
             metrics |= session.maybe_evaluate(step + 1, task)
             session.record(metrics)
             if session.main:
@@ -119,13 +121,17 @@ def fallback_metrics(session: TrainingSession) -> dict[str, int]:
 
 
 def log_rollouts(session: TrainingSession, step: int, experience: Experience) -> None:
-    """Every process's completions of this step into rollouts/ (see rollout_log.py)."""
+    """Every process's completions of this step into rollouts/ (see rollout_log.py), written by the
+    session's log writer (on its thread with train.background_logs); the time on the step's path
+    counts in time/log."""
+    started = time.perf_counter()
     group = session.config.rollout.group_size
     rows = rollout_rows(step, experience, group, first_group=session.rank * len(experience.rollout.rows) // group)
     rows = gather_object(rows)
-    if session.main:
-        write_rollouts(session.run_dir, step, rows)
-        session.log.log_rollouts(step, rows)  # W&B's completions table (report/tracking.py)
+    if session.main:  # W&B's table (report/tracking.py) on this thread, before the writer reads the images too
+        session.log.log_rollouts(step, rows)
+        session.logs.put(partial(write_rollouts, session.run_dir, step, rows))
+    session.log_seconds += time.perf_counter() - started
 
 
 def step_metrics(experience: Experience, accelerator: Accelerator, group_size: int,
