@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -146,6 +148,23 @@ def check_table(device: str, decode: Part, step: Part, tests: Part) -> list[str]
     return lines
 
 
+def machine(device: str) -> str:
+    """bench_vs_trl.machine()'s line without importing torch in this process (about 3 s of CPU after
+    the parts): the CPU, its cores, the GPU (nvidia-smi's name), torch's version."""
+    names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")] \
+        if os.path.exists("/proc/cpuinfo") else []
+    cpu = names[0] if names else (platform.processor() or platform.machine())
+    gpu = ""
+    if device == "cuda":
+        try:
+            found = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                   text=True, timeout=30).stdout.split("\n")[0].strip()
+        except (OSError, subprocess.TimeoutExpired):
+            found = ""
+        gpu = f", GPU {found}" if found else ""
+    return f"{cpu}, {os.cpu_count()} cores{gpu}; torch {importlib.metadata.version('torch')}, {platform.platform()}"
+
+
 def commands(device: str, out: Path, decode_paths: str) -> dict[str, tuple[list[str], float]]:
     """Each part's command line and time limit on `device`."""
     settings, python = SETTINGS[device], sys.executable
@@ -174,11 +193,8 @@ def main() -> None:
         args.device, out, args.decode_paths).items()}
     table = check_table(args.device, parts["decode"], parts["step"], parts["tests"])
     decode_setting = (parts["decode"].figures or {}).get("setting", "decode not measured")
-    sys.path.insert(0, str(BENCH))
-    from bench_vs_trl import machine
-
     section = [f"## {datetime.date.today().isoformat()}: gpu_check.sh on {args.device} (issue 46 item 6)", "",
-               f"- machine: {machine()}", f"- command: `benchmarks/gpu_check.sh {shlex.join(sys.argv[1:])}`",
+               f"- machine: {machine(args.device)}", f"- command: `benchmarks/gpu_check.sh {shlex.join(sys.argv[1:])}`",
                f"- decode: {decode_setting}",
                f"- step: {shlex.join(SETTINGS[args.device]['step'][0])}", f"- wall {time.perf_counter() - started:.0f} s",
                "", *table, ""]
