@@ -444,7 +444,8 @@ def vlmrl_stepper(args, model_dir: str, out_dir: Path, memory: MemoryPeak, side:
 
     session.policy.generate = forced_length
     experience_module.generate_groups = generate.wrap(experience_module.generate_groups)
-    experience_module.score_completions = score.wrap(experience_module.score_completions)
+    sampler.scorer.submit = score.wrap(sampler.scorer.submit)  # the rewards on the step's path: those scored as each
+    sampler.scorer.result = score.wrap(sampler.scorer.result)  # call ends, then the wait for the background ones
     towers = [session.policy] + ([session.reference.copy] if session.reference and session.reference.copy else [])
     state = {"step": 0, "cursor": 0}
 
