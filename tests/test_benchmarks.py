@@ -3,8 +3,9 @@
 The figures a GPU session takes once are only as good as this code: the gradient cosine summed one
 tensor at a time equals the cosine of the concatenation; the attention-call counter counts SDPA
 calls; a run stopped by --time-budget reports the steps it measured and says so; the --video table
-divides each vlmrl side by TRL's and counts each side's own work; and the
-cryptogram probe's ridge classifier scores what it should.
+divides each vlmrl side by TRL's and counts each side's own work; the
+cryptogram probe's ridge classifier scores what it should; and the reading probe scores each walk
+letter at the position that predicts it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_pass import CountingAttention, gradient_cosine  # noqa: E402
 from bench_vs_trl import Side, StepWork, report  # noqa: E402
 from probe_cryptogram import ridge_accuracy  # noqa: E402
+from probe_cryptogram_reading import walk_reading  # noqa: E402
 
 
 def test_the_gradient_cosine_tensor_by_tensor_is_the_cosine_of_the_whole():
@@ -97,3 +99,28 @@ def test_the_probe_scores_a_separable_set_fully_and_a_constant_feature_at_chance
     assert ridge_accuracy(train_x, ["a", "a", "b", "b"], test_x, ["a", "b"]) == 1.0
     same = np.ones((4, 2))  # every image the same feature: the classifier can only guess one class
     assert ridge_accuracy(same, ["a", "a", "b", "b"], np.ones((2, 2)), ["a", "b"]) == 0.5
+
+
+def test_the_reading_probe_scores_each_walk_letter_where_it_is_predicted(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from vlmrl.models import load_policy
+    from vlmrl.tasks import get_task
+
+    _, processor = load_policy(tiny_model_dir, device="cpu")
+    task = get_task("cryptogram", letters="abcdefgh", layout="grid", reference="pairs", instructions=False,
+                    vocabulary="strings", min_word_length=1, max_word_length=2, max_words=2)
+    examples = [task.example(i, "test") for i in range(3)]
+    letters = sum(len(e.meta["message"].replace(" ", "")) for e in examples)
+
+    def oracle(shift: int):
+        """Logits that put each position's next token (shift=1) or its own (shift=0) first."""
+        def forward(**inputs):
+            ids = torch.roll(inputs["input_ids"], -shift, dims=1)  # (B, S)
+            return SimpleNamespace(logits=F.one_hot(ids, len(processor.tokenizer)).float())  # (B, S, V)
+        return forward
+
+    images = [e.image for e in examples]
+    assert walk_reading(oracle(1), processor, examples, images, batch_size=2) == (letters, letters, 3)
+    right, total, whole = walk_reading(oracle(0), processor, examples, images, batch_size=2)
+    assert total == letters and whole == 0 and right < letters

@@ -58,6 +58,19 @@ def test_ood_messages_are_longer_than_training():
     assert counts == {3, 4, 5}
 
 
+def test_ood_longer_words_are_longer_than_every_training_word():
+    task = get_task("cryptogram", min_words=1, max_words=3, max_word_length=4, ood="longer_words",
+                    ood_extra_letters=2)
+    train = [task.example(i, "train").meta["message"].split() for i in range(40)]
+    ood = [task.example(i, "ood").meta["message"].split() for i in range(40)]
+    assert {len(word) for words in train for word in words} <= {1, 2, 3, 4}
+    assert {len(word) for words in ood for word in words} == {5, 6}
+    assert {len(words) for words in ood} == {1, 2, 3}  # as many words as training: only their length is new
+    strings = get_task("cryptogram", letters="abc", layout="grid", vocabulary="strings", max_word_length=2,
+                       ood="longer_words", ood_extra_letters=1)
+    assert {len(word) for i in range(20) for word in strings.example(i, "ood").meta["message"].split()} == {3}
+
+
 def test_image_size_is_configurable_and_the_image_depends_on_the_cipher():
     task = get_task("cryptogram", image_size=160)
     a, b = task.example(0), task.example(1)
@@ -280,6 +293,10 @@ def test_default_task_keeps_its_table_and_reports_its_cells():
     ({"reference": "essay"}, "reference must be one of walk, pairs, chars, got 'essay'"),
     ({"held_out": "none"}, "held_out must be one of pairs, messages_and_ciphers, got 'none'"),
     ({"min_word_length": 4, "max_word_length": 3}, "need 1 <= min_word_length <= max_word_length, got 4, 3"),
+    ({"ood": "harder"}, "ood must be one of more_words, longer_words, got 'harder'"),
+    ({"ood": "longer_words"},
+     "ood=longer_words: only 0 of the 2000 words fit letters='abcdefghijklmnopqrstuvwxyz' with 21..23 letters; "
+     "allow more"),
 ])
 def test_bad_parameters_are_one_line_errors(params, message):
     with pytest.raises(VlmrlError) as error:
@@ -299,6 +316,23 @@ def test_message_entries_show_only_the_plain_letters_the_message_needs():
         assert (same, blank) == ((True, False) if coded in "aorst" else (False, True)), coded
     with pytest.raises(VlmrlError, match="^entries=message and tiles=true need layout=grid$"):
         get_task("cryptogram", entries="message")
+
+
+def test_alone_entries_draw_only_the_message_s_entries_packed():
+    task = get_task("cryptogram", **{**READABLE, "entries": "alone"})
+    example, full = task.example(0, "test"), SMALL.example(0, "test")  # coded "a o s _ o t r"
+    assert example.prompt == full.prompt and example.reference_completion == full.reference_completion
+    assert example.image.size == (84, 56)  # five entries, three to a row
+    assert example.meta["cells"] == {"a": [0, 0, 28, 28], "o": [28, 0, 56, 28], "r": [56, 0, 84, 28],
+                                     "s": [0, 28, 28, 56], "t": [28, 28, 56, 56]}
+    for coded, box in example.meta["cells"].items():  # each entry drawn as in the full table, moved
+        assert example.image.crop(tuple(box)).tobytes() == full.image.crop(tuple(full.meta["cells"][coded])).tobytes()
+    one = get_task("cryptogram", letters="abcdefgh", layout="grid", cell_px=56, entries="alone",
+                   vocabulary="strings", min_word_length=1, max_word_length=1, max_words=1)
+    single = one.example(0, "train")
+    assert single.image.size == (56, 56) and list(single.meta["cells"]) == [single.meta["coded"]]
+    with pytest.raises(VlmrlError, match="^entries=alone and tiles=true need layout=grid$"):
+        get_task("cryptogram", entries="alone")
 
 
 def test_tiles_colour_each_plain_letter_by_its_own_hue():

@@ -17,7 +17,9 @@ Reward components (total = format + decoding + correctness, in [0, 3]):
   when decoding is exact and the answer is strictly closer to the truth than the <chars> content is,
   or is the message itself (a one-letter message is its own spaced form: its <chars> is the answer).
 - accuracy (0/1, not in the total): the answer equals the message (lower case, whitespace collapsed).
-The OOD split has max_words+1..max_words+ood_extra_words words.
+The OOD split has max_words+1..max_words+ood_extra_words words (`ood="more_words"`, the default),
+or, with `ood="longer_words"`, min_words..max_words words each longer than any training word
+(max_word_length+1..max_word_length+ood_extra_letters letters).
 
 Readable by a small model (what `vlmrl demo --preset cryptogram` uses; defaults keep the task as
 above): `letters` restricts the alphabet of the messages and the cipher (words made of other letters
@@ -26,7 +28,10 @@ entry as one square cell of `cell_px` pixels, the coded letter (black) in its le
 plain letter (blue) in its right half, cells sorted by coded letter, `entries_per_row` to a row:
 with cell_px=28 an entry is exactly one merged patch of a Qwen2-VL-family tower (14-px patches
 merged 2 x 2), so one image token holds both letters of the entry.
-`entries="message"` leaves out the plain letters of coded letters the message does not use.
+`entries="message"` leaves out the plain letters of coded letters the message does not use;
+`entries="alone"` draws the message's entries alone, packed in order of coded letter with no empty
+cell (a one-letter message's decoder is one cell: the letter shown alone, a reading stage of a
+curriculum; the coded letter then says which cell is which, not its place in the full table).
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
 in order followed by its plain letter, "a t, o h,", before the <chars> block) or the <chars> block
@@ -34,8 +39,8 @@ alone. `held_out="messages_and_ciphers"` keeps every test message and every test
 training (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
 A space of messages and ciphers so small that one split would get (almost) none of the draws is a
 parameter error when the task is made (`split_shares`), not a failure at the example that finds out.
-`meta["cells"]` maps each coded letter to the pixel box [x0, y0, x1, y1] of its table cell, where
-its plain letter is drawn (the attention measure reads it).
+`meta["cells"]` maps each coded letter (each drawn one, with entries="alone") to the pixel box
+[x0, y0, x1, y1] of its table cell, where its plain letter is drawn (the attention measure reads it).
 """
 
 from __future__ import annotations
@@ -69,8 +74,9 @@ _COLUMNS, _ROWS = 4, 7
 LAYOUTS = ("table", "grid")
 HELD_OUT = ("pairs", "messages_and_ciphers")
 REFERENCES = ("walk", "pairs", "chars")
-ENTRIES = ("all", "message")
+ENTRIES = ("all", "message", "alone")
 VOCABULARIES = ("words", "strings")
+OOD_FORMS = ("more_words", "longer_words")
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,6 +98,13 @@ def _message_words(vocab_size: int, letters: str, shortest: int, longest: int) -
     allowed = set(letters)
     return tuple(word for word in word_list()[:vocab_size]
                  if set(word) <= allowed and shortest <= len(word) <= longest)
+
+
+def ood_words(params: "CryptogramParams") -> tuple[str, ...]:
+    """The words of OOD messages with ood=longer_words: of the vocab_size most frequent, those made
+    of `letters` and longer than max_word_length, by at most ood_extra_letters letters."""
+    longest = params.max_word_length
+    return _message_words(params.vocab_size, params.letters, longest + 1, longest + params.ood_extra_letters)
 
 
 def derangement(letters: str, rng) -> str:
@@ -308,7 +321,13 @@ class CryptogramParams(TaskParams):
     max_words: int = 3
     """Most words in a train or test message."""
     ood_extra_words: int = 2
-    """OOD messages have max_words+1 .. max_words+ood_extra_words words."""
+    """OOD messages have max_words+1 .. max_words+ood_extra_words words (ood=more_words)."""
+    ood: str = "more_words"
+    """What makes the OOD split out of distribution: more_words (more words than any training
+    message) or longer_words (as many words as training, each of max_word_length+1 ..
+    max_word_length+ood_extra_letters letters: longer than any training word)."""
+    ood_extra_letters: int = 3
+    """ood=longer_words: OOD words are up to this many letters longer than max_word_length."""
     vocab_size: int = 2000
     """Words are drawn from this many most frequent words of the shipped list."""
     image_size: int = 224
@@ -337,8 +356,10 @@ class CryptogramParams(TaskParams):
     half (hues evenly spaced over `letters`), so a random vision tower tells the letters apart by
     colour as well as by shape."""
     entries: str = "all"
-    """Grid layout: all (every coded letter shows its plain letter) or message (only the coded
-    letters of the message do; the other cells hold the coded letter alone)."""
+    """Grid layout: all (every coded letter shows its plain letter), message (only the coded
+    letters of the message do; the other cells hold the coded letter alone) or alone (only the
+    message's entries are drawn, packed in order of coded letter: a one-letter message's decoder is
+    a single cell)."""
     instructions: bool = True
     """false: the prompt is the coded message alone (a model that learns the format from SFT)."""
     reference: str = "walk"
@@ -354,6 +375,8 @@ class CryptogramParams(TaskParams):
         check(1 <= self.min_words <= self.max_words <= 50,
               f"need 1 <= min_words <= max_words <= 50, got {self.min_words}, {self.max_words}")
         check(1 <= self.ood_extra_words <= 50, f"ood_extra_words must be in 1..50, got {self.ood_extra_words}")
+        check(self.ood in OOD_FORMS, f"ood must be one of {', '.join(OOD_FORMS)}, got {self.ood!r}")
+        check(1 <= self.ood_extra_letters <= 20, f"ood_extra_letters must be in 1..20, got {self.ood_extra_letters}")
         words = len(word_list())
         check(10 <= self.vocab_size <= words, f"vocab_size must be in 10..{words}, got {self.vocab_size}")
         check(112 <= self.image_size <= 2048, f"image_size must be in 112..2048, got {self.image_size}")
@@ -369,7 +392,7 @@ class CryptogramParams(TaskParams):
               f"the table layout shows all 26 letters; letters={self.letters!r} needs layout=grid")
         check(self.entries in ENTRIES, f"entries must be one of {', '.join(ENTRIES)}, got {self.entries!r}")
         check((self.entries == "all" and not self.tiles) or self.layout == "grid",
-              "entries=message and tiles=true need layout=grid")
+              f"entries={self.entries} and tiles=true need layout=grid")
         check(self.reference in REFERENCES,
               f"reference must be one of {', '.join(REFERENCES)}, got {self.reference!r}")
         check(self.held_out in HELD_OUT, f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
@@ -378,6 +401,11 @@ class CryptogramParams(TaskParams):
         words = len(message_words(self)) if self.vocabulary == "words" else 2
         check(words >= 2, f"only {words} of the {self.vocab_size} words fit letters={self.letters!r} and "
                           f"word lengths {self.min_word_length}..{self.max_word_length}; allow more")
+        if self.ood == "longer_words" and self.vocabulary == "words":
+            longer = len(ood_words(self))
+            check(longer >= 2, f"ood=longer_words: only {longer} of the {self.vocab_size} words fit letters="
+                               f"{self.letters!r} with {self.max_word_length + 1}.."
+                               f"{self.max_word_length + self.ood_extra_letters} letters; allow more")
         split, share = min(split_shares(self).items(), key=lambda item: item[1])
         if share < MIN_SPLIT_SHARE:
             messages, ciphers = _message_draws(self), derangement_count(len(self.letters))
@@ -404,11 +432,13 @@ class CryptogramTask(Task):
 
     def _example(self, idx: int, split: str) -> Example:
         p, rng = self.params, self.rng(split, idx)
-        vocab = message_words(p) if p.vocabulary == "words" else ()
-        low, high = (p.max_words + 1, p.max_words + p.ood_extra_words) if split == "ood" else (p.min_words, p.max_words)
+        longer = split == "ood" and p.ood == "longer_words"
+        vocab = (ood_words(p) if longer else message_words(p)) if p.vocabulary == "words" else ()
+        more = split == "ood" and p.ood == "more_words"
+        low, high = (p.max_words + 1, p.max_words + p.ood_extra_words) if more else (p.min_words, p.max_words)
         letters = p.letters
         for _ in range(1000):
-            message = " ".join(self._word(rng, vocab) for _ in range(rng.randint(low, high)))
+            message = " ".join(self._word(rng, vocab, longer) for _ in range(rng.randint(low, high)))
             cipher = derangement(letters, rng)
             if self._belongs(message, cipher, split):
                 break
@@ -439,15 +469,16 @@ class CryptogramTask(Task):
                  "chars": f"<chars> {plain_spaced} </chars>"}[p.reference]
         reference = f"<think> {think} </think> <answer> {message} </answer>"
         if p.layout == "grid":
-            shown = set(coded_spaced.split(" ")) - {"_"} if p.entries == "message" else None
-            image = grid_decoder_image(decode, p.cell_px, p.entries_per_row, shown,
+            used = set(coded_spaced.split(" ")) - {"_"}
+            drawn = {coded: decode[coded] for coded in used} if p.entries == "alone" else decode
+            image = grid_decoder_image(drawn, p.cell_px, p.entries_per_row, used if p.entries == "message" else None,
                                        tile_colors(letters) if p.tiles else None)
-            cells = grid_cells("".join(sorted(letters)), p.cell_px, p.entries_per_row)
+            cells = grid_cells("".join(sorted(drawn)), p.cell_px, p.entries_per_row)
         else:
             image, cells = decoder_image(decode, p.image_size), table_cells(p.image_size)
         meta = {"idx": idx, "split": split, "message": message, "spaced": plain_spaced,
                 "coded": coded_spaced, "cipher": cipher, "letters": letters, "n_words": len(message.split()),
-                "image_size": list(image.size), "cells": {letter: list(cells[letter]) for letter in sorted(letters)}}
+                "image_size": list(image.size), "cells": {letter: list(cells[letter]) for letter in sorted(cells)}}
         return Example(image=image, prompt=prompt, answer=message, meta=meta, reference_completion=reference)
 
     def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
@@ -459,12 +490,15 @@ class CryptogramTask(Task):
             return walk_letter_cells(example)
         return decoded_letter_cells(example)
 
-    def _word(self, rng, vocab: tuple[str, ...]) -> str:
-        """One word of a message: from the vocabulary, or a random string of `letters`."""
+    def _word(self, rng, vocab: tuple[str, ...], longer: bool = False) -> str:
+        """One word of a message: from the vocabulary, or a random string of `letters` (`longer`: of
+        the OOD lengths past max_word_length)."""
         p = self.params
         if p.vocabulary == "words":
             return rng.choice(vocab)
-        return "".join(rng.choice(p.letters) for _ in range(rng.randint(p.min_word_length, p.max_word_length)))
+        shortest, longest = ((p.max_word_length + 1, p.max_word_length + p.ood_extra_letters) if longer
+                             else (p.min_word_length, p.max_word_length))
+        return "".join(rng.choice(p.letters) for _ in range(rng.randint(shortest, longest)))
 
     def _belongs(self, message: str, cipher: str, split: str) -> bool:
         """Whether (message, cipher) may be drawn for `split` under `held_out`."""

@@ -1,0 +1,118 @@
+"""Does SFT teach the language model to read a cryptogram's letters? Curves of steps -> accuracy.
+
+Runs `vlmrl sft` (the Python API, the project's own loop) on a cryptogram setting with a checkpoint
+every `--every` steps, then scores the untrained model and each checkpoint teacher-forced on
+`--n` held-out test messages: the reference completion (with `reference=pairs`, "a t, o h, ...": each
+plain letter is written right after its coded letter, so it is predicted where it is looked up) is
+fed after the prompt, and a letter counts as read when the model's most likely next token at the
+position before it is the letter's token. Reported per checkpoint:
+
+- letters: the share of the walk's plain letters read right, with the message's own decoder;
+- shuffled: the same with another test message's decoder (what the text alone gives: word prior,
+  letter frequencies);
+- messages: the share of messages whose every walk letter is read right (teacher-forced, so an
+  upper bound of greedy exact decoding as far as the lookups go).
+
+    python benchmarks/probe_cryptogram_reading.py runs/small-model --out runs/probe-a --steps 150 \\
+        --every 50 task.params.cell_px=56 model.vision_lr_scale=1
+
+Key=value arguments are config overrides on top of the base below (the cryptogram as issue 53
+writes it: 26 letters, 1-3 words, the grid decoder with every entry filled, no tiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import vlmrl
+from vlmrl.config import load_config
+from vlmrl.evaluation.evaluate import held_out_examples
+from vlmrl.models import load_policy
+from vlmrl.models.token_inputs import join_prompt_and_completion
+from vlmrl.rollout.prompts import encode_prompts
+from vlmrl.tasks import Example, get_task
+from vlmrl.tasks.cryptogram import walk_letter_cells
+
+BASE = ["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=28",
+        "task.params.entries_per_row=6", "task.params.reference=pairs", "task.params.instructions=false",
+        "task.params.held_out=messages_and_ciphers", "task.params.min_words=1", "task.params.max_words=3",
+        "task.params.ood_extra_words=1", "model.vision_lr_scale=0",
+        "sft.batch_size=32", "train.micro_batch_size=32", "train.lr=1e-3", "train.warmup_steps=30",
+        "train.schedule=cosine", "eval.every=0", "train.keep_checkpoints=0", "train.log_rollouts_every=0"]
+
+
+@torch.no_grad()
+def walk_reading(model, processor, examples: list[Example], images: list, batch_size: int = 16) -> tuple[int, int, int]:
+    """(letters read right, letters, messages with every letter right), teacher-forced with `images`
+    in place of each example's decoder."""
+    tokenizer = processor.tokenizer
+    right = total = whole = 0
+    for first in range(0, len(examples), batch_size):
+        rows = [Example(image=image, prompt=ex.prompt, answer=ex.answer, meta=ex.meta,
+                        reference_completion=ex.reference_completion)
+                for ex, image in zip(examples[first:first + batch_size], images[first:first + batch_size])]
+        encoded = [tokenizer(ex.reference_completion, add_special_tokens=False, return_offsets_mapping=True)
+                   for ex in rows]
+        length = max(len(e.input_ids) for e in encoded)
+        ids = torch.full((len(rows), length), tokenizer.pad_token_id)  # (B, T)
+        mask = torch.zeros(len(rows), length, dtype=torch.long)  # (B, T)
+        for i, e in enumerate(encoded):
+            ids[i, :len(e.input_ids)] = torch.tensor(e.input_ids)
+            mask[i, :len(e.input_ids)] = 1
+        inputs = join_prompt_and_completion(encode_prompts(processor, rows, torch.device("cpu")), ids, mask)
+        prompt_len = inputs["input_ids"].shape[1] - length  # P
+        predicted = model(**inputs, use_cache=False).logits.argmax(-1)  # (B, P+T)
+        for i, (ex, e) in enumerate(zip(rows, encoded)):
+            tokens = [next(t for t, (a, b) in enumerate(e.offset_mapping) if a < end and b > start)
+                      for start, end, _ in walk_letter_cells(ex)]
+            hits = [int(predicted[i, prompt_len + t - 1]) == e.input_ids[t] for t in tokens]
+            right, total, whole = right + sum(hits), total + len(hits), whole + all(hits)
+    return right, total, whole
+
+
+def score(folder, examples: list[Example]) -> dict[str, float]:
+    """Teacher-forced reading of `examples` by the model in `folder`, real and shuffled decoders."""
+    model, processor = load_policy(str(folder), device="cpu")
+    model.eval()
+    real = walk_reading(model, processor, examples, [ex.image for ex in examples])
+    shuffled = walk_reading(model, processor, examples, [ex.image for ex in examples[1:] + examples[:1]])
+    return {"letters": real[0] / real[1], "shuffled": shuffled[0] / shuffled[1],
+            "messages": real[2] / len(examples), "letter_count": real[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="the starting model folder (vlmrl tiny-model)")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value, on top of BASE")
+    parser.add_argument("--out", required=True, help="the SFT run folder")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--every", type=int, default=50, help="steps between checkpoints scored")
+    parser.add_argument("--n", type=int, default=64, help="held-out test messages scored")
+    args = parser.parse_intermixed_args()
+    overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", f"train.steps={args.steps}",
+                 f"train.save_every={args.every}", *args.overrides]
+    config = load_config(None, overrides)
+    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    examples = held_out_examples(task, "test", args.n)
+    curve = [{"step": 0, **score(args.model, examples)}]
+    print(json.dumps(curve[-1]), flush=True)
+    start = time.time()
+    result = vlmrl.sft(config)
+    seconds = time.time() - start
+    for folder in sorted((result.run_dir / "checkpoints").glob("step_*")):
+        curve.append({"step": int(folder.name.split("_")[1]), **score(folder, examples)})
+        print(json.dumps(curve[-1]), flush=True)
+    Path(args.out, "reading.json").write_text(json.dumps(
+        {"overrides": overrides, "sft_seconds": seconds, "curve": curve}, indent=1))
+    print(f"sft {seconds:.0f} s; " + "; ".join(
+        f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}), messages {c['messages']:.1%}"
+        for c in curve))
+
+
+if __name__ == "__main__":
+    main()
