@@ -1,0 +1,96 @@
+"""Rollouts one step ahead (rollout.ahead, rollout.generators; training/ahead.py): the one-process
+schedule lags by one step and resumes exactly; a launch of 1 generator + 1 trainer equals it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from launching import final_weights, launcher, run_all_or_kill, run_here
+from vlmrl.config import load_config
+from vlmrl.errors import VlmrlError
+from vlmrl.report.tracking import read_metrics
+from vlmrl.training.trainer import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
+
+
+def overrides(model_dir: str, out: Path, *more: str) -> list[str]:
+    return [f"model.name_or_path={model_dir}", "model.device=cpu", "task.name=letter_task:LetterTask",
+            f"output_dir={out}", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
+            "rollout.generation_batch_size=2", "train.micro_batch_size=8", "train.lr=1e-2", "algorithm.beta=0",
+            "train.log_rollouts_every=1", "eval.every=0", *more]
+
+
+def strip(rows):
+    return [{k: v for k, v in row.items() if not k.startswith(("seconds", "tokens_per_s", "time/"))} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_dir):
+    """Synchronous and one step ahead, 3 steps each, the same seeds."""
+    root = tmp_path_factory.mktemp("ahead")
+    return {ahead: train(load_config(None, overrides(tiny_model_dir, root / f"ahead{ahead}", "train.steps=3",
+                                                     f"rollout.ahead={ahead}")))
+            for ahead in (0, 1)}
+
+
+def test_one_step_ahead_trains_on_the_rollouts_of_the_weights_before(runs):
+    sync, ahead = (read_metrics(runs[a] / "metrics.jsonl") for a in (0, 1))
+    assert "rollout/lag_steps" not in sync[0]  # ahead=0 logs what it logged before
+    assert [row["rollout/lag_steps"] for row in ahead] == [0, 1, 1]
+    # step 1: both sample with the first weights and train on that batch alike
+    assert strip(sync[:1]) == [{k: v for k, v in strip(ahead[:1])[0].items() if k != "rollout/lag_steps"}]
+    # step 2: the synchronous run samples with the weights it trains (sampler = trainer but for rounding);
+    # one step ahead samples with the weights before the last update, and the lag shows as the mismatch
+    assert sync[1]["mismatch_kl"] < 1e-6 < 1e-4 < ahead[1]["mismatch_kl"]
+    # the rollouts of step 2 were made with the first weights, from the prompts and seeds of step 2
+    texts = {a: (runs[a] / "rollouts" / "step_000002.jsonl").read_text() for a in (0, 1)}
+    assert texts[0] != texts[1]
+
+
+def test_one_step_ahead_resumes_exactly(tmp_path, tiny_model_dir, runs):
+    """Stopped after step 2 (the rollouts of step 3, made ahead, in its checkpoint) and resumed: the
+    same metrics and weights as the run that went straight through."""
+    straight = runs[1]
+    more = ("train.steps=3", "rollout.ahead=1", "train.save_every=2")
+    full = train(load_config(None, overrides(tiny_model_dir, tmp_path / "full", *more)))
+    assert strip(read_metrics(full / "metrics.jsonl")) == strip(read_metrics(straight / "metrics.jsonl"))
+    resumed = Path(shutil.copytree(full, tmp_path / "resumed"))
+    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    shutil.rmtree(resumed / "final")
+    train(load_config(None, overrides(tiny_model_dir, resumed, *more, "resume=true")))
+    assert strip(read_metrics(resumed / "metrics.jsonl")) == strip(read_metrics(full / "metrics.jsonl"))
+    a, b = final_weights(full / "final"), final_weights(resumed / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_generator_needs_a_launch_of_two_processes(tmp_path, tiny_model_dir):
+    with pytest.raises(VlmrlError, match=r"^rollout.generators=1 needs a launch of at least 2 processes"):
+        train(load_config(None, overrides(tiny_model_dir, tmp_path / "run", "rollout.ahead=1", "rollout.generators=1")))
+    with pytest.raises(VlmrlError, match=r"rollout.generators=1 needs rollout.ahead=1"):
+        load_config(None, ["rollout.generators=1"])
+
+
+def test_a_generator_and_a_trainer_equal_the_one_process_schedule(tmp_path, tiny_model_dir):
+    """2 gloo processes, the last only generating with the weights of step k-1 while the first trains:
+    after 4 steps the weights and metrics are those of the one-process schedule (rollout.ahead=1)."""
+    more = ("train.steps=4", "rollout.ahead=1")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_here(["train", *overrides(tiny_model_dir, one, *more)])
+    two_processes = launcher("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                             "--dynamo_backend", "no")
+    returncode, stdout, stderr = run_all_or_kill(
+        two_processes + ["train", *overrides(tiny_model_dir, two, *more, "rollout.generators=1")], timeout=300,
+        env={"OMP_NUM_THREADS": "1"})
+    assert returncode == 0, stderr[-3000:]
+    assert "preflight: processes: 1, strategy: single" in stdout  # the trainer alone in its group
+    rows = read_metrics(two / "metrics.jsonl")
+    assert [row["rollout/lag_steps"] for row in rows] == [0, 1, 1, 1] and "time/rollout_wait" in rows[1]
+    assert strip(rows) == [{k: v for k, v in row.items() if k != "time/rollout_wait"}
+                           for row in strip(read_metrics(one / "metrics.jsonl"))]
+    a, b = final_weights(one / "final"), final_weights(two / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
