@@ -13,6 +13,9 @@ from launching import final_weights, launcher, run_all_or_kill, run_here
 from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import read_metrics
+from vlmrl.rollout.generation import Rollout
+from vlmrl.training.ahead import share
+from vlmrl.training.experience import Experience
 from vlmrl.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
@@ -50,6 +53,23 @@ def test_one_step_ahead_trains_on_the_rollouts_of_the_weights_before(runs):
     # the rollouts of step 2 were made with the first weights, from the prompts and seeds of step 2
     texts = {a: (runs[a] / "rollouts" / "step_000002.jsonl").read_text() for a in (0, 1)}
     assert texts[0] != texts[1]
+    alarms = (runs[1] / "alarms.jsonl").read_text()
+    assert "sampler_mismatch" in alarms and "rollout.ahead=1" in alarms  # the alarm names the lag, not the decode
+
+
+def test_each_trainer_takes_its_whole_groups_of_the_generators_batch():
+    examples = [object() for _ in range(4)]  # 4 groups of 2
+    rollout = Rollout(rows=[e for e in examples for _ in range(2)], completion_ids=torch.arange(16).view(8, 2),
+                      completion_mask=torch.ones(8, 2, dtype=torch.long), texts=[str(i) for i in range(8)],
+                      truncated=torch.zeros(8, dtype=torch.bool), sampler_logp=-torch.arange(16.0).view(8, 2))
+    whole = Experience(rollout, rewards={"total": torch.arange(8.0)}, reward=torch.arange(8.0),
+                       advantages=torch.arange(8.0) / 8, groups_drawn=4, groups_with_signal=2, indices=[10, 11, 12, 13])
+    first, second = share(whole, 0, 2), share(whole, 1, 2)
+    assert first.indices == [10, 11] and second.indices == [12, 13]
+    assert second.rollout.rows == [examples[2]] * 2 + [examples[3]] * 2 and second.rollout.texts == ["4", "5", "6", "7"]
+    assert torch.equal(torch.cat([first.advantages, second.advantages]), whole.advantages)
+    assert torch.equal(second.rollout.sampler_logp, whole.rollout.sampler_logp[4:])
+    assert torch.equal(second.rewards["total"], torch.arange(4.0, 8.0)) and first.groups_drawn == 2
 
 
 def test_one_step_ahead_resumes_exactly(tmp_path, tiny_model_dir, runs):

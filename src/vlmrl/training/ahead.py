@@ -113,10 +113,16 @@ class Synchronous:
         experience, next_cursor = collect_experience(self.sampler, step, cursor)
         return experience, next_cursor, 0
 
-    def after_update(self, step: int) -> None:
-        """Nothing to do after an update."""
+    def after_update(self, step: int) -> dict:
+        """What is left to do once the update of `step` is made; returns `state()`, what the
+        checkpoint of this step keeps."""
+        return self.state()
 
     def state(self) -> dict:
+        return {}
+
+    def metrics(self, lag: int) -> dict[str, float]:
+        """The step's metrics of the schedule: none when synchronous."""
         return {}
 
     def close(self) -> None:
@@ -147,6 +153,10 @@ class OneStepAhead(Synchronous):
             return {}
         experience, cursor, lag = self.pending
         return experience_state(experience, cursor, lag)
+
+    def metrics(self, lag: int) -> dict[str, float]:
+        """rollout/lag_steps: how many updates old the weights that made the step's rollouts were."""
+        return {"rollout/lag_steps": lag}
 
 
 @dataclass
@@ -307,9 +317,9 @@ class FromGenerators:
         current, self.pending = self.pending, None
         return current
 
-    def after_update(self, step: int) -> None:
+    def after_update(self, step: int) -> dict:
         """The rollouts of step `step` + 1 (made with the weights before this update), then the new
-        weights to the generator when it makes a further step's."""
+        weights to the generator when it makes a further step's; returns `state()`."""
         self.waited = 0.0
         if step + 1 < self.steps:
             self.pending = self.receive()
@@ -318,11 +328,17 @@ class FromGenerators:
                 self.link.broadcast_header([1, step + 1, 0, 0])
                 self.link.broadcast_weights([p for p in self.session.policy.parameters() if p.requires_grad])
             self.outstanding = step + 2
+        return self.state()
 
     def state(self) -> dict:
         if self.pending is None or self.pending[0] is None:
             return {}
         return experience_state(*self.pending)
+
+    def metrics(self, lag: int) -> dict[str, float]:
+        """rollout/lag_steps, and time/rollout_wait: the seconds this trainer waited for the generator's
+        rollouts after the update."""
+        return {"rollout/lag_steps": lag, "time/rollout_wait": self.waited}
 
     def close(self) -> None:
         """A run that ends before its last step: the message the generator is sending taken (and
@@ -330,9 +346,12 @@ class FromGenerators:
         if self.outstanding is None:
             return
         made, self.outstanding = self.outstanding, None
-        self.link.receive_object(self.link.generator_rank)
-        if made + 1 < self.steps and self.link.rank == 0:
-            self.link.broadcast_header([0, 0, 0, 0])
+        try:
+            self.link.receive_object(self.link.generator_rank)
+            if made + 1 < self.steps and self.link.rank == 0:
+                self.link.broadcast_header([0, 0, 0, 0])
+        except RuntimeError:  # the generator has gone already (a launcher's SIGTERM): nothing left to take
+            pass
 
 
 class GeneratorSide:
@@ -388,6 +407,10 @@ def run_generator(config: Config, task: Task, link: Link) -> None:
 def step_rollouts(session, task: Task, link: Link | None) -> Synchronous | FromGenerators:
     """Where a trainer's rollouts come from, as rollout.ahead and rollout.generators say."""
     if link is not None:
+        if session.strategy.sharded:
+            raise VlmrlError(f"rollout.generators=1 runs with one trainer or DDP trainers; these run "
+                             f"{session.strategy.name}: launch with configs/accelerate/ddp.yaml (or --multi_gpu), "
+                             "or rollout.generators=0")
         return FromGenerators(session, task, link)
     sampler = GroupSampler.for_run(session, task)
     if session.config.rollout.ahead:

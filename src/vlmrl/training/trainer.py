@@ -79,14 +79,12 @@ def train(config: Config, task: Task | None = None) -> Path:
             update_started = time.perf_counter()
             update = update_policy(session, scorer, experience)
             update["time/train"] = time.perf_counter() - update_started
-            rollouts.after_update(step)  # from the generator: the next step's rollouts in, the new weights out
-            session.carried = rollouts.state()  # the rollouts made ahead go into this step's checkpoint
+            session.carried = rollouts.after_update(step)  # the rollouts made ahead: into this step's checkpoint
             refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
             metrics = step_metrics(experience, session.accelerator, config.rollout.group_size,
                                    distilling=session.teacher is not None) | update
             metrics |= epoch_metric(task, cursor)
-            if config.rollout.ahead:
-                metrics |= {"rollout/lag_steps": lag} | ({"time/rollout_wait": rollouts.waited} if link else {})
+            metrics |= rollouts.metrics(lag)  # one step ahead: rollout/lag_steps (and time/rollout_wait)
             metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
                         "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped} | clock.metrics()
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
