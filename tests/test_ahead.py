@@ -14,7 +14,7 @@ from vlmrl.config import load_config
 from vlmrl.errors import VlmrlError
 from vlmrl.report.tracking import read_metrics
 from vlmrl.rollout.generation import Rollout
-from vlmrl.training.ahead import share
+from vlmrl.training.ahead import share, split_launch
 from vlmrl.training.experience import Experience
 from vlmrl.training.trainer import train
 
@@ -88,9 +88,13 @@ def test_one_step_ahead_resumes_exactly(tmp_path, tiny_model_dir, runs):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_generator_needs_a_launch_of_two_processes(tmp_path, tiny_model_dir):
+def test_a_generator_needs_a_launch_of_two_processes(tmp_path, tiny_model_dir, monkeypatch):
+    config = load_config(None, overrides(tiny_model_dir, tmp_path / "run", "rollout.ahead=1", "rollout.generators=1"))
     with pytest.raises(VlmrlError, match=r"^rollout.generators=1 needs a launch of at least 2 processes"):
-        train(load_config(None, overrides(tiny_model_dir, tmp_path / "run", "rollout.ahead=1", "rollout.generators=1")))
+        train(config)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(VlmrlError, match=r"^rollout.generators=1 runs in a launch of 2 processes today"):
+        split_launch(config, {"WORLD_SIZE": "3", "RANK": "0"})
     with pytest.raises(VlmrlError, match=r"rollout.generators=1 needs rollout.ahead=1"):
         load_config(None, ["rollout.generators=1"])
 
@@ -112,3 +116,4 @@ def test_a_generator_and_a_trainer_equal_the_one_process_schedule(tmp_path, tiny
     assert strip(rows) == strip(read_metrics(one / "metrics.jsonl"))
     a, b = final_weights(one / "final"), final_weights(two / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
