@@ -58,6 +58,8 @@ VALUES: dict[str, list] = {
     "rollout.tool_timeout_s": [0.0, 1.0, NAN],
     "rollout.tool_image_side": [0, 56, 100000],
     "rollout.fsdp_generation": ["whole", "layers", "layer"],
+    "rollout.ahead": [0, 1, 2, -1],
+    "rollout.generators": [0, 1, 2],
     "algorithm.advantage_scale": ["group", "batch", "none", "std"],
     "algorithm.advantage_shaping": ["none", "cubic", "cubic_rescaled"],
     "algorithm.eps_low": [0.0, 0.2, 1.0, -0.1],

@@ -228,7 +228,7 @@ def background_save(tmp_path: Path, model_dir: str, whole_of) -> tuple:
     step()
     session = SimpleNamespace(processor=processor, optimizer=optimizer, policy=policy, reference=reference,
                               scheduler=scheduler, writer=HeldWriter(), run_dir=tmp_path, command="train",
-                              guard=SimpleNamespace(state_dict=dict),
+                              guard=SimpleNamespace(state_dict=dict), carried={},
                               config=SimpleNamespace(train=SimpleNamespace(keep_checkpoints=2)))
     then = checkpoint.host_copy((optimizer.state_dict(), reference.saved_weights()))
     session_module.TrainingSession.write_in_background(session, 1, 7, whole_of(policy, optimizer))

@@ -209,7 +209,7 @@ def test_an_update_that_makes_the_weights_inf_is_never_saved(tmp_path, tiny_mode
 
 
 def test_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, tiny_model_dir, letter_task, monkeypatch):
-    import vlmrl.training.trainer as trainer_module
+    import vlmrl.training.ahead as trainer_module  # where the trainer's step collects its experience
 
     real, calls = trainer_module.collect_experience, [0]
 

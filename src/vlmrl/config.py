@@ -400,8 +400,23 @@ class RolloutConfig(GenerationSettings):
     weights must fit one device) or "layers" (each block gathered for each forward, at every decode
     step: one all-gather per block per token, and every process steps until all finish, for a model
     whose weights do not fit one device). Evaluations then run on every process."""
+    ahead: int = 0
+    """Rollouts one step ahead (docs/speed.md): 0 = each step trains on rollouts of its own weights
+    (synchronous); 1 = step k trains on rollouts made with the weights of step k-1, so generating the
+    next step's rollouts can overlap the update (rollout.generators); the lag is logged
+    (rollout/lag_steps) and corrected by the importance weights against the sampler (algorithm.tis_*)."""
+    generators: int = 0
+    """With rollout.ahead=1 in a launch of several processes: how many of them only generate (the last
+    ranks; 1 today), while the others train on the rollouts they made before and send them each
+    update's weights (docs/processes.md). 0 = every process trains and generates its own share."""
 
     def validate(self) -> None:
+        require((self.ahead in (0, 1), f"rollout.ahead must be 0 (synchronous) or 1 (one step ahead); got {self.ahead}"),
+                (self.generators in (0, 1), f"rollout.generators must be 0 or 1 (one generating process); got "
+                                            f"{self.generators}"),
+                (not self.generators or self.ahead == 1,
+                 "rollout.generators=1 needs rollout.ahead=1 (the generator makes the next step's rollouts)"),
+                (not (self.ahead and self.tools), "rollout.ahead=1 with rollout.tools is not run: set rollout.ahead=0"))
         require((self.fsdp_generation in ("whole", "layers"),
                  f"rollout.fsdp_generation must be whole or layers; got {self.fsdp_generation!r}"))
         require(temperature_rule("rollout.temperature", self.temperature, greedy=False),  # GRPO learns from samples

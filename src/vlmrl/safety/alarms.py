@@ -15,7 +15,8 @@ again while it stays true) and comes back as a line for the terminal and a row f
 - length_limit:    more than `truncated_share` of completions cut at max_new_tokens (`short` steps);
 - sampler_mismatch: the sampler's log-probs far from the training pass's: KL(sampler || training)
                    above `mismatch_kl` (bf16 and compiled decoding: not yet measured on a GPU), or more than
-                   `tis_capped_share` of tokens at the TIS cap.
+                   `tis_capped_share` of tokens at the TIS cap (with rollout.ahead=1 the lag adds to it,
+                   and the message says so).
 
 Only the main process checks; no torch here.
 """
@@ -111,9 +112,12 @@ class Alarms:
 
         mismatch, capped = metrics.get("mismatch_kl") or 0.0, metrics.get("tis_capped_fraction") or 0.0
         if mismatch > s.mismatch_kl or capped > s.tis_capped_share:
+            cause = ("the rollouts were made with the weights of the step before (rollout.ahead=1): a lower "
+                     "train.lr, or rollout.ahead=0, shrinks it" if metrics.get("rollout/lag_steps")
+                     else "check rollout.decode and the dtype")
             found["sampler_mismatch"] = (f"the sampler's log-probs differ from the training pass's (KL {mismatch:.3g}, "
-                                         f"{capped:.1%} of tokens at the TIS cap): check rollout.decode and "
-                                         "the dtype; importance sampling corrects only a small mismatch")
+                                         f"{capped:.1%} of tokens at the TIS cap): {cause}; importance sampling "
+                                         "corrects only a small mismatch")
         return found
 
     def check(self, metrics: dict) -> list[dict]:

@@ -63,6 +63,7 @@ class Experience:
     bad_rows_skipped: int = 0  # bad train examples replaced by the next good one this step, on this process
     seconds: dict[str, float] = field(default_factory=dict)  # STEP_SECONDS: wall time, this process
     tool_cache: CacheCounts = field(default_factory=dict)  # cached tool -> (calls, computed) this step, this process
+    indices: list[int] = field(default_factory=list)  # (groups,) the train example index each group answers
 
 
 @dataclass
@@ -72,6 +73,7 @@ class ScoredGroup:
     rollout: Rollout
     scores: dict[str, torch.Tensor]  # component name -> (G,)
     reward: torch.Tensor  # (G,) total (+ overlong penalty)
+    index: int = -1  # the train example it answers (a bad one replaced: the one used)
 
     @property
     def has_signal(self) -> bool:
@@ -163,9 +165,10 @@ class GroupSampler:
                 return generate_groups(policy, processor, examples, settings, seed=seed)
             return generate_trajectories(policy, processor, examples, self.toolbox, seed=seed)
 
-    def draw_and_generate(self, indices: list[int], seed: int, first: int) -> tuple[list[Example], Rollout]:
+    def draw_and_generate(self, indices: list[int], seed: int,
+                          first: int) -> tuple[list[int], list[Example], Rollout]:
         """The examples at `indices` (bad ones replaced, bad_rows.py; `first`: their round's first
-        prompt) and their completions."""
+        prompt): the indices used, the examples and their completions."""
         used, examples = self.draw(indices, first)
         try:
             rollout = self.generate(examples, seed)
@@ -175,7 +178,7 @@ class GroupSampler:
             used, examples = self.rows.after_encoding_failure(used, examples, error)
             rollout = self.generate(examples, seed)
         self.replaced += sum(u != i for u, i in zip(used, indices))
-        return examples, rollout
+        return used, examples, rollout
 
     def score(self, scoring: Scoring, rollout: Rollout) -> dict[str, torch.Tensor]:
         """Every reward component of the rollout and its total, (B*G,) each; after a reward failure
@@ -194,15 +197,15 @@ class GroupSampler:
         calls = []
         for start in range(first, first + config.rollout.per_process(self.session.world), per_call):
             started, data = time.perf_counter(), self.seconds["data"]
-            examples, rollout = self.draw_and_generate(list(range(start, start + per_call)),
-                                                       derive_seed(config.seed, step, start), first)
+            used, examples, rollout = self.draw_and_generate(list(range(start, start + per_call)),
+                                                             derive_seed(config.seed, step, start), first)
             scored = time.perf_counter()
-            calls.append((examples, rollout, self.scorer.submit(rollout)))
+            calls.append((used, examples, rollout, self.scorer.submit(rollout)))
             self.seconds["generate"] += scored - started - (self.seconds["data"] - data)
             self.seconds["score"] += time.perf_counter() - scored
             self.tool_cache = added_counts(self.tool_cache, getattr(rollout, "cache_counts", {}))
         groups = []
-        for examples, rollout, scoring in calls:
+        for used, examples, rollout, scoring in calls:
             waited = time.perf_counter()
             scores = self.score(scoring, rollout)  # name -> (B*G,)
             self.seconds["score"] += time.perf_counter() - waited
@@ -210,7 +213,8 @@ class GroupSampler:
             reward = shaped_reward(scores["total"], rollout, config)  # (B*G,)
             for g in range(len(examples)):
                 rows = list(range(g * group, (g + 1) * group))
-                groups.append(ScoredGroup(rollout.select(rows), {k: v[rows] for k, v in scores.items()}, reward[rows]))
+                groups.append(ScoredGroup(rollout.select(rows), {k: v[rows] for k, v in scores.items()}, reward[rows],
+                                          used[g]))
         return groups
 
 
@@ -253,5 +257,6 @@ def collect_experience(sampler: GroupSampler, step: int, cursor: int) -> tuple[E
         reward=reward, advantages=batch_advantages(session, reward),
         groups_drawn=rounds * per_process,
         groups_with_signal=sum(g.has_signal for g in with_signal + without_signal),
-        bad_rows_skipped=sampler.replaced, seconds=dict(sampler.seconds), tool_cache=dict(sampler.tool_cache))
+        bad_rows_skipped=sampler.replaced, seconds=dict(sampler.seconds), tool_cache=dict(sampler.tool_cache),
+        indices=[g.index for g in kept])
     return experience, cursor + rounds * settings.prompts_per_step

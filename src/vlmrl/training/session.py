@@ -150,6 +150,7 @@ class TrainingSession:
         self.optimizer = build_optimizer(self.policy, config.train, config.model.vision_lr_scale, config.seed)
         self.scheduler = build_scheduler(self.optimizer, config.train, total_updates)
         self.start_step = self.cursor = 0
+        self.carried: dict = {}  # plain data the step code keeps in each checkpoint: the rollouts made ahead (ahead.py)
         self.guard = NumericGuard(config.train.max_bad_steps, config.train.max_grad_norm)
         if self.strategy.self_sharded:
             self.model = self.policy  # sharded in place (accelerate would wrap it in DDP on CPU processes)
@@ -163,6 +164,7 @@ class TrainingSession:
             restored = restore_trainer_state(state, self.restorable_optimizer(), self.scheduler)
             self.start_step, self.cursor = restored["step"], restored["data_position"]
             self.guard.load_state_dict(restored["extra"].get("faults", {}))
+            self.carried = restored["extra"].get("ahead", {})
 
         self.log = None
         if self.main:
@@ -412,7 +414,7 @@ class TrainingSession:
             optimizer = host_copy(self.optimizer.state_dict())
             weights = host_copy(own_weights(self.policy))
             reference = host_copy(self.reference.saved_weights()) if self.reference is not None else None
-        extra = host_copy({"faults": self.guard.state_dict(), "command": self.command})
+        extra = host_copy({"faults": self.guard.state_dict(), "command": self.command, "ahead": self.carried})
         state = trainer_state(steps_done, cursor, optimizer, self.scheduler, extra)
         state["scheduler"] = host_copy(state["scheduler"])
         contents = Contents(steps_done, state, weights, reference)
@@ -423,7 +425,8 @@ class TrainingSession:
         """The main process's part of `save`: the checkpoint of `steps_done` written to its folder."""
         save_checkpoint(self.run_dir, steps_done, self.policy, self.processor, self.optimizer, self.scheduler,
                         cursor, self.reference, keep=self.config.train.keep_checkpoints,
-                        extra={"faults": self.guard.state_dict(), "command": self.command}, gathered=whole)
+                        extra={"faults": self.guard.state_dict(), "command": self.command, "ahead": self.carried},
+                        gathered=whole)
 
     def refuse_non_finite_weights(self, what: str) -> None:
         """Stop in one line, writing nothing, when the policy's weights hold NaN/inf on any process:

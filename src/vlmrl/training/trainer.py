@@ -14,6 +14,7 @@ Simplifications, on purpose:
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from pathlib import Path
@@ -34,7 +35,8 @@ from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Task
-from vlmrl.training.experience import Experience, GroupSampler, collect_experience
+from vlmrl.training.ahead import step_rollouts, run_generator, split_launch
+from vlmrl.training.experience import Experience
 from vlmrl.training.logprobs import LogprobScorer
 from vlmrl.training.policy_update import update_policy
 from vlmrl.training.session import StepClock, TrainingSession, epoch_metric
@@ -43,7 +45,11 @@ from vlmrl.training.session import StepClock, TrainingSession, epoch_metric
 def train(config: Config, task: Task | None = None) -> Path:
     """Run GRPO as configured (on `task` when given: a Task built in Python, else the config's);
     returns the run directory (final model in `final/`)."""
+    link = split_launch(config, os.environ)  # rollout.generators: this process's role, before WORLD_SIZE is read
     task = check_before_loading(config, "train", task)  # layout, task, tools, trackers, model path: before loading
+    if link is not None and link.generates:  # the launch's generator: rollouts for the trainers, no run folder
+        run_generator(config, task, link)
+        return Path(config.output_dir)
     with TrainingSession(config, config.train.steps * config.algorithm.updates_per_batch,
                          with_reference=True, task=task) as session:  # an error gives the handlers and the folder back
         config.rollout.check_layout(session.world)
@@ -53,8 +59,8 @@ def train(config: Config, task: Task | None = None) -> Path:
             session.record(teacher_accuracy)
         scorer = LogprobScorer(session.processor, config.rollout.temperature, config.train.pack_groups,
                                config.train.logprob_chunk, config.train.block_attention)
-        sampler = GroupSampler.for_run(session, task)
-        session.closers.append(sampler.close)  # the prefetching worker stops with the run, however it ends
+        rollouts = step_rollouts(session, task, link)  # synchronous, one step ahead, or from the generator
+        session.closers.append(rollouts.close)  # the prefetching worker stops with the run, however it ends
         alarms = Alarms(session.run_dir / "alarms.jsonl", resume_step=session.start_step if config.resume else None)
         cursor = session.cursor  # index of the next train prompt
 
@@ -64,9 +70,9 @@ def train(config: Config, task: Task | None = None) -> Path:
         for step in progress:
             clock = StepClock()
             session.policy.eval()
-            experience, next_cursor = collect_experience(sampler, step, cursor)
-            session.stop_at_bad_row(sampler.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
-            session.stop_at_reward_failure(sampler.reward_failure, step, cursor)  # checkpoint, one line
+            experience, next_cursor, lag = rollouts.take(step, cursor)
+            session.stop_at_bad_row(rollouts.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
+            session.stop_at_reward_failure(rollouts.reward_failure, step, cursor)  # checkpoint, one line
             session.stop_at_broken_logits(step, cursor)  # NaN/inf logits: the cause in one line
             cursor = next_cursor
             session.policy.train()
@@ -74,10 +80,12 @@ def train(config: Config, task: Task | None = None) -> Path:
             update_started = time.perf_counter()
             update = update_policy(session, scorer, experience)
             update["time/train"] = time.perf_counter() - update_started
+            session.carried = rollouts.after_update(step)  # the rollouts made ahead: into this step's checkpoint
             refreshed = session.reference is not None and session.reference.maybe_refresh(session.policy, step + 1)
             metrics = step_metrics(experience, session.accelerator, config.rollout.group_size,
                                    distilling=session.teacher is not None) | update
             metrics |= epoch_metric(task, cursor)
+            metrics |= rollouts.metrics(lag)  # one step ahead: rollout/lag_steps (and time/rollout_wait)
             metrics |= {"step": step + 1, "prompts_seen": cursor, "lr": session.scheduler.get_last_lr()[0],
                         "ref_refreshed": int(refreshed), "skipped_steps": session.guard.skipped} | clock.metrics()
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
