@@ -52,7 +52,7 @@ from vlmrl.rollout.sampling import note_broken_rows, take_broken_rows
 from vlmrl.safety.bad_rows import RowGuard, make_example
 from vlmrl.safety.early_checks import launched_world
 from vlmrl.tasks import Task
-from vlmrl.training.experience import Experience, GroupSampler, collect_experience
+from vlmrl.training.experience import STEP_SECONDS, Experience, GroupSampler, collect_experience
 from vlmrl.training.strategy import make_accelerator
 
 LINK_TIMEOUT = timedelta(minutes=30)
@@ -89,7 +89,7 @@ def experience_from_state(state: dict, task: Task) -> Taken:
     drawn, with_signal, skipped = state["counts"]
     experience = Experience(rollout, rewards=dict(state["rewards"]), reward=state["reward"],
                             advantages=state["advantages"], groups_drawn=drawn, groups_with_signal=with_signal,
-                            bad_rows_skipped=skipped, seconds=dict.fromkeys(("data", "generate", "score", "data_ahead"), 0.0),
+                            bad_rows_skipped=skipped, seconds=dict.fromkeys(STEP_SECONDS, 0.0),
                             indices=list(state["indices"]))
     return experience, state["cursor"], state["lag"]
 

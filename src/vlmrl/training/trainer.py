@@ -91,8 +91,7 @@ def train(config: Config, task: Task | None = None) -> Path:
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["seconds"]
             metrics |= observe(session, step + 1, experience)
             metrics |= fallback_metrics(session)
-            metrics |= session.take_save_seconds()  # the last checkpoint's time on the step's path
-            metrics |= session.take_log_seconds()  # the logs' time on the step's path, and their thread's
+            metrics |= session.take_save_seconds() | session.take_log_seconds()  # checkpoint's, logs' time on the path
             metrics |= session.maybe_evaluate(step + 1, task)
             session.record(metrics)
             if session.main:
