@@ -28,7 +28,8 @@ def overrides(model_dir: str, out: Path, *more: str) -> list[str]:
             "train.log_rollouts_every=1", "eval.every=0", *more]
 
 
-MORE = ("train.steps=4", "train.save_every=2")
+MORE = ("train.steps=4", "train.save_every=2", "model.vision_lr_scale=0")  # the demos' frozen tower: the trainable
+# set the generator receives each step is the trainer's
 
 
 def strip(rows):

@@ -53,6 +53,7 @@ from vlmrl.safety.bad_rows import RowGuard, make_example
 from vlmrl.safety.early_checks import launched_world
 from vlmrl.tasks import Task
 from vlmrl.training.experience import STEP_SECONDS, Experience, GroupSampler, collect_experience
+from vlmrl.training.optim import freeze_unscaled_vision
 from vlmrl.training.strategy import make_accelerator
 
 LINK_TIMEOUT = timedelta(minutes=30)
@@ -367,6 +368,7 @@ class GeneratorSide:
         self.world, self.rank, self.main = 1, 0, True
         set_seed(config.seed)
         self.policy, self.processor = load_trainable_policy(config, self.accelerator.device, None)
+        freeze_unscaled_vision(self.policy, config.model.vision_lr_scale)  # the trainer's trainable set, sent each step
         self.policy.eval()
 
     def gathered(self, model: torch.nn.Module | None = None):

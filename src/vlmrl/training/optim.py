@@ -42,6 +42,16 @@ def optimizer_layout(model: torch.nn.Module, vision_lr_scale: float = 1.0) -> li
             for group in trainable_groups(model, vision_lr_scale).values()]
 
 
+def freeze_unscaled_vision(model: torch.nn.Module, vision_lr_scale: float) -> None:
+    """A vision_lr_scale of 0 freezes the vision tower (requires_grad off): what the trainer's optimizer
+    does, and what a process that holds a copy of the policy must do to name the same trainable
+    parameters (a one-step-ahead generator, training/ahead.py)."""
+    if vision_lr_scale == 0:
+        for name, param in model.named_parameters():
+            if is_vision_parameter(name):
+                param.requires_grad_(False)
+
+
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale: float = 1.0, seed: int = 0):
     """AdamW over the trainable parameters (`trainable_groups`); the vision tower's at lr * vision_lr_scale.
 
@@ -49,10 +59,7 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, vision_lr_scale:
     bfloat16 trainable parameter and train.stochastic_rounding, RoundingAdamW with noise from `seed`
     (its one-kernel update on CUDA).
     """
-    if vision_lr_scale == 0:
-        for name, param in model.named_parameters():
-            if is_vision_parameter(name):
-                param.requires_grad_(False)
+    freeze_unscaled_vision(model, vision_lr_scale)
     scales = {"language": 1.0, "vision": vision_lr_scale}
     groups = [{"params": [param for _, param in members], "lr": train.lr * scales[name], "name": name}
               for name, members in trainable_groups(model, vision_lr_scale).items()]
