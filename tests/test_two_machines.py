@@ -91,18 +91,34 @@ def test_two_machines_under_fsdp2_make_the_same_steps_as_one_process(tmp_path, t
     same_steps(tmp_path / "one", folders[0], 2)
 
 
+@pytest.mark.slow  # two machines and one process: about 30 s on 2 idle cores
+def test_two_machines_one_generating_one_step_ahead_make_the_steps_of_one_process(tmp_path, tiny_model_dir):
+    """Machine 1's process only generates, one step ahead (rollout.ahead=1, rollout.generators=1), while
+    machine 0's trains: the steps of one process running the same one-step-lag schedule."""
+    more = ("train.steps=3", "rollout.ahead=1")
+    run_here(two_process_overrides(tiny_model_dir, tmp_path / "one", *more))
+    folders = [tmp_path / "machine0", tmp_path / "machine1"]
+    (rc0, out0, err0), (rc1, _, err1) = two_machines(
+        DDP, lambda rank: two_process_overrides(tiny_model_dir, folders[rank], *more, "rollout.generators=1"))
+    assert rc0 == rc1 == 0, (err0[-2000:], err1[-2000:])
+    assert "preflight: processes: 1, strategy: single" in out0  # the trainer alone in its group
+    assert [row["rollout/lag_steps"] for row in read_metrics(folders[0] / "metrics.jsonl")] == [0, 1, 1]
+    same_steps(tmp_path / "one", folders[0], 3)
+    assert not folders[1].exists()  # the generator writes nothing
+
+
 DIES_AT_STEP_3 = """
 import os, signal
 if os.environ.get("RANK") == "1":  # machine 1's process (not its launcher): killed as step 3 begins
-    from vlmrl.training import trainer
-    collect = trainer.collect_experience
+    from vlmrl.training import ahead
+    collect = ahead.collect_experience
 
     def dies(sampler, step, cursor):
         if step == 2:
             os.kill(os.getpid(), signal.SIGKILL)
         return collect(sampler, step, cursor)
 
-    trainer.collect_experience = dies
+    ahead.collect_experience = dies  # where the trainer's step takes its rollouts (training/ahead.py)
 """
 """A sitecustomize module: machine 1's process dies (SIGKILL) at the start of step 3."""
 
