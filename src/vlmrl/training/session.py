@@ -16,8 +16,8 @@ from it), passing over the others with a warning; each checkpoint records its co
 sft), which the other command does not continue. Under several processes the main process chooses
 the checkpoint and a machine whose output_dir lacks it receives it first (checkpoint_copy.py: run
 folders not shared between machines). A run that loses one of its processes (killed, its machine
-gone) stops on every other with one line naming the last complete checkpoint. config.yaml is the run's first config; a resume
-writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) from before
+gone) stops on every other with one line naming the last complete checkpoint. config.yaml is the
+run's first config; a resume writes its own to config.resumed.yaml. The run folder is held (folder_lock.py) from before
 anything in it is read until `close()`: a second trainer started in it is refused. With
 `train.background_checkpoints` a checkpoint is copied to host memory at the step's end and written
 on a thread while training goes on (checkpoint_writer.py); `time/checkpoint` in the next step's
