@@ -304,8 +304,8 @@ class CensusTask(Task):
 
     def _read_total(self, rng: random.Random, colour: str, areas: list[int]) -> tuple[str, int]:
         """(the reading of one colour from measure's total area, the count it gives): "blue: total area 882 px /
-        148 px = 6." (the tool's own words before the number: the model copies it as it copies any text); the
-        weak teacher's "blue: 5 regions." unless it reads this one."""
+        148 px = 6." (the tool's own words before the number, for the copy to follow: the offline model did
+        not learn it in 200 steps, module docstring); the weak teacher's "blue: 5 regions." unless it reads this one."""
         if any(shapes_in(a, self.single_area) > 1 for a in areas) and self._weak(rng):
             return f"{colour}: {len(areas)} regions.", len(areas)
         count = shapes_in(sum(areas), self.single_area)
