@@ -45,7 +45,8 @@ total area over one shape's, in the tool's own words ("blue: total area 882 px /
 checks that round(total / single_area) gives the count. The trajectory is about 170 tokens against 300, but
 the offline small model (64 held-out scenes, greedy) copied the total from the tool's answer in at most
 20% of them after 200 SFT steps at lr 1e-3 or 3e-3 (it wrote a common total, then divided that right):
-copying a number from a tool's answer is what it learns slowest (docs/results.md "The census demo").
+copying a number from a tool's answer is what it learns slowest. It does between steps 200 and 400 (lr 3e-3:
+76.6% right at 400), and 10 GRPO steps then gave 100% of 64 held-out scenes (docs/results.md "The census demo").
 
 The weak teacher (`teacher="regions"`): the same calls and the same form of answer, but it trusts the
 raw region count: a region of touching shapes counts as one shape ("0 of 2 circles: 5 + 0 = 5; 0 of
@@ -304,8 +305,8 @@ class CensusTask(Task):
 
     def _read_total(self, rng: random.Random, colour: str, areas: list[int]) -> tuple[str, int]:
         """(the reading of one colour from measure's total area, the count it gives): "blue: total area 882 px /
-        148 px = 6." (the tool's own words before the number, for the copy to follow: the offline model did
-        not learn it in 200 steps, module docstring); the weak teacher's "blue: 5 regions." unless it reads this one."""
+        148 px = 6." (the tool's own words before the number, for the copy to follow: the offline model
+        learns it between SFT steps 200 and 400, module docstring); the weak teacher's "blue: 5 regions." unless it reads this one."""
         if any(shapes_in(a, self.single_area) > 1 for a in areas) and self._weak(rng):
             return f"{colour}: {len(areas)} regions.", len(areas)
         count = shapes_in(sum(areas), self.single_area)
