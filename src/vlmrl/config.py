@@ -653,7 +653,9 @@ class TrainConfig:
     processor) ahead, while the model generates and trains: the same examples and tensors, off the
     step's path (time/data is what is left on it, time/data_ahead what was hidden). Pays when
     decoding and encoding take a visible share of a step (many or large images from files); costs
-    the memory of that many calls' images and tensors. 0 = off (each call draws its own)."""
+    the memory of that many calls' images and tensors. In `vlmrl sft`: the batches of this many
+    steps ahead, the reference trajectories' tool calls included (training/sft_batches.py). 0 = off
+    (each call draws its own)."""
     background_checkpoints: bool = True
     """Copy the checkpoint's state (weights, optimizer, RNG, reference copy) to host memory at the
     step's end and write it on a background thread while training goes on; each is made durable

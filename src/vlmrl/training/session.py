@@ -525,14 +525,14 @@ class TrainingSession:
                          f"a checkpoint of step {steps_done} in {folder} (resume=true continues from it once the "
                          "reward is fixed)")
 
-    def stop_at_bad_row(self, rows: RowGuard, steps_done: int, cursor: int) -> None:
-        """When any process met a bad train example and the task's on_bad_row is "error": save a
-        checkpoint of the last finished step (`cursor`: its data cursor, before this step's draw),
-        close, and stop in one line naming the example (bad_rows.py)."""
-        if not self.any_process(rows.stop is not None):
+    def stop_at_bad_row(self, stop: str | None, steps_done: int, cursor: int) -> None:
+        """When any process met a bad train example (`stop`: this process's `RowGuard.stop`) and the
+        task's on_bad_row is "error": save a checkpoint of the last finished step (`cursor`: its data
+        cursor, before this step's draw), close, and stop in one line naming the example (bad_rows.py)."""
+        if not self.any_process(stop is not None):
             return
         folder = self.save_and_close(steps_done, cursor)
-        reason = rows.stop or "another process met a bad train example"
+        reason = stop or "another process met a bad train example"
         raise VlmrlError(f"bad data at step {steps_done + 1}: {reason}; stopped with a checkpoint of step {steps_done} "
                          f"in {folder}. Fix the data, or set task.params.on_bad_row=skip to replace bad rows by the "
                          "next good ones, then resume=true")

@@ -38,12 +38,12 @@ from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.generation import stop_token_ids
 from vlmrl.rollout.prompts import chat_messages
 from vlmrl.rollout.tool_rollout import ToolBox, ToolRollout, reference_rollout, trajectory_statistics
-from vlmrl.safety.bad_rows import RowGuard
 from vlmrl.safety.early_checks import check_before_loading
 from vlmrl.safety.preflight import run_preflight
 from vlmrl.seeds import derive_seed
 from vlmrl.tasks import Example, Task
 from vlmrl.training.logprobs import LogprobScorer
+from vlmrl.training.sft_batches import SftBatches
 from vlmrl.training.session import StepClock, TrainingSession, epoch_metric
 
 
@@ -91,44 +91,52 @@ def sft(config: Config, task: Task | None = None) -> Path:
                                config.train.block_attention)
         toolbox = ToolBox.from_config(config.rollout) if config.rollout.tools else None
         warned = False  # about reference calls that all failed: once a run
-        rows = RowGuard(task, session.processor, limit=config.rollout.max_prompt_length)
 
-        progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
-                        total=config.train.steps, desc="sft", unit="step", disable=not session.main,
-                        dynamic_ncols=True)
-        for step in progress:
-            clock = StepClock()
+        def indices(step: int) -> list[int]:  # this process's share of the step's batch
             first = step * batch + session.rank * per_process
-            wanted = list(range(first, first + per_process))
-            used, examples = rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
-            session.stop_at_bad_row(rows, step, step * batch)
-            references = reference_batch(session, examples, toolbox, stop_ids)
-            session.policy.train()
-            torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
-            metrics = sft_update(session, scorer, references.to(device)) | tool_statistics(session, references)
-            warned = warned or warn_if_every_call_failed(session, metrics, references, step + 1)
-            skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(used, wanted))],
-                                                              device=device), "sum")
-            metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
-            metrics |= epoch_metric(task, (step + 1) * batch)
-            metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
-                        "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped}
-            metrics |= clock.metrics()
-            metrics |= session.maybe_evaluate(step + 1, task)
-            session.record(metrics)
-            progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
-            session.maybe_save(step + 1, (step + 1) * batch)
-            session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
+            return list(range(first, first + per_process))
+
+        def make(examples: list[Example], processor) -> Completions:
+            return reference_batch(processor, examples, toolbox, stop_ids)
+
+        batches = SftBatches(task, session.processor, config.rollout.max_prompt_length, indices, make,
+                             session.start_step, config.train.steps, config.train.prefetch_batches)
+        try:
+            progress = tqdm(range(session.start_step, config.train.steps), initial=session.start_step,
+                            total=config.train.steps, desc="sft", unit="step", disable=not session.main,
+                            dynamic_ncols=True)
+            for step in progress:
+                clock = StepClock()
+                drawn, waited = batches.take(step)  # made ahead by the worker (train.prefetch_batches), or now
+                session.stop_at_bad_row(drawn.stop, step, step * batch)
+                references = drawn.references
+                session.policy.train()
+                torch.manual_seed(derive_seed(config.seed, step, "sft"))  # dropout, identical on resume
+                metrics = sft_update(session, scorer, references.to(device)) | tool_statistics(session, references)
+                warned = warned or warn_if_every_call_failed(session, metrics, references, step + 1)
+                skipped = session.accelerator.reduce(torch.tensor([sum(u != w for u, w in zip(drawn.used, drawn.wanted))],
+                                                                  device=device), "sum")
+                metrics |= {"bad_rows_skipped": int(skipped)} if int(skipped) else {}
+                metrics |= epoch_metric(task, (step + 1) * batch)
+                metrics |= {"step": step + 1, "examples_seen": (step + 1) * batch,
+                            "lr": session.scheduler.get_last_lr()[0], "skipped_steps": session.guard.skipped}
+                metrics |= clock.metrics() | drawn.metrics(waited)
+                metrics |= session.maybe_evaluate(step + 1, task)
+                session.record(metrics)
+                progress.set_postfix(loss=f"{metrics['loss']:.3f}", confident=f"{metrics['confident_tokens']:.2f}")
+                session.maybe_save(step + 1, (step + 1) * batch)
+                session.check_stop(step + 1, (step + 1) * batch)  # a stop signal, or too many NaN updates
+        finally:
+            batches.close()  # the worker stopped, whatever ended the loop
         return session.finish()
 
 
-def reference_batch(session: TrainingSession, examples: list[Example], toolbox: ToolBox | None,
-                    stop_ids: list[int]) -> Completions:
+def reference_batch(processor, examples: list[Example], toolbox: ToolBox | None, stop_ids: list[int]) -> Completions:
     """What SFT learns from `examples`: their reference trajectories when the run has tools and they
     have some, else their reference completions."""
     if toolbox is not None and all("reference_turns" in ex.meta for ex in examples):
-        return reference_rollout(session.processor, examples, toolbox, stop_ids)
-    ids, mask = completion_tokens(session.processor, examples, stop_ids)  # (n, T) each
+        return reference_rollout(processor, examples, toolbox, stop_ids)
+    ids, mask = completion_tokens(processor, examples, stop_ids)  # (n, T) each
     return Completions(examples, ids, mask)
 
 

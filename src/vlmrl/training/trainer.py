@@ -71,7 +71,7 @@ def train(config: Config, task: Task | None = None) -> Path:
             clock = StepClock()
             session.policy.eval()
             experience, next_cursor, lag = rollouts.take(step, cursor)
-            session.stop_at_bad_row(rollouts.rows, step, cursor)  # on_bad_row=error: checkpoint, one line
+            session.stop_at_bad_row(rollouts.rows.stop, step, cursor)  # on_bad_row=error: checkpoint, one line
             session.stop_at_reward_failure(rollouts.reward_failure, step, cursor)  # checkpoint, one line
             session.stop_at_broken_logits(step, cursor)  # NaN/inf logits: the cause in one line
             cursor = next_cursor
