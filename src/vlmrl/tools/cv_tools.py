@@ -156,20 +156,25 @@ def _nearest_table() -> np.ndarray:
     return np.where(inside, nearest, -1).astype(np.int8)
 
 
+@functools.lru_cache(maxsize=64)
+def _kept_table(names: tuple[str, ...]) -> np.ndarray:
+    """(LEVELS ** 3,) int8: `_nearest_table` with every colour not in `names` read as -1."""
+    keep = np.zeros(len(PALETTE) + 1, bool)  # index -1 reads the last entry: never kept
+    keep[[list(PALETTE).index(name) for name in names]] = True
+    nearest = _nearest_table()
+    return np.where(keep[nearest], nearest, -1).astype(np.int8)
+
+
 def colour_labels(pixels: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
     """(H, W) int8: for each pixel of `pixels` (H, W, 3) uint8, the index in PALETTE's order of its nearest
     PALETTE colour when that is one of `names` within COLOUR_TOLERANCE, else -1 (every PALETTE colour
-    competes; the pixel is read to LEVELS levels a channel, through a table made once)."""
-    step = 256 // LEVELS
-    index = (pixels[..., 0] // step).astype(np.int32)  # (H, W): one int32 array, not (H, W, 3) of them
-    index *= LEVELS
-    index += pixels[..., 1] // step
-    index *= LEVELS
-    index += pixels[..., 2] // step
-    label = _nearest_table()[index]  # (H, W)
-    keep = np.zeros(len(PALETTE) + 1, bool)  # index -1 reads the last entry: never kept
-    keep[[list(PALETTE).index(name) for name in names]] = True
-    return np.where(keep[label], label, -1).astype(np.int8)
+    competes; the pixel is read to LEVELS levels a channel, through a table made once per `names`)."""
+    bits = LEVELS.bit_length() - 1  # 6 bits a channel
+    levels = pixels >> (8 - bits)  # (H, W, 3) uint8
+    index = levels[..., 0].astype(np.int32) << (2 * bits)  # (H, W): one int32 array, not (H, W, 3) of them
+    index |= levels[..., 1].astype(np.int32) << bits
+    index |= levels[..., 2]
+    return _kept_table(tuple(names))[index]
 
 
 def shape_class(mask: np.ndarray) -> str:
