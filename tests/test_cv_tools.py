@@ -138,6 +138,38 @@ def test_too_many_regions_is_refused(monkeypatch):
     assert result.text == "error: bad arguments for find_objects: the box holds more than 1 blue regions; ask with a smaller box"
 
 
+def test_a_box_of_more_pixels_than_the_limit_is_an_error_turn_for_both_tools(monkeypatch):
+    """The bound on a call's work (MAX_PIXELS, 4096 x 4096 in use): a box over it is the model's error turn, for
+    find_objects and for measure (which finds the regions again), never a call that runs; one within it runs."""
+    monkeypatch.setattr(cv_tools, "MAX_PIXELS", 100 * 100)
+    message = "box [0, 0, 200, 100] holds 20000 pixels; the limit is 10000: ask with a smaller box"
+    for name, arguments in (("find_objects", {}), ("measure", {"colour": "blue"}), ("measure", {"ids": [1]})):
+        result = run(name, ToolContext([scene()]), box=[0, 0, 200, 100], **arguments)
+        assert (result.error, result.text) == ("bad_arguments", f"error: bad arguments for {name}: {message}")
+    assert run("find_objects", ToolContext([scene()]), box=[0, 0, 100, 100]).error is None
+
+
+def test_opencv_is_a_core_dependency_pinned_below_5():
+    """OpenCV 5.0 drops parts of the 4.x API: pyproject.toml's range for opencv-python-headless stops below 5,
+    constraints-cpu.txt pins a 4.x inside that range, and the OpenCV the tools import is a 4.x."""
+    import tomllib
+    from pathlib import Path
+
+    import cv2
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    [opencv] = [r for r in map(Requirement, project["dependencies"]) if r.name == "opencv-python-headless"]
+    assert not opencv.specifier.contains("5.0.0.93") and not opencv.specifier.contains("5.0")
+    pins = dict(line.split("==", 1) for line in (root / "constraints-cpu.txt").read_text().splitlines()
+                if "==" in line and not line.lstrip().startswith("#"))
+    pinned = Version(pins["opencv-python-headless"])
+    assert pinned.major == 4 and opencv.specifier.contains(pinned)
+    assert Version(cv2.__version__).major == 4
+
+
 def test_the_same_call_gives_the_same_text_and_image_bytes():
     context = ToolContext([scene()], max_side=300)
     first, second = run("find_objects", context, box=[0, 0, 400, 420]), run("find_objects", context, box=[0, 0, 400, 420])

@@ -324,3 +324,14 @@ def test_folders_of_another_kind_are_refused_in_one_line(folders, tmp_path):
     (other / "preprocessor_config.json").unlink()
     assert "has no image processor (preprocessor_config.json)" in refused({"depth": str(other)})
     assert isinstance(resolve_tools(["depth"], {"depth": str(folders["dpt"])})["depth"], DepthTool)  # no tokenizer
+
+
+def test_the_preflight_counts_the_depth_models_weights(folders, builds):
+    """The preflight and `vlmrl check` count a listed model tool's float32 weights in each process's peak, read
+    from its safetensors headers (tool_model_bytes): each depth architecture's parameters, 4 bytes each."""
+    from vlmrl.models.tool_models import check_tool_models, tool_model_bytes
+
+    for arch, folder in folders.items():
+        weights = 4 * sum(p.numel() for p in builds[arch].model.parameters())
+        assert tool_model_bytes(["depth", "zoom"], {"depth": str(folder)}) == weights, arch
+        check_tool_models(resolve_tools(["depth"], {"depth": str(folder)}))  # whole safetensors: passes

@@ -160,6 +160,13 @@ class Blind:
         return [(np.zeros((4, 4)), np.zeros(4), np.zeros(4, int)) for _ in images]
 
 
+class Empty:
+    """A detector that returns no box at all (a post-processing that kept none)."""
+
+    def run(self, images, queries):
+        return [(np.zeros((0, 4)), np.zeros(0), np.zeros(0, int)) for _ in images]
+
+
 def test_a_model_that_raises_is_an_error_turn_and_nothing_found_is_an_answer(detect, detector_dir, monkeypatch):
     key = ("detect", str(tool_model_folder("detect", detector_dir)), None)
     monkeypatch.setitem(model_tools._LOADED, key, Failing())
@@ -169,6 +176,10 @@ def test_a_model_that_raises_is_an_error_turn_and_nothing_found_is_an_answer(det
     result = run(detect, Image.new("RGB", (64, 48)), query="cat")
     assert result.error is None and result.text.startswith("no 'cat' found in box [0, 0, 64, 48] of image 0")
     assert result.images[0].size == (448, 336)
+    monkeypatch.setitem(model_tools._LOADED, key, Empty())
+    result = run(detect, Image.new("RGB", (64, 48)), query="dog", box=[8, 8, 40, 40])
+    assert result.error is None and result.text.startswith("no 'dog' found in box [8, 8, 40, 40] of image 0 (64x48)")
+    assert result.images[0].size == (448, 448)
 
 
 def test_out_of_memory_in_the_forward_becomes_a_runtime_error(detector_dir, monkeypatch):

@@ -213,3 +213,17 @@ def test_a_tiny_sam_hq_runs_through_the_tool(tmp_path):
     assert result.error is None and result.text.startswith("mask for box [10, 10, 60, 50] of image 0 (170x90)")
     [(mask, _)] = model_tools.loaded_model("segment", folder).run([Image.new("RGB", (170, 90))], [(None, (5.0, 5.0))])
     assert mask.shape == (90, 170) and mask.dtype == bool
+
+
+def test_the_preflight_counts_the_segmenters_weights(sam_dir):
+    """The preflight and `vlmrl check` count a listed model tool's float32 weights in each process's peak, read
+    from its safetensors headers (tool_model_bytes): the SAM's parameters, 4 bytes each; nothing when
+    rollout.tools does not list it."""
+    from vlmrl.models.tool_models import check_tool_models, tool_model_bytes
+
+    folder = tool_model_folder("segment", sam_dir)
+    weights = 4 * sum(p.numel() for p in model_tools.loaded_model("segment", folder).model.parameters())
+    assert weights == 4 * json.loads((folder / "vlmrl_tiny.json").read_text())["parameters"]
+    assert tool_model_bytes(["zoom", "segment"], {"segment": sam_dir}) == weights
+    assert tool_model_bytes(["zoom"], {"segment": sam_dir}) == 0
+    check_tool_models(resolve_tools(["segment"], {"segment": sam_dir}))  # whole safetensors: passes
