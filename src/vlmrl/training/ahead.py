@@ -20,7 +20,10 @@ before the update, `after_update(step)` after it, `state()` for the checkpoint):
   second gloo group, `Link`, made on the launcher's rendezvous store: the generator sends each
   trainer its share of a step's rollouts (token ids, the sampler's log-probs, rewards, advantages,
   the examples) over it; trainer 0 sends the generator the weights after each update (every
-  parameter first, then the trainable ones: a LoRA policy's adapter), in chunks. The generator
+  parameter first, then the trainable ones: a LoRA policy's adapter), in chunks. FSDP2 trainers
+  gather the policy whole first, as generation gathers it (sharding.gathered: a collective every
+  trainer joins at the same point), and trainer 0 sends its full tensors; ZeRO-3 is refused in
+  `split_launch` (DeepSpeed would engage in the generator too). The generator
   makes a step's whole batch as one process does, so each trainer trains on what the one-process
   schedule trains on. While the trainers update with the rollouts of step k, the generator makes
   those of step k+1 with the weights of step k.
@@ -54,7 +57,8 @@ from vlmrl.safety.early_checks import launched_world
 from vlmrl.tasks import Task
 from vlmrl.training.experience import STEP_SECONDS, Experience, GroupSampler, collect_experience
 from vlmrl.training.optim import freeze_unscaled_vision
-from vlmrl.training.strategy import make_accelerator
+from vlmrl.training.sharding import gathered
+from vlmrl.training.strategy import make_accelerator, requested_strategy
 
 LINK_TIMEOUT = timedelta(minutes=30)
 """How long a process of the link waits for the other side (gloo's default)."""
@@ -252,6 +256,9 @@ def split_launch(config: Config, env: dict) -> Link | None:
     if world > generators + 1:  # DDP trainers beside a generator ran by hand but hung in a test's launch: not yet
         raise VlmrlError(f"rollout.generators={generators} runs in a launch of {generators + 1} processes today (1 "
                          f"generator, 1 trainer); this one has {world}: --num_processes 2, or rollout.generators=0")
+    if (asked := requested_strategy(env) or "").startswith("ZeRO"):  # DeepSpeed would engage in the generator too
+        raise VlmrlError(f"rollout.generators={generators} runs with DDP or FSDP2 trainers, not {asked}: launch "
+                         "with configs/accelerate/fsdp2.yaml (or ddp.yaml), or rollout.generators=0")
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         raise VlmrlError("rollout.generators needs processes started by accelerate launch or torchrun (their "
                          "rendezvous store joins the generator to the trainers)")
@@ -298,9 +305,8 @@ class FromGenerators:
         cursor = self.pending[1] if self.pending is not None else session.cursor
         if link.rank == 0:
             link.broadcast_header([int(start < self.steps), start, cursor, int(self.pending is not None)])
-            if start < self.steps:
-                link.broadcast_weights(list(session.policy.parameters()))
         if start < self.steps:
+            self.send_weights(every=True)
             if self.pending is None:
                 self.outstanding = start
                 self.pending = self.receive()
@@ -330,9 +336,18 @@ class FromGenerators:
         if step + 2 < self.steps:
             if self.link.rank == 0:
                 self.link.broadcast_header([1, step + 1, 0, 0])
-                self.link.broadcast_weights([p for p in self.session.policy.parameters() if p.requires_grad])
+            self.send_weights(every=False)
             self.outstanding = step + 2
         return self.state()
+
+    def send_weights(self, every: bool) -> None:
+        """The policy's parameters (`every` one, else the trainable ones) from trainer 0 to the generator,
+        in its parameters' order. Every trainer calls this at the same point: a sharded policy (FSDP2)
+        is gathered whole on each (sharding.gathered, as for generation: its parameters are then the
+        full tensors), and trainer 0 alone sends them."""
+        with gathered(self.session.policy) as policy:
+            if self.link.rank == 0:
+                self.link.broadcast_weights([p for p in policy.parameters() if every or p.requires_grad])
 
     def state(self) -> dict:
         if self.pending is None or self.pending[0] is None:
@@ -411,11 +426,7 @@ def run_generator(config: Config, task: Task, link: Link) -> None:
 
 def step_rollouts(session, task: Task, link: Link | None) -> Synchronous | FromGenerators:
     """Where a trainer's rollouts come from, as rollout.ahead and rollout.generators say."""
-    if link is not None:
-        if session.strategy.sharded:
-            raise VlmrlError(f"rollout.generators=1 runs with one trainer or DDP trainers; these run "
-                             f"{session.strategy.name}: launch with configs/accelerate/ddp.yaml (or --multi_gpu), "
-                             "or rollout.generators=0")
+    if link is not None:  # DDP or FSDP2 trainers (split_launch refused ZeRO-3)
         return FromGenerators(session, task, link)
     sampler = GroupSampler.for_run(session, task)
     if session.config.rollout.ahead:
