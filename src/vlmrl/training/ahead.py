@@ -16,17 +16,17 @@ before the update, `after_update(step)` after it, `state()` for the checkpoint):
   the schedule, in one process; a launch with a generator is held equal to it.
 - `FromGenerators` (ahead=1, rollout.generators=1): the launch's last process only generates
   (`run_generator`) and the others only train. `split_launch` gives the trainers a process group of
-  their own (accelerate and DDP run among them as in any launch) and joins every process in a
-  second gloo group, `Link`, made on the launcher's rendezvous store: the generator sends each
-  trainer its share of a step's rollouts (token ids, the sampler's log-probs, rewards, advantages,
-  the examples) over it; trainer 0 sends the generator the weights after each update (every
-  parameter first, then the trainable ones: a LoRA policy's adapter), in chunks. FSDP2 trainers
-  gather the policy whole first, as generation gathers it (sharding.gathered: a collective every
-  trainer joins at the same point), and trainer 0 sends its full tensors; ZeRO-3 is refused in
-  `split_launch` (DeepSpeed would engage in the generator too). The generator
-  makes a step's whole batch as one process does, so each trainer trains on what the one-process
-  schedule trains on. While the trainers update with the rollouts of step k, the generator makes
-  those of step k+1 with the weights of step k.
+  their own (accelerate and DDP or FSDP2 run among them as in any launch), the generator one of its
+  own on other keys of the store, and joins every process in a second gloo group, `Link`, made on
+  the launcher's rendezvous store: the generator sends each trainer its share of a step's rollouts
+  (token ids, the sampler's log-probs, rewards, advantages, the examples) over it; trainer 0 sends
+  the generator the weights after each update (every parameter first, then the trainable ones: a
+  LoRA policy's adapter), in chunks. FSDP2 trainers gather the policy whole first, as generation
+  gathers it (sharding.gathered: a collective every trainer joins at the same point), and trainer 0
+  sends its full tensors; ZeRO-3 is refused in `split_launch` (DeepSpeed would engage in the
+  generator too). The generator makes a step's whole batch as one process does, so each trainer
+  trains on what the one-process schedule trains on. While the trainers update with the rollouts
+  of step k, the generator makes those of step k+1 with the weights of step k.
 
 Resume is exact: the rollouts made ahead (those of the step after the checkpoint) are kept in the
 checkpoint's trainer state as plain data (ids, masks, log-probs, rewards, advantages, the examples'
@@ -243,8 +243,9 @@ class Link:
 
 def split_launch(config: Config, env: dict) -> Link | None:
     """With rollout.generators: the launch's processes joined in a `Link`, and this process's own world
-    set in `env` before accelerate reads it: the trainers' (WORLD_SIZE = trainers, ranks unchanged),
-    or the generator alone. None without generators."""
+    set in `env` before accelerate reads it: the trainers' (WORLD_SIZE = trainers, ranks unchanged;
+    accelerate makes their group), or the generator alone (its group of one made here). None without
+    generators."""
     generators = config.rollout.generators
     if not generators:
         return None
@@ -253,9 +254,6 @@ def split_launch(config: Config, env: dict) -> Link | None:
         raise VlmrlError(f"rollout.generators={generators} needs a launch of at least {generators + 1} processes "
                          f"(the last generates, the others train); this one has {world}: accelerate launch "
                          "--multi_gpu --num_processes 2 (or more), or rollout.generators=0")
-    if world > generators + 1:  # DDP trainers beside a generator ran by hand but hung in a test's launch: not yet
-        raise VlmrlError(f"rollout.generators={generators} runs in a launch of {generators + 1} processes today (1 "
-                         f"generator, 1 trainer); this one has {world}: --num_processes 2, or rollout.generators=0")
     if (asked := requested_strategy(env) or "").startswith("ZeRO"):  # DeepSpeed would engage in the generator too
         raise VlmrlError(f"rollout.generators={generators} runs with DDP or FSDP2 trainers, not {asked}: launch "
                          "with configs/accelerate/fsdp2.yaml (or ddp.yaml), or rollout.generators=0")
@@ -273,6 +271,11 @@ def split_launch(config: Config, env: dict) -> Link | None:
     env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"] = str(own), str(min(own, int(env.get("LOCAL_WORLD_SIZE", own))))
     if rank >= trainers:
         env["RANK"] = "0"
+        # the generator's own group of one, on keys of its own: made by accelerate, it would be the store's
+        # group "0" as the trainers' is, and its gloo address written under trainer 0's key would send the
+        # other trainers to it (their first collective hung). accelerate takes a group that is made.
+        dist.init_process_group(store=dist.PrefixStore("vlmrl/ahead/generator", store), rank=0, world_size=1,
+                                timeout=LINK_TIMEOUT)
     return Link(rank, world, generators, everyone, weights)
 
 
