@@ -21,7 +21,8 @@ from vlmrl.training.trainer import train
 
 ROOT = Path(__file__).parent.parent
 FSDP2 = ("--config_file", str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"))
-PLAIN = ("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no")
+PLAIN = ("--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+         "--dynamo_backend", "no")
 THREE = ("--num_processes", "3")  # after a strategy's flags: 2 trainers and the generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest (conftest.py)
@@ -111,8 +112,8 @@ def with_a_generator(strategy: tuple[str, ...], tiny_model_dir: str, out: Path, 
     """The 4-step run of `runs` (rollout.ahead=1) launched as 1 trainer (`strategy`: accelerate's flags)
     + 1 generator on 2 gloo processes; its stdout."""
     returncode, stdout, stderr = run_all_or_kill(
-        launcher(*strategy) + ["train", *overrides(tiny_model_dir, out, *MORE, "rollout.ahead=1", "rollout.generators=1",
-                                                   *more)],
+        launcher(*strategy) + ["train", *overrides(tiny_model_dir, out, *MORE, "rollout.ahead=1",
+                                                   "rollout.generators=1", *more)],
         timeout=300, env={"OMP_NUM_THREADS": "1"})
     assert returncode == 0, stderr[-3000:]
     return stdout
