@@ -16,14 +16,17 @@ before the update, `after_update(step)` after it, `state()` for the checkpoint):
   the schedule, in one process; a launch with a generator is held equal to it.
 - `FromGenerators` (ahead=1, rollout.generators=1): the launch's last process only generates
   (`run_generator`) and the others only train. `split_launch` gives the trainers a process group of
-  their own (accelerate and DDP run among them as in any launch) and joins every process in a
-  second gloo group, `Link`, made on the launcher's rendezvous store: the generator sends each
-  trainer its share of a step's rollouts (token ids, the sampler's log-probs, rewards, advantages,
-  the examples) over it; trainer 0 sends the generator the weights after each update (every
-  parameter first, then the trainable ones: a LoRA policy's adapter), in chunks. The generator
-  makes a step's whole batch as one process does, so each trainer trains on what the one-process
-  schedule trains on. While the trainers update with the rollouts of step k, the generator makes
-  those of step k+1 with the weights of step k.
+  their own (accelerate and DDP or FSDP2 run among them as in any launch), the generator one of its
+  own on other keys of the store, and joins every process in a second gloo group, `Link`, made on
+  the launcher's rendezvous store: the generator sends each trainer its share of a step's rollouts
+  (token ids, the sampler's log-probs, rewards, advantages, the examples) over it; trainer 0 sends
+  the generator the weights after each update (every parameter first, then the trainable ones: a
+  LoRA policy's adapter), in chunks. FSDP2 trainers gather the policy whole first, as generation
+  gathers it (sharding.gathered: a collective every trainer joins at the same point), and trainer 0
+  sends its full tensors; ZeRO-3 is refused in `split_launch` (DeepSpeed would engage in the
+  generator too). The generator makes a step's whole batch as one process does, so each trainer
+  trains on what the one-process schedule trains on. While the trainers update with the rollouts
+  of step k, the generator makes those of step k+1 with the weights of step k.
 
 Resume is exact: the rollouts made ahead (those of the step after the checkpoint) are kept in the
 checkpoint's trainer state as plain data (ids, masks, log-probs, rewards, advantages, the examples'
@@ -54,7 +57,8 @@ from vlmrl.safety.early_checks import launched_world
 from vlmrl.tasks import Task
 from vlmrl.training.experience import STEP_SECONDS, Experience, GroupSampler, collect_experience
 from vlmrl.training.optim import freeze_unscaled_vision
-from vlmrl.training.strategy import make_accelerator
+from vlmrl.training.sharding import gathered
+from vlmrl.training.strategy import make_accelerator, requested_strategy
 
 LINK_TIMEOUT = timedelta(minutes=30)
 """How long a process of the link waits for the other side (gloo's default)."""
@@ -239,8 +243,9 @@ class Link:
 
 def split_launch(config: Config, env: dict) -> Link | None:
     """With rollout.generators: the launch's processes joined in a `Link`, and this process's own world
-    set in `env` before accelerate reads it: the trainers' (WORLD_SIZE = trainers, ranks unchanged),
-    or the generator alone. None without generators."""
+    set in `env` before accelerate reads it: the trainers' (WORLD_SIZE = trainers, ranks unchanged;
+    accelerate makes their group), or the generator alone (its group of one made here). None without
+    generators."""
     generators = config.rollout.generators
     if not generators:
         return None
@@ -249,9 +254,9 @@ def split_launch(config: Config, env: dict) -> Link | None:
         raise VlmrlError(f"rollout.generators={generators} needs a launch of at least {generators + 1} processes "
                          f"(the last generates, the others train); this one has {world}: accelerate launch "
                          "--multi_gpu --num_processes 2 (or more), or rollout.generators=0")
-    if world > generators + 1:  # DDP trainers beside a generator ran by hand but hung in a test's launch: not yet
-        raise VlmrlError(f"rollout.generators={generators} runs in a launch of {generators + 1} processes today (1 "
-                         f"generator, 1 trainer); this one has {world}: --num_processes 2, or rollout.generators=0")
+    if (asked := requested_strategy(env) or "").startswith("ZeRO"):  # DeepSpeed would engage in the generator too
+        raise VlmrlError(f"rollout.generators={generators} runs with DDP or FSDP2 trainers, not {asked}: launch "
+                         "with configs/accelerate/fsdp2.yaml (or ddp.yaml), or rollout.generators=0")
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         raise VlmrlError("rollout.generators needs processes started by accelerate launch or torchrun (their "
                          "rendezvous store joins the generator to the trainers)")
@@ -266,6 +271,11 @@ def split_launch(config: Config, env: dict) -> Link | None:
     env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"] = str(own), str(min(own, int(env.get("LOCAL_WORLD_SIZE", own))))
     if rank >= trainers:
         env["RANK"] = "0"
+        # the generator's own group of one, on keys of its own: made by accelerate, it would be the store's
+        # group "0" as the trainers' is, and its gloo address written under trainer 0's key would send the
+        # other trainers to it (their first collective hung). accelerate takes a group that is made.
+        dist.init_process_group(store=dist.PrefixStore("vlmrl/ahead/generator", store), rank=0, world_size=1,
+                                timeout=LINK_TIMEOUT)
     return Link(rank, world, generators, everyone, weights)
 
 
@@ -298,9 +308,8 @@ class FromGenerators:
         cursor = self.pending[1] if self.pending is not None else session.cursor
         if link.rank == 0:
             link.broadcast_header([int(start < self.steps), start, cursor, int(self.pending is not None)])
-            if start < self.steps:
-                link.broadcast_weights(list(session.policy.parameters()))
         if start < self.steps:
+            self.send_weights(every=True)
             if self.pending is None:
                 self.outstanding = start
                 self.pending = self.receive()
@@ -330,9 +339,18 @@ class FromGenerators:
         if step + 2 < self.steps:
             if self.link.rank == 0:
                 self.link.broadcast_header([1, step + 1, 0, 0])
-                self.link.broadcast_weights([p for p in self.session.policy.parameters() if p.requires_grad])
+            self.send_weights(every=False)
             self.outstanding = step + 2
         return self.state()
+
+    def send_weights(self, every: bool) -> None:
+        """The policy's parameters (`every` one, else the trainable ones) from trainer 0 to the generator,
+        in its parameters' order. Every trainer calls this at the same point: a sharded policy (FSDP2)
+        is gathered whole on each (sharding.gathered, as for generation: its parameters are then the
+        full tensors), and trainer 0 alone sends them."""
+        with gathered(self.session.policy) as policy:
+            if self.link.rank == 0:
+                self.link.broadcast_weights([p for p in policy.parameters() if every or p.requires_grad])
 
     def state(self) -> dict:
         if self.pending is None or self.pending[0] is None:
@@ -411,11 +429,7 @@ def run_generator(config: Config, task: Task, link: Link) -> None:
 
 def step_rollouts(session, task: Task, link: Link | None) -> Synchronous | FromGenerators:
     """Where a trainer's rollouts come from, as rollout.ahead and rollout.generators say."""
-    if link is not None:
-        if session.strategy.sharded:
-            raise VlmrlError(f"rollout.generators=1 runs with one trainer or DDP trainers; these run "
-                             f"{session.strategy.name}: launch with configs/accelerate/ddp.yaml (or --multi_gpu), "
-                             "or rollout.generators=0")
+    if link is not None:  # DDP or FSDP2 trainers (split_launch refused ZeRO-3)
         return FromGenerators(session, task, link)
     sampler = GroupSampler.for_run(session, task)
     if session.config.rollout.ahead:
