@@ -17,7 +17,8 @@ position before it is the letter's token. Reported per checkpoint:
 
 The SFT's wall-clock and CPU seconds (this process's, all threads) go beside the curve in
 `OUT/reading.json`; the first argument may be any model folder, e.g. an earlier probe's
-`OUT/final`, to run the stages of a curriculum one after the other.
+`OUT/final`, to run the stages of a curriculum one after the other; `--steps 0` scores that model
+alone on the setting given (how a stage's model reads the next stage's decoder, without training).
 
     python benchmarks/probe_cryptogram_reading.py runs/small-model --out runs/probe-a --steps 150 \\
         --every 50 task.params.cell_px=56 model.vision_lr_scale=1
@@ -117,24 +118,27 @@ def main() -> None:
     parser.add_argument("model", help="the starting model folder (vlmrl tiny-model)")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value, on top of BASE")
     parser.add_argument("--out", required=True, help="the SFT run folder")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=150, help="SFT steps (0: score the model alone)")
     parser.add_argument("--every", type=int, default=50, help="steps between checkpoints scored")
     parser.add_argument("--n", type=int, default=64, help="held-out test messages scored")
     args = parser.parse_intermixed_args()
-    overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", f"train.steps={args.steps}",
-                 f"train.save_every={args.every}", *args.overrides]
+    steps = [f"train.steps={args.steps}", f"train.save_every={args.every}"] if args.steps else []
+    overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", *steps, *args.overrides]
     config = load_config(None, overrides)
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
     examples = held_out_examples(task, "test", args.n)
     entries = task.params.entries
     curve = [{"step": 0, **score(args.model, examples, entries)}]
     print(json.dumps(curve[-1]), flush=True)
-    start, cpu_start = time.time(), time.process_time()
-    result = vlmrl.sft(config)
-    seconds, cpu_seconds = time.time() - start, time.process_time() - cpu_start
-    for folder in sorted((result.run_dir / "checkpoints").glob("step_*")):
-        curve.append({"step": int(folder.name.split("_")[1]), **score(folder, examples, entries)})
-        print(json.dumps(curve[-1]), flush=True)
+    seconds = cpu_seconds = 0.0
+    if args.steps:
+        start, cpu_start = time.time(), time.process_time()
+        result = vlmrl.sft(config)
+        seconds, cpu_seconds = time.time() - start, time.process_time() - cpu_start
+        for folder in sorted((result.run_dir / "checkpoints").glob("step_*")):
+            curve.append({"step": int(folder.name.split("_")[1]), **score(folder, examples, entries)})
+            print(json.dumps(curve[-1]), flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "reading.json").write_text(json.dumps(
         {"overrides": overrides, "sft_seconds": seconds, "sft_cpu_seconds": cpu_seconds, "curve": curve}, indent=1))
     print(f"sft {seconds:.0f} s ({cpu_seconds:.0f} CPU s); " + "; ".join(
