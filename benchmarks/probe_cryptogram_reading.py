@@ -10,8 +10,15 @@ position before it is the letter's token. Reported per checkpoint:
 - letters: the share of the walk's plain letters read right, with the message's own decoder;
 - shuffled: the same with another test message's decoder (what the text alone gives: word prior,
   letter frequencies);
+- other_cell: the share guessed as the plain letter of another filled cell than the one looked up
+  (with the message's own decoder): a glyph read from the wrong cell;
 - messages: the share of messages whose every walk letter is read right (teacher-forced, so an
   upper bound of greedy exact decoding as far as the lookups go).
+
+The SFT's wall-clock and CPU seconds (this process's, all threads) go beside the curve in
+`OUT/reading.json`; the first argument may be any model folder, e.g. an earlier probe's
+`OUT/final`, to run the stages of a curriculum one after the other; `--steps 0` scores that model
+alone on the setting given (how a stage's model reads the next stage's decoder, without training).
 
     python benchmarks/probe_cryptogram_reading.py runs/small-model --out runs/probe-a --steps 150 \\
         --every 50 task.params.cell_px=56 model.vision_lr_scale=1
@@ -47,9 +54,11 @@ BASE = ["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=
 
 
 @torch.no_grad()
-def walk_reading(model, processor, examples: list[Example], images: list, batch_size: int = 16) -> tuple[int, int, int]:
+def walk_reading(model, processor, examples: list[Example], images: list, batch_size: int = 16,
+                 guesses: list[str] | None = None) -> tuple[int, int, int]:
     """(letters read right, letters, messages with every letter right), teacher-forced with `images`
-    in place of each example's decoder."""
+    in place of each example's decoder; `guesses`, when given, gets the model's most likely token at
+    each walk letter (its text, stripped), example by example in walk order."""
     tokenizer = processor.tokenizer
     right = total = whole = 0
     for first in range(0, len(examples), batch_size):
@@ -71,17 +80,36 @@ def walk_reading(model, processor, examples: list[Example], images: list, batch_
             tokens = [next(t for t, (a, b) in enumerate(e.offset_mapping) if a < end and b > start)
                       for start, end, _ in walk_letter_cells(ex)]
             hits = [int(predicted[i, prompt_len + t - 1]) == e.input_ids[t] for t in tokens]
+            if guesses is not None:
+                guesses.extend(tokenizer.decode([int(predicted[i, prompt_len + t - 1])]).strip() for t in tokens)
             right, total, whole = right + sum(hits), total + len(hits), whole + all(hits)
     return right, total, whole
 
 
-def score(folder, examples: list[Example]) -> dict[str, float]:
+def other_cell_share(examples: list[Example], guesses: list[str], entries: str) -> float:
+    """The share of walk letters guessed as the plain letter of another filled cell than the one
+    looked up (a glyph read, the wrong cell): the filled cells are `meta["filled"]` with
+    entries=some, every cell with entries=all, the message's own otherwise."""
+    other, guessed = 0, iter(guesses)
+    for ex in examples:
+        meta = ex.meta
+        decode = {coded: plain for plain, coded in zip(meta["letters"], meta["cipher"])}
+        walk = [coded for coded in meta["coded"].split(" ") if coded != "_"]
+        filled = meta["filled"] if entries == "some" else decode if entries == "all" else walk
+        for coded in walk:
+            other += next(guessed) in {decode[c] for c in filled if c != coded}
+    return other / len(guesses)
+
+
+def score(folder, examples: list[Example], entries: str) -> dict[str, float]:
     """Teacher-forced reading of `examples` by the model in `folder`, real and shuffled decoders."""
     model, processor = load_policy(str(folder), device="cpu")
     model.eval()
-    real = walk_reading(model, processor, examples, [ex.image for ex in examples])
+    guesses: list[str] = []
+    real = walk_reading(model, processor, examples, [ex.image for ex in examples], guesses=guesses)
     shuffled = walk_reading(model, processor, examples, [ex.image for ex in examples[1:] + examples[:1]])
     return {"letters": real[0] / real[1], "shuffled": shuffled[0] / shuffled[1],
+            "other_cell": other_cell_share(examples, guesses, entries),
             "messages": real[2] / len(examples), "letter_count": real[1]}
 
 
@@ -90,27 +118,32 @@ def main() -> None:
     parser.add_argument("model", help="the starting model folder (vlmrl tiny-model)")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value, on top of BASE")
     parser.add_argument("--out", required=True, help="the SFT run folder")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=150, help="SFT steps (0: score the model alone)")
     parser.add_argument("--every", type=int, default=50, help="steps between checkpoints scored")
     parser.add_argument("--n", type=int, default=64, help="held-out test messages scored")
     args = parser.parse_intermixed_args()
-    overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", f"train.steps={args.steps}",
-                 f"train.save_every={args.every}", *args.overrides]
+    steps = [f"train.steps={args.steps}", f"train.save_every={args.every}"] if args.steps else []
+    overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", *steps, *args.overrides]
     config = load_config(None, overrides)
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
     examples = held_out_examples(task, "test", args.n)
-    curve = [{"step": 0, **score(args.model, examples)}]
+    entries = task.params.entries
+    curve = [{"step": 0, **score(args.model, examples, entries)}]
     print(json.dumps(curve[-1]), flush=True)
-    start = time.time()
-    result = vlmrl.sft(config)
-    seconds = time.time() - start
-    for folder in sorted((result.run_dir / "checkpoints").glob("step_*")):
-        curve.append({"step": int(folder.name.split("_")[1]), **score(folder, examples)})
-        print(json.dumps(curve[-1]), flush=True)
+    seconds = cpu_seconds = 0.0
+    if args.steps:
+        start, cpu_start = time.time(), time.process_time()
+        result = vlmrl.sft(config)
+        seconds, cpu_seconds = time.time() - start, time.process_time() - cpu_start
+        for folder in sorted((result.run_dir / "checkpoints").glob("step_*")):
+            curve.append({"step": int(folder.name.split("_")[1]), **score(folder, examples, entries)})
+            print(json.dumps(curve[-1]), flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "reading.json").write_text(json.dumps(
-        {"overrides": overrides, "sft_seconds": seconds, "curve": curve}, indent=1))
-    print(f"sft {seconds:.0f} s; " + "; ".join(
-        f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}), messages {c['messages']:.1%}"
+        {"overrides": overrides, "sft_seconds": seconds, "sft_cpu_seconds": cpu_seconds, "curve": curve}, indent=1))
+    print(f"sft {seconds:.0f} s ({cpu_seconds:.0f} CPU s); " + "; ".join(
+        f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}, other cell "
+        f"{c['other_cell']:.1%}), messages {c['messages']:.1%}"
         for c in curve))
 
 

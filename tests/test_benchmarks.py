@@ -5,7 +5,7 @@ tensor at a time equals the cosine of the concatenation; the attention-call coun
 calls; a run stopped by --time-budget reports the steps it measured and says so; the --video table
 divides each vlmrl side by TRL's and counts each side's own work; the
 cryptogram probe's ridge classifier scores what it should; and the reading probe scores each walk
-letter at the position that predicts it.
+letter at the position that predicts it, and counts a guess read from another filled cell.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_pass import CountingAttention, gradient_cosine  # noqa: E402
 from bench_vs_trl import Side, StepWork, report  # noqa: E402
 from probe_cryptogram import ridge_accuracy  # noqa: E402
-from probe_cryptogram_reading import walk_reading  # noqa: E402
+from probe_cryptogram_reading import other_cell_share, walk_reading  # noqa: E402
 
 
 def test_the_gradient_cosine_tensor_by_tensor_is_the_cosine_of_the_whole():
@@ -120,7 +120,24 @@ def test_the_reading_probe_scores_each_walk_letter_where_it_is_predicted(tiny_mo
             return SimpleNamespace(logits=F.one_hot(ids, len(processor.tokenizer)).float())  # (B, S, V)
         return forward
 
-    images = [e.image for e in examples]
-    assert walk_reading(oracle(1), processor, examples, images, batch_size=2) == (letters, letters, 3)
+    images, guesses = [e.image for e in examples], []
+    assert walk_reading(oracle(1), processor, examples, images, batch_size=2, guesses=guesses) == (letters, letters, 3)
+    assert guesses == [letter for e in examples for letter in e.meta["message"].replace(" ", "")]
     right, total, whole = walk_reading(oracle(0), processor, examples, images, batch_size=2)
     assert total == letters and whole == 0 and right < letters
+
+
+def test_the_reading_probe_counts_a_guess_from_another_filled_cell():
+    from vlmrl.tasks import get_task
+
+    task = get_task("cryptogram", layout="grid", reference="pairs", instructions=False, vocabulary="strings",
+                    min_word_length=1, max_word_length=1, max_words=1, entries="some", extra_entries=3)
+    example = task.example(0, "test")
+    decode = {coded: plain for plain, coded in zip(example.meta["letters"], example.meta["cipher"])}
+    coded = example.meta["coded"]
+    other = next(c for c in example.meta["filled"] if c != coded)
+    bare = next(c for c in decode if c not in example.meta["filled"])
+    guesses = [decode[coded], decode[other], decode[bare], "<"]  # right, another filled cell, an empty one, no letter
+    assert other_cell_share([example] * 4, guesses, "some") == 0.25
+    assert other_cell_share([example] * 4, guesses, "all") == 0.5  # every cell filled: the empty one counts too
+    assert other_cell_share([example] * 4, guesses, "message") == 0.0  # only the message's own cell filled

@@ -335,6 +335,56 @@ def test_alone_entries_draw_only_the_message_s_entries_packed():
         get_task("cryptogram", entries="alone")
 
 
+ONE_LETTER = dict(layout="grid", cell_px=28, entries_per_row=6, vocabulary="strings", min_word_length=1,
+                  max_word_length=1, min_words=1, max_words=1, instructions=False, reference="pairs")
+
+
+def filled_cells(example: Example, message: Example, full: Example) -> set[str]:
+    """The coded letters whose cell's plain half in `example` is drawn as in `full` (plain letter
+    shown), each other one checked to be drawn as in `message` (blank: not one of the message's)."""
+    filled = set()
+    for coded, (x0, y0, x1, y1) in example.meta["cells"].items():
+        half = ((x0 + x1) // 2, y0, x1, y1)  # a wide glyph may reach the next cell's coded half
+        cell = example.image.crop(half).tobytes()
+        shown, bare = full.image.crop(half).tobytes(), message.image.crop(half).tobytes()
+        if cell == shown:
+            filled.add(coded)
+        else:
+            assert cell == bare, coded
+    return filled
+
+
+def test_some_entries_fill_the_message_s_and_exactly_k_others_drawn_per_example():
+    def made(entries, k=0):
+        return get_task("cryptogram", **ONE_LETTER, entries=entries, extra_entries=k)
+
+    message, full = made("message"), made("all")
+    drawn = {}
+    for k in (0, 1, 3, 25):
+        task, again = made("some", k), made("some", k)
+        for split, idx in (("train", 0), ("train", 1), ("test", 0), ("test", 5)):
+            example = task.example(idx, split)
+            reference = full.example(idx, split)
+            assert {**example.meta, "filled": None} == {**reference.meta, "filled": None}
+            assert example.prompt == reference.prompt
+            filled = filled_cells(example, message.example(idx, split), reference)
+            assert example.meta["coded"] in filled and len(filled) == k + 1, (k, split, idx)
+            assert example.meta["filled"] == sorted(filled)
+            assert again.example(idx, split).image.tobytes() == example.image.tobytes()  # deterministic
+            drawn[k, split, idx] = filled - {example.meta["coded"]}
+    assert len({frozenset(drawn[3, split, idx]) for split, idx in (("train", 0), ("train", 1), ("test", 0),
+                                                                   ("test", 5))}) == 4  # drawn per example
+    # a message of many letters leaves fewer others than asked: all of them are filled
+    words = get_task("cryptogram", **{**READABLE, "entries": "some", "extra_entries": 8})
+    assert words.example(0, "test").image.tobytes() == SMALL.example(0, "test").image.tobytes()
+    for params, error in (({"entries": "some", "extra_entries": 26}, "extra_entries must be in 0..25, got 26"),
+                          ({"extra_entries": 3}, "extra_entries=3 needs entries=some, got entries=all"),
+                          ({"entries": "some"}, "entries=some and tiles=true need layout=grid")):
+        with pytest.raises(VlmrlError) as raised:
+            get_task("cryptogram", **params)
+        assert str(raised.value) == error
+
+
 def test_tiles_colour_each_plain_letter_by_its_own_hue():
     assert tile_colors("ab") == {"a": (204, 31, 31), "b": (31, 204, 204)}
     task = get_task("cryptogram", **{**READABLE, "tiles": True})

@@ -32,6 +32,11 @@ merged 2 x 2), so one image token holds both letters of the entry.
 `entries="alone"` draws the message's entries alone, packed in order of coded letter with no empty
 cell (a one-letter message's decoder is one cell: the letter shown alone, a reading stage of a
 curriculum; the coded letter then says which cell is which, not its place in the full table).
+`entries="some"` fills the message's entries and `extra_entries` others, drawn per example from its
+seed, split and index (all the others where the message leaves fewer): a stage of a curriculum
+between one filled cell among 26 (`message`, or `extra_entries=0`) and the whole table (`all`, or
+`extra_entries=25` with a one-letter message), where the right cell must be looked up among
+several filled ones.
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
 in order followed by its plain letter, "a t, o h,", before the <chars> block) or the <chars> block
@@ -40,7 +45,8 @@ training (default "pairs": a test (message, cipher) pair never occurs in trainin
 A space of messages and ciphers so small that one split would get (almost) none of the draws is a
 parameter error when the task is made (`split_shares`), not a failure at the example that finds out.
 `meta["cells"]` maps each coded letter (each drawn one, with entries="alone") to the pixel box
-[x0, y0, x1, y1] of its table cell, where its plain letter is drawn (the attention measure reads it).
+[x0, y0, x1, y1] of its table cell, where its plain letter is drawn (the attention measure reads it);
+with entries="some", `meta["filled"]` lists the coded letters whose plain letter is drawn.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ _COLUMNS, _ROWS = 4, 7
 LAYOUTS = ("table", "grid")
 HELD_OUT = ("pairs", "messages_and_ciphers")
 REFERENCES = ("walk", "pairs", "chars")
-ENTRIES = ("all", "message", "alone")
+ENTRIES = ("all", "message", "alone", "some")
 VOCABULARIES = ("words", "strings")
 OOD_FORMS = ("more_words", "longer_words")
 
@@ -359,7 +365,11 @@ class CryptogramParams(TaskParams):
     """Grid layout: all (every coded letter shows its plain letter), message (only the coded
     letters of the message do; the other cells hold the coded letter alone) or alone (only the
     message's entries are drawn, packed in order of coded letter: a one-letter message's decoder is
-    a single cell)."""
+    a single cell) or some (the message's entries and `extra_entries` others, drawn per example)."""
+    extra_entries: int = 0
+    """entries=some: how many coded letters besides the message's also show their plain letter,
+    drawn per example from its seed, split and index (all the others where the message leaves
+    fewer); 0 is entries=message."""
     instructions: bool = True
     """false: the prompt is the coded message alone (a model that learns the format from SFT)."""
     reference: str = "walk"
@@ -391,6 +401,10 @@ class CryptogramParams(TaskParams):
         check(self.layout == "grid" or sorted(self.letters) == list(LETTERS),
               f"the table layout shows all 26 letters; letters={self.letters!r} needs layout=grid")
         check(self.entries in ENTRIES, f"entries must be one of {', '.join(ENTRIES)}, got {self.entries!r}")
+        check(0 <= self.extra_entries < len(self.letters),
+              f"extra_entries must be in 0..{len(self.letters) - 1}, got {self.extra_entries}")
+        check(self.extra_entries == 0 or self.entries == "some",
+              f"extra_entries={self.extra_entries} needs entries=some, got entries={self.entries}")
         check((self.entries == "all" and not self.tiles) or self.layout == "grid",
               f"entries={self.entries} and tiles=true need layout=grid")
         check(self.reference in REFERENCES,
@@ -471,7 +485,12 @@ class CryptogramTask(Task):
         if p.layout == "grid":
             used = set(coded_spaced.split(" ")) - {"_"}
             drawn = {coded: decode[coded] for coded in used} if p.entries == "alone" else decode
-            image = grid_decoder_image(drawn, p.cell_px, p.entries_per_row, used if p.entries == "message" else None,
+            shown = None  # every drawn entry filled (all, alone)
+            if p.entries == "message":
+                shown = used
+            elif p.entries == "some":
+                shown = used | self._extra_entries(rng, used)
+            image = grid_decoder_image(drawn, p.cell_px, p.entries_per_row, shown,
                                        tile_colors(letters) if p.tiles else None)
             cells = grid_cells("".join(sorted(drawn)), p.cell_px, p.entries_per_row)
         else:
@@ -479,6 +498,8 @@ class CryptogramTask(Task):
         meta = {"idx": idx, "split": split, "message": message, "spaced": plain_spaced,
                 "coded": coded_spaced, "cipher": cipher, "letters": letters, "n_words": len(message.split()),
                 "image_size": list(image.size), "cells": {letter: list(cells[letter]) for letter in sorted(cells)}}
+        if p.layout == "grid" and p.entries == "some":
+            meta["filled"] = sorted(shown)
         return Example(image=image, prompt=prompt, answer=message, meta=meta, reference_completion=reference)
 
     def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
@@ -489,6 +510,12 @@ class CryptogramTask(Task):
         if self.params.reference == "pairs":
             return walk_letter_cells(example)
         return decoded_letter_cells(example)
+
+    def _extra_entries(self, rng, used: set[str]) -> set[str]:
+        """entries=some: `extra_entries` coded letters the message does not use (all of them where
+        there are fewer), drawn with the example's own `rng` after its message and cipher."""
+        others = sorted(set(self.params.letters) - used)
+        return set(rng.sample(others, min(self.params.extra_entries, len(others))))
 
     def _word(self, rng, vocab: tuple[str, ...], longer: bool = False) -> str:
         """One word of a message: from the vocabulary, or a random string of `letters` (`longer`: of
