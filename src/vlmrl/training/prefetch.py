@@ -95,10 +95,14 @@ class Prefetcher:
         return found, waited
 
     def close(self) -> None:
-        """Stop the worker after the call it is on, the calls still queued dropped (nothing waits for it)."""
+        """Stop the worker after the call it is on, the calls still queued dropped, and wait for it: a
+        daemon thread still inside the processor's or a task's native code when the interpreter exits
+        is ended there, which aborts the process ("terminate called without an active exception",
+        SIGABRT) after a run that finished."""
         self.closed.set()
         self.pending.clear()
         self.requests.put(None)
+        self.thread.join()
 
     def _work(self) -> None:
         while (request := self.requests.get()) is not None and not self.closed.is_set():
