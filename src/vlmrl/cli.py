@@ -535,7 +535,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
                "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then name the pattern\n"
                "  vlmrl demo --preset video --out runs/demo-video   # which way a square moves in a 4-frame video\n"
                "  vlmrl demo --preset video-tool --out runs/demo-video-tool   # the same, seen through the frames tool\n"
-               "  vlmrl demo --preset census --out runs/demo-census   # count touching shapes with find_objects",
+               "  vlmrl demo --preset census --out runs/demo-census   # count touching shapes with the CV tools",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
