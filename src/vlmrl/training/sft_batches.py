@@ -18,7 +18,7 @@ import copy
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from vlmrl.rollout.completions import Completions
 from vlmrl.safety.bad_rows import RowGuard
@@ -53,7 +53,7 @@ class SftBatches:
         self.indices, self.make, self.depth = indices, make, depth
         self.processor = copy.deepcopy(processor) if depth else processor  # the worker's own (module doc)
         self.rows = RowGuard(task, self.processor, limit=limit)
-        self.next_step, self.steps = start, steps
+        self.start, self.steps = start, steps
         self.ready: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self.closed = threading.Event()
         self.thread = None
@@ -61,13 +61,13 @@ class SftBatches:
             self.thread = threading.Thread(target=self._work, name="vlmrl-sft-batches", daemon=True)
             self.thread.start()
 
-    def batch(self, step: int) -> StepBatch:
-        """Step `step`'s batch, made now."""
+    def batch(self, step: int, ahead: bool = False) -> StepBatch:
+        """Step `step`'s batch, made now (`ahead`: by the worker)."""
         started = time.perf_counter()
         wanted = self.indices(step)
         used, examples = self.rows.checked(wanted, data_rows_only=True)  # a bad one replaced (skip) or noted (error)
         references = self.make(examples, self.processor)
-        return StepBatch(wanted, used, references, self.rows.stop, time.perf_counter() - started)
+        return StepBatch(wanted, used, references, self.rows.stop, time.perf_counter() - started, ahead)
 
     def take(self, step: int) -> tuple[StepBatch, float]:
         """Step `step`'s batch (steps are taken in order) and the seconds waited for it; raises what
@@ -84,7 +84,8 @@ class SftBatches:
         return item, waited
 
     def close(self) -> None:
-        """Stop the worker after the batch it is making (nothing waits for it)."""
+        """Stop the worker after the batch it is making, and wait for it: no thread is left inside a
+        task's or the processor's native code when the interpreter exits (prefetch.py's close)."""
         self.closed.set()
         while self.thread is not None and self.thread.is_alive():
             try:
@@ -93,11 +94,11 @@ class SftBatches:
                 self.thread.join(timeout=0.05)
 
     def _work(self) -> None:
-        for step in range(self.next_step, self.steps):
+        for step in range(self.start, self.steps):
             if self.closed.is_set():
                 return
             try:
-                item: StepBatch | BaseException = replace(self.batch(step), ahead=True)
+                item: StepBatch | BaseException = self.batch(step, ahead=True)
             except BaseException as error:  # noqa: BLE001 - raised by take() at the step that needs it
                 item = error
             self.ready.put((step, item))
