@@ -43,7 +43,7 @@ from vlmrl.models import load_policy
 from vlmrl.models.token_inputs import join_prompt_and_completion
 from vlmrl.rollout.prompts import encode_prompts
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import walk_letter_cells
+from vlmrl.tasks.cryptogram import table_letter_cells, walk_letter_cells
 
 BASE = ["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=28",
         "task.params.entries_per_row=6", "task.params.reference=pairs", "task.params.instructions=false",
@@ -55,12 +55,15 @@ BASE = ["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=
 
 @torch.no_grad()
 def walk_reading(model, processor, examples: list[Example], images: list, batch_size: int = 16,
-                 guesses: list[str] | None = None) -> tuple[int, int, int]:
-    """(letters read right, letters, messages with every letter right), teacher-forced with `images`
-    in place of each example's decoder; `guesses`, when given, gets the model's most likely token at
-    each walk letter (its text, stripped), example by example in walk order."""
+                 guesses: list[str] | None = None, spans=None) -> dict[str, tuple[int, int, int]]:
+    """Per set of letters in `spans` (name -> function of an example giving its letters' (start,
+    end, box), as `Task.answer_regions`; default {"letters": walk_letter_cells}): (letters read
+    right, letters, messages with every such letter right), teacher-forced with `images` in place of
+    each example's decoder; `guesses`, when given, gets the model's most likely token at each letter
+    of the first set (its text, stripped), example by example in order."""
+    spans = spans or {"letters": walk_letter_cells}
     tokenizer = processor.tokenizer
-    right = total = whole = 0
+    counts = {name: [0, 0, 0] for name in spans}
     for first in range(0, len(examples), batch_size):
         rows = [Example(image=image, prompt=ex.prompt, answer=ex.answer, meta=ex.meta,
                         reference_completion=ex.reference_completion)
@@ -77,13 +80,16 @@ def walk_reading(model, processor, examples: list[Example], images: list, batch_
         prompt_len = inputs["input_ids"].shape[1] - length  # P
         predicted = model(**inputs, use_cache=False).logits.argmax(-1)  # (B, P+T)
         for i, (ex, e) in enumerate(zip(rows, encoded)):
-            tokens = [next(t for t, (a, b) in enumerate(e.offset_mapping) if a < end and b > start)
-                      for start, end, _ in walk_letter_cells(ex)]
-            hits = [int(predicted[i, prompt_len + t - 1]) == e.input_ids[t] for t in tokens]
-            if guesses is not None:
-                guesses.extend(tokenizer.decode([int(predicted[i, prompt_len + t - 1])]).strip() for t in tokens)
-            right, total, whole = right + sum(hits), total + len(hits), whole + all(hits)
-    return right, total, whole
+            for n, (name, letter_spans) in enumerate(spans.items()):
+                tokens = [next(t for t, (a, b) in enumerate(e.offset_mapping) if a < end and b > start)
+                          for start, end, _ in letter_spans(ex)]
+                hits = [int(predicted[i, prompt_len + t - 1]) == e.input_ids[t] for t in tokens]
+                if guesses is not None and n == 0:
+                    guesses.extend(tokenizer.decode([int(predicted[i, prompt_len + t - 1])]).strip()
+                                   for t in tokens)
+                count = counts[name]
+                count[0], count[1], count[2] = count[0] + sum(hits), count[1] + len(hits), count[2] + all(hits)
+    return {name: tuple(count) for name, count in counts.items()}
 
 
 def other_cell_share(examples: list[Example], guesses: list[str], entries: str) -> float:
@@ -101,16 +107,28 @@ def other_cell_share(examples: list[Example], guesses: list[str], entries: str) 
     return other / len(guesses)
 
 
-def score(folder, examples: list[Example], entries: str) -> dict[str, float]:
-    """Teacher-forced reading of `examples` by the model in `folder`, real and shuffled decoders."""
+def score(folder, task, examples: list[Example]) -> dict[str, float]:
+    """Teacher-forced reading of `examples` by the model in `folder`, real and shuffled decoders:
+    the letters where the task reads them (`answer_regions`: the walk's with reference=pairs, the
+    decoder's entries of the message's letters with reference=table) and, with reference=table,
+    every entry of the decoder ("table") and the walk's letters copied from it ("walk")."""
     model, processor = load_policy(str(folder), device="cpu")
     model.eval()
+    spans = {"letters": task.answer_regions}
+    if task.params.reference == "table":
+        spans |= {"table": table_letter_cells, "walk": walk_letter_cells}
     guesses: list[str] = []
-    real = walk_reading(model, processor, examples, [ex.image for ex in examples], guesses=guesses)
-    shuffled = walk_reading(model, processor, examples, [ex.image for ex in examples[1:] + examples[:1]])
-    return {"letters": real[0] / real[1], "shuffled": shuffled[0] / shuffled[1],
-            "other_cell": other_cell_share(examples, guesses, entries),
-            "messages": real[2] / len(examples), "letter_count": real[1]}
+    real = walk_reading(model, processor, examples, [ex.image for ex in examples], guesses=guesses, spans=spans)
+    shuffled = walk_reading(model, processor, examples, [ex.image for ex in examples[1:] + examples[:1]],
+                            spans=spans)
+    result = {"letters": real["letters"][0] / real["letters"][1],
+              "shuffled": shuffled["letters"][0] / shuffled["letters"][1],
+              "other_cell": other_cell_share(examples, guesses, task.params.entries),
+              "messages": real["letters"][2] / len(examples), "letter_count": real["letters"][1]}
+    for name in spans.keys() - {"letters"}:
+        result |= {name: real[name][0] / real[name][1], f"{name}_shuffled": shuffled[name][0] / shuffled[name][1],
+                   f"{name}_messages": real[name][2] / len(examples)}
+    return result
 
 
 def main() -> None:
@@ -127,8 +145,7 @@ def main() -> None:
     config = load_config(None, overrides)
     task = get_task(config.task.name, seed=config.seed, **config.task.params)
     examples = held_out_examples(task, "test", args.n)
-    entries = task.params.entries
-    curve = [{"step": 0, **score(args.model, examples, entries)}]
+    curve = [{"step": 0, **score(args.model, task, examples)}]
     print(json.dumps(curve[-1]), flush=True)
     seconds = cpu_seconds = 0.0
     if args.steps:
@@ -136,7 +153,7 @@ def main() -> None:
         result = vlmrl.sft(config)
         seconds, cpu_seconds = time.time() - start, time.process_time() - cpu_start
         for folder in sorted((result.run_dir / "checkpoints").glob("step_*")):
-            curve.append({"step": int(folder.name.split("_")[1]), **score(folder, examples, entries)})
+            curve.append({"step": int(folder.name.split("_")[1]), **score(folder, task, examples)})
             print(json.dumps(curve[-1]), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "reading.json").write_text(json.dumps(
@@ -144,6 +161,7 @@ def main() -> None:
     print(f"sft {seconds:.0f} s ({cpu_seconds:.0f} CPU s); " + "; ".join(
         f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}, other cell "
         f"{c['other_cell']:.1%}), messages {c['messages']:.1%}"
+        + (f", table {c['table']:.1%} (shuffled {c['table_shuffled']:.1%}), walk {c['walk']:.1%}" if "table" in c else "")
         for c in curve))
 
 

@@ -12,8 +12,8 @@ from PIL import Image
 
 from vlmrl.errors import VlmrlError
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import (decoded_letter_cells, grid_cells, message_words, spaced, tile_colors,
-                                    walk_letter_cells, word_list)
+from vlmrl.tasks.cryptogram import (decoded_letter_cells, grid_cells, message_words, spaced, table_letter_cells,
+                                    tile_colors, walk_letter_cells, word_list)
 
 TASK = get_task("cryptogram", seed=0)
 # "i can see" under the shift cipher a->b, b->c, ...: 7 letters, each substituted.
@@ -290,7 +290,9 @@ def test_default_task_keeps_its_table_and_reports_its_cells():
     ({"letters": "xq", "layout": "grid"},
      "only 0 of the 2000 words fit letters='xq' and word lengths 1..20; allow more"),
     ({"layout": "spiral"}, "layout must be one of table, grid, got 'spiral'"),
-    ({"reference": "essay"}, "reference must be one of walk, pairs, chars, got 'essay'"),
+    ({"reference": "essay"}, "reference must be one of walk, pairs, chars, table, got 'essay'"),
+    ({"reference": "table"}, "reference=table reads the grid decoder entry by entry; it needs layout=grid, "
+                             "got layout=table"),
     ({"held_out": "none"}, "held_out must be one of pairs, messages_and_ciphers, got 'none'"),
     ({"min_word_length": 4, "max_word_length": 3}, "need 1 <= min_word_length <= max_word_length, got 4, 3"),
     ({"ood": "harder"}, "ood must be one of more_words, longer_words, got 'harder'"),
@@ -417,12 +419,40 @@ def test_walk_letter_cells_point_each_looked_up_letter_at_its_cell():
     assert spans[0][:2] == (10, 11) and walk_letter_cells(TASK.example(0)) == []
 
 
-@pytest.mark.parametrize("reference", ["walk", "pairs", "chars"])
+def test_a_table_reference_reads_every_filled_entry_in_grid_order_then_walks_the_message():
+    """reference=table: "decoder: a q, b x, ... message:" (every filled cell, sorted by coded letter),
+    then the pairs walk and <chars>; the attention measure reads each message letter's table entry,
+    where it is read from the image (the walk copies it from the text)."""
+    task = get_task("cryptogram", **{**READABLE, "reference": "table"})
+    example, pairs = task.example(0, "test"), SMALL.example(0, "test")  # "t h e _ h i s" coded "a o s _ o t r"
+    assert {**example.meta} == {**pairs.meta} and example.image.tobytes() == pairs.image.tobytes()
+    decode = {coded: plain for plain, coded in zip(example.meta["letters"], example.meta["cipher"])}
+    table = " ".join(f"{coded} {decode[coded]}," for coded in sorted(decode))
+    assert example.reference_completion == pairs.reference_completion.replace(
+        "<think> ", f"<think> decoder: {table} message: ")
+    text, read = example.reference_completion, table_letter_cells(example)
+    assert [text[a:b] for a, b, _ in read] == [decode[c] for c in sorted(decode)]
+    assert [box for *_, box in read] == [tuple(example.meta["cells"][c]) for c in sorted(decode)]
+    walk = walk_letter_cells(example)
+    assert [text[a:b] for a, b, _ in walk] == list("thehis") and walk[0][0] > text.index("message:")
+    regions = task.answer_regions(example)
+    assert [text[a:b] for a, b, _ in regions] == list("thehis") and all(b < text.index("message:")
+                                                                        for _, b, _ in regions)
+    assert [box for *_, box in regions] == [box for *_, box in walk]
+    assert task.score(example, text)["total"] == 3.0
+    # only the filled cells are read: the message's entries and the k others
+    some = get_task("cryptogram", **{**ONE_LETTER, "reference": "table"}, entries="some", extra_entries=2).example(3, "train")
+    listed = some.reference_completion.split("decoder: ")[1].split(" message:")[0]
+    assert [pair.split()[0] for pair in listed.split(", ")] == some.meta["filled"]
+    assert table_letter_cells(pairs) == [] and table_letter_cells(TASK.example(0)) == []
+
+
+@pytest.mark.parametrize("reference", ["walk", "pairs", "chars", "table"])
 def test_a_one_letter_message_s_reference_scores_the_maximum(reference):
     """A one-letter message is its own spaced form: the reference's <chars> equals its answer, which
     was therefore never "strictly closer" than the <chars>, and correctness was never paid (2 of 3)."""
     task = get_task("cryptogram", vocabulary="strings", min_words=1, max_words=1, max_word_length=1,
-                    reference=reference)
+                    reference=reference, **({"layout": "grid"} if reference == "table" else {}))
     for idx in range(20):
         example = task.example(idx, "train")
         assert len(example.answer) == 1

@@ -39,8 +39,11 @@ between one filled cell among 26 (`message`, or `extra_entries=0`) and the whole
 several filled ones.
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
-in order followed by its plain letter, "a t, o h,", before the <chars> block) or the <chars> block
-alone. `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of
+in order followed by its plain letter, "a t, o h,", before the <chars> block), the <chars> block
+alone, or "table" (grid layout: the decoder read entry by entry in its order first, "decoder: a q,
+b x, ... message:", every filled cell's coded and plain letter, then the pairs and <chars>: each
+letter is read from the image in a fixed order, 26 reads an example with every entry filled, and
+the pairs copy it from the text). `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of
 training (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
 A space of messages and ciphers so small that one split would get (almost) none of the draws is a
 parameter error when the task is made (`split_shares`), not a failure at the example that finds out.
@@ -79,10 +82,12 @@ RUBRIC = Rubric({"format": 1.0, "decoding": 1.0, "correctness": 1.0})
 _COLUMNS, _ROWS = 4, 7
 LAYOUTS = ("table", "grid")
 HELD_OUT = ("pairs", "messages_and_ciphers")
-REFERENCES = ("walk", "pairs", "chars")
+REFERENCES = ("walk", "pairs", "chars", "table")
 ENTRIES = ("all", "message", "alone", "some")
 VOCABULARIES = ("words", "strings")
 OOD_FORMS = ("more_words", "longer_words")
+TABLE_OPEN, TABLE_CLOSE = "decoder:", "message:"
+"""reference=table: the words before and after the decoder's entries in the reference's <think>."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -237,12 +242,30 @@ def decoded_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
 
 
 def walk_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
-    """With reference="pairs": for each plain letter of the walk before <chars> ("a t, o h,"), where
-    the letter is looked up, its (start, end) characters in `example.reference_completion` and the
-    box of the table cell of the coded letter before it; [] for the other references."""
+    """With reference="pairs" or "table": for each plain letter of the walk before <chars> ("a t, o
+    h,"; after the table's entries with "table"), where the letter is looked up, its (start, end)
+    characters in `example.reference_completion` and the box of the table cell of the coded letter
+    before it; [] for the other references."""
+    text = example.reference_completion
+    closed = text.find(TABLE_CLOSE)
+    return _pair_cells(example, closed + len(TABLE_CLOSE) if closed >= 0 else 0, text.find("<chars>"))
+
+
+def table_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
+    """With reference="table": for each plain letter of the decoder's entries ("decoder: a q, b x,
+    ... message:"), in the grid's order, its (start, end) characters in
+    `example.reference_completion` and the box of its cell; [] for the other references."""
+    text = example.reference_completion
+    opened = text.find(TABLE_OPEN)
+    return [] if opened < 0 else _pair_cells(example, opened, text.find(TABLE_CLOSE))
+
+
+def _pair_cells(example: Example, start: int, end: int) -> list[tuple[int, int, Box]]:
+    """The "coded plain," pairs in `example.reference_completion[start:end]`: each plain letter's
+    (start, end) characters and the box of its coded letter's cell."""
     text, cells = example.reference_completion, example.meta["cells"]
-    walk = text[:text.find("<chars>")]
-    return [(m.start(2), m.end(2), tuple(cells[m.group(1)])) for m in re.finditer(r"\b([a-z]) ([a-z]),", walk)]
+    return [(start + m.start(2), start + m.end(2), tuple(cells[m.group(1)]))
+            for m in re.finditer(r"\b([a-z]) ([a-z]),", text[start:end])]
 
 
 MIN_SPLIT_SHARE = 0.03
@@ -375,7 +398,9 @@ class CryptogramParams(TaskParams):
     reference: str = "walk"
     """The reference completion's <think>: walk (each distinct coded letter looked up in prose, then
     the <chars> block), pairs (each coded letter of the message in order followed by its plain
-    letter, "a t, o h,", then the <chars> block) or chars (the <chars> block alone)."""
+    letter, "a t, o h,", then the <chars> block), chars (the <chars> block alone) or table (grid
+    layout: "decoder: a q, b x, ... message:" reads every filled cell in the grid's order, then the
+    pairs and the <chars> block)."""
     held_out: str = "pairs"
     """pairs: a test (message, cipher) pair never occurs in training; messages_and_ciphers: no test
     message and no test cipher does (each is split by its own hash)."""
@@ -409,6 +434,8 @@ class CryptogramParams(TaskParams):
               f"entries={self.entries} and tiles=true need layout=grid")
         check(self.reference in REFERENCES,
               f"reference must be one of {', '.join(REFERENCES)}, got {self.reference!r}")
+        check(self.reference != "table" or self.layout == "grid",
+              f"reference=table reads the grid decoder entry by entry; it needs layout=grid, got layout={self.layout}")
         check(self.held_out in HELD_OUT, f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
         check(self.vocabulary in VOCABULARIES,
               f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
@@ -477,15 +504,10 @@ class CryptogramTask(Task):
                 seen[ch] = decode[ch]
         walk = ", ".join(f"{c}->{d}" for c, d in seen.items())
         pairs = " ".join(ch if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
-        think = {"walk": (f"Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
-                          f"<chars> {plain_spaced} </chars> and joining them into words gives the message."),
-                 "pairs": f"{pairs} <chars> {plain_spaced} </chars>",
-                 "chars": f"<chars> {plain_spaced} </chars>"}[p.reference]
-        reference = f"<think> {think} </think> <answer> {message} </answer>"
+        shown = None  # every drawn entry filled (all, alone); the grid layout's filled cells otherwise
         if p.layout == "grid":
             used = set(coded_spaced.split(" ")) - {"_"}
             drawn = {coded: decode[coded] for coded in used} if p.entries == "alone" else decode
-            shown = None  # every drawn entry filled (all, alone)
             if p.entries == "message":
                 shown = used
             elif p.entries == "some":
@@ -495,6 +517,13 @@ class CryptogramTask(Task):
             cells = grid_cells("".join(sorted(drawn)), p.cell_px, p.entries_per_row)
         else:
             image, cells = decoder_image(decode, p.image_size), table_cells(p.image_size)
+        if p.reference == "table":
+            table = " ".join(f"{c} {decode[c]}," for c in sorted(cells) if shown is None or c in shown)
+            pairs = f"{TABLE_OPEN} {table} {TABLE_CLOSE} {pairs}"
+        think = {"walk": (f"Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
+                          f"<chars> {plain_spaced} </chars> and joining them into words gives the message."),
+                 "chars": f"<chars> {plain_spaced} </chars>"}.get(p.reference, f"{pairs} <chars> {plain_spaced} </chars>")
+        reference = f"<think> {think} </think> <answer> {message} </answer>"
         meta = {"idx": idx, "split": split, "message": message, "spaced": plain_spaced,
                 "coded": coded_spaced, "cipher": cipher, "letters": letters, "n_words": len(message.split()),
                 "image_size": list(image.size), "cells": {letter: list(cells[letter]) for letter in sorted(cells)}}
@@ -505,10 +534,15 @@ class CryptogramTask(Task):
     def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
         """Each letter where it is decoded, and the table cell that decodes it: with reference="pairs"
         the walk's plain letters, each written right after its coded letter (`walk_letter_cells`;
-        the <chars> block then copies them from the walk); otherwise the <chars> block's letters
+        the <chars> block then copies them from the walk); with "table" the decoder's entries of the
+        message's coded letters, where each is read from its cell (the walk after them copies the
+        text), one per letter of the message; otherwise the <chars> block's letters
         (`decoded_letter_cells`)."""
         if self.params.reference == "pairs":
             return walk_letter_cells(example)
+        if self.params.reference == "table":
+            read = {box: (a, b, box) for a, b, box in table_letter_cells(example)}
+            return [read[box] for _, _, box in walk_letter_cells(example)]
         return decoded_letter_cells(example)
 
     def _extra_entries(self, rng, used: set[str]) -> set[str]:
