@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 import vlmrl.demo as demo
 from vlmrl.tasks import get_task
@@ -41,6 +42,37 @@ def test_demo_runs_every_phase_and_writes_the_summary(tmp_path, smoke_preset, ca
     again = demo.run_demo(str(tmp_path / "demo"), "smoke")
     assert again["grpo"]["test"]["accuracy"] == summary["grpo"]["test"]["accuracy"]
     assert (tmp_path / "demo" / "grpo" / "metrics.jsonl").read_text() == before
+
+
+def test_curriculum_stages_run_in_order_each_from_the_last_and_are_reused(tmp_path, smoke_preset, capsys):
+    """A preset's SFT curriculum: each stage an ordinary run from the model the stage before ended
+    with (the first from the offline model), the warm start from the last; a rerun trains nothing."""
+    base = demo.PRESETS["smoke"]
+    staged = demo.DemoPreset(**{**base.__dict__, "curriculum": (
+        ("first", ("train.steps=1", "train.lr=1e-4")), ("second", ("train.steps=3",)))})
+    demo.PRESETS["staged"] = staged
+    try:
+        summary = demo.run_demo(str(tmp_path / "demo"), "staged")
+        out = tmp_path / "demo"
+        first, second = (yaml.safe_load((out / "stages" / name / "config.yaml").read_text())
+                         for name in ("first", "second"))
+        warm = yaml.safe_load((out / "sft" / "config.yaml").read_text())
+        assert first["model"]["name_or_path"] == str(out / "model")
+        assert second["model"]["name_or_path"] == str(out / "stages" / "first" / "final")
+        assert warm["model"]["name_or_path"] == str(out / "stages" / "second" / "final")
+        assert (first["train"]["steps"], first["train"]["lr"], second["train"]["steps"], warm["train"]["steps"]) == (
+            1, 1e-4, 3, 2)
+        steps = [len((out / "stages" / name / "metrics.jsonl").read_text().splitlines()) for name in ("first", "second")]
+        assert steps == [1, 3]
+        assert list(summary["seconds"]) == ["stage_first", "stage_second", "sft", "eval_sft", "grpo", "eval_grpo"]
+        assert summary["overrides"]["curriculum"] == {"first": ["train.steps=1", "train.lr=1e-4"],
+                                                      "second": ["train.steps=3"]}
+        assert "-- stage 2/2 of the curriculum: second --" in capsys.readouterr().out
+        before = (out / "stages" / "second" / "metrics.jsonl").read_text()
+        demo.run_demo(str(out), "staged")
+        assert (out / "stages" / "second" / "metrics.jsonl").read_text() == before
+    finally:
+        del demo.PRESETS["staged"]
 
 
 def test_an_older_tiny_model_is_rebuilt(tmp_path):

@@ -60,6 +60,11 @@ class DemoPreset:
     """Held-out test examples on which the share of image attention that each answer part puts on
     its region of the image (`Task.answer_regions`: the cryptogram's decoded letters and their table
     cells) is measured before training, after SFT and after GRPO; 0: not measured."""
+    curriculum: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """SFT stages before the warm start, in order: (name, overrides on top of `shared` and `sft`).
+    Each starts from the model the stage before it ended with (the first from the offline model) and
+    the warm start from the last; each is an ordinary run folder, `stages/NAME`, reused or resumed
+    like the phases."""
     tool_arms: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Further evaluation arms of a preset with tools, on the same held-out test examples: (name, the
     tools the model may call), besides the run's own tools ("test") and none at all ("no_tools")."""
@@ -241,10 +246,11 @@ def ensure_tiny_model(folder: Path, size: str, seed: int = 0) -> Path:
     return folder
 
 
-def phase_config(preset: DemoPreset, phase: str, model: Path, out: Path) -> Config:
-    """The Config of one phase ("sft" or "grpo"), resuming when the folder has a checkpoint."""
+def phase_config(preset: DemoPreset, phase: str, model: Path, out: Path, stage: tuple[str, ...] = ()) -> Config:
+    """The Config of one phase ("sft" or "grpo"; with `stage`, the overrides of a curriculum stage
+    on top of the phase's), resuming when the folder has a checkpoint."""
     overrides = [f"model.name_or_path={model}", "model.device=cpu", f"output_dir={out}",
-                 f"rollout.max_new_tokens={preset.max_new_tokens}", *preset.shared, *getattr(preset, phase)]
+                 f"rollout.max_new_tokens={preset.max_new_tokens}", *preset.shared, *getattr(preset, phase), *stage]
     if latest_checkpoint(out) is not None:
         overrides.append("resume=true")
     return load_config(None, overrides)
@@ -348,6 +354,8 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
     print(model_summary(model_dir))
     summary: dict = {"preset": preset_name, "overrides": {"shared": preset.shared, "sft": preset.sft,
                                                           "grpo": preset.grpo}}
+    if preset.curriculum:
+        summary["overrides"]["curriculum"] = {name: list(stage) for name, stage in preset.curriculum}
     seconds = summary["seconds"] = {}
     clock = time.perf_counter()
 
@@ -359,7 +367,15 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
     attention = {}
     try:
         print("\n== 1/4 supervised warm start ==")
-        sft_config = phase_config(preset, "sft", model_dir, out / "sft")
+        start = model_dir
+        for n, (name, stage) in enumerate(preset.curriculum, 1):
+            print(f"-- stage {n}/{len(preset.curriculum)} of the curriculum: {name} --")
+            stage_dir = out / "stages" / name
+            if not (stage_dir / "final").exists():
+                sft(phase_config(preset, "sft", start, stage_dir, stage))
+            start = stage_dir / "final"
+            lap(f"stage_{name}")
+        sft_config = phase_config(preset, "sft", start, out / "sft")
         if preset.attention_n:
             summary["attention"] = attention
             attention["before"] = attention_on_regions(model_dir, sft_config, preset.attention_n)
@@ -385,7 +401,7 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
                                                      out / "grpo" / "attention")
         lap("eval_grpo")
     finally:
-        for phase in ("sft", "grpo"):
+        for phase in [*(f"stages/{name}" for name, _ in preset.curriculum), "sft", "grpo"]:
             write_report(out / phase)
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     table = before_after_table(summary["sft"], summary["grpo"], preset.tool_arms)
