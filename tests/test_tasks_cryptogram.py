@@ -447,6 +447,21 @@ def test_a_table_reference_reads_every_filled_entry_in_grid_order_then_walks_the
     assert table_letter_cells(pairs) == [] and table_letter_cells(TASK.example(0)) == []
 
 
+def test_decoder_last_puts_the_image_after_the_coded_message():
+    """decoder_last=true: the prompt ends with the `<image>` marker, so the chat turn holds the text
+    first and the image after it (the completion as far from each cell whatever the message's
+    length); the example is otherwise the same."""
+    from vlmrl.rollout.prompts import chat_messages
+
+    last = get_task("cryptogram", **{**READABLE, "decoder_last": True}).example(0, "test")
+    first = SMALL.example(0, "test")
+    assert last.prompt == first.prompt + "\n<image>" and last.meta == first.meta
+    assert last.image.tobytes() == first.image.tobytes()
+    assert last.reference_completion == first.reference_completion
+    assert [part["type"] for part in chat_messages(last)[0]["content"]] == ["text", "image"]
+    assert [part["type"] for part in chat_messages(first)[0]["content"]] == ["image", "text"]
+
+
 @pytest.mark.parametrize("reference", ["walk", "pairs", "chars", "table"])
 def test_a_one_letter_message_s_reference_scores_the_maximum(reference):
     """A one-letter message is its own spaced form: the reference's <chars> equals its answer, which

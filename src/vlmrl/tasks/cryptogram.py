@@ -66,6 +66,7 @@ from importlib import resources
 from PIL import Image, ImageDraw, ImageFont
 
 from vlmrl.errors import VlmrlError
+from vlmrl.data.columns import MARKER as IMAGE_MARKER
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
 from vlmrl.rewards.verify import (
     Rubric,
@@ -395,6 +396,10 @@ class CryptogramParams(TaskParams):
     fewer); 0 is entries=message."""
     instructions: bool = True
     """false: the prompt is the coded message alone (a model that learns the format from SFT)."""
+    decoder_last: bool = False
+    """true: the decoder image comes after the prompt's text (an `<image>` marker at its end), so
+    the completion is as far from each cell whatever the message's length (a lookup learnt by place
+    on one-letter messages then holds for words); false: before it, the chat template's default."""
     reference: str = "walk"
     """The reference completion's <think>: walk (each distinct coded letter looked up in prose, then
     the <chars> block), pairs (each coded letter of the message in order followed by its plain
@@ -498,6 +503,8 @@ class CryptogramTask(Task):
                   "inside <answer> </answer>.\n"
                   "Format: <think> ... <chars> d e c o d e d _ t e x t </chars> ... </think> "
                   "<answer> decoded text </answer>")
+        if p.decoder_last:
+            prompt += f"\n{IMAGE_MARKER}"
         seen: dict[str, str] = {}
         for ch in coded_spaced.split(" "):
             if ch != "_" and ch not in seen:
