@@ -15,6 +15,12 @@ position before it is the letter's token. Reported per checkpoint:
 - messages: the share of messages whose every walk letter is read right (teacher-forced, so an
   upper bound of greedy exact decoding as far as the lookups go).
 
+With `reference=table` ("decoder: a q, b x, ... message: f u, ..."), "letters" are the decoder's
+entries of the message's coded letters (where each is read from the image), and the text skills
+after them are scored too: table (every entry), walk (the walk's plain letters, copied from the
+table), walk_coded (the walk's coded letters, copied from the prompt) and chars (the <chars>
+block's letters, copied from the walk), each with a shuffled decoder and per message.
+
 The SFT's wall-clock and CPU seconds (this process's, all threads) go beside the curve in
 `OUT/reading.json`; the first argument may be any model folder, e.g. an earlier probe's
 `OUT/final`, to run the stages of a curriculum one after the other; `--steps 0` scores that model
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -43,7 +50,7 @@ from vlmrl.models import load_policy
 from vlmrl.models.token_inputs import join_prompt_and_completion
 from vlmrl.rollout.prompts import encode_prompts
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import table_letter_cells, walk_letter_cells
+from vlmrl.tasks.cryptogram import TABLE_CLOSE, decoded_letter_cells, table_letter_cells, walk_letter_cells
 
 BASE = ["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=28",
         "task.params.entries_per_row=6", "task.params.reference=pairs", "task.params.instructions=false",
@@ -92,6 +99,17 @@ def walk_reading(model, processor, examples: list[Example], images: list, batch_
     return {name: tuple(count) for name, count in counts.items()}
 
 
+def walk_coded_letters(example: Example) -> list[tuple[int, int, None]]:
+    """The walk's coded letters ("a" of "a t,"), copied from the prompt's coded message: their
+    (start, end) characters in the reference completion (after the table's entries with
+    reference=table)."""
+    text = example.reference_completion
+    closed = text.find(TABLE_CLOSE)
+    start = closed + len(TABLE_CLOSE) if closed >= 0 else 0
+    return [(start + m.start(1), start + m.end(1), None)
+            for m in re.finditer(r"\b([a-z]) ([a-z]),", text[start:text.find("<chars>")])]
+
+
 def other_cell_share(examples: list[Example], guesses: list[str], entries: str) -> float:
     """The share of walk letters guessed as the plain letter of another filled cell than the one
     looked up (a glyph read, the wrong cell): the filled cells are `meta["filled"]` with
@@ -111,12 +129,15 @@ def score(folder, task, examples: list[Example]) -> dict[str, float]:
     """Teacher-forced reading of `examples` by the model in `folder`, real and shuffled decoders:
     the letters where the task reads them (`answer_regions`: the walk's with reference=pairs, the
     decoder's entries of the message's letters with reference=table) and, with reference=table,
-    every entry of the decoder ("table") and the walk's letters copied from it ("walk")."""
+    every entry of the decoder ("table") and the walk's letters copied from it ("walk"); the walk's
+    coded letters copied from the prompt ("walk_coded") and the <chars> block's letters copied from
+    the walk ("chars"), text alone."""
     model, processor = load_policy(str(folder), device="cpu")
     model.eval()
     spans = {"letters": task.answer_regions}
     if task.params.reference == "table":
-        spans |= {"table": table_letter_cells, "walk": walk_letter_cells}
+        spans |= {"table": table_letter_cells, "walk": walk_letter_cells, "walk_coded": walk_coded_letters,
+                  "chars": decoded_letter_cells}
     guesses: list[str] = []
     real = walk_reading(model, processor, examples, [ex.image for ex in examples], guesses=guesses, spans=spans)
     shuffled = walk_reading(model, processor, examples, [ex.image for ex in examples[1:] + examples[:1]],
@@ -161,7 +182,8 @@ def main() -> None:
     print(f"sft {seconds:.0f} s ({cpu_seconds:.0f} CPU s); " + "; ".join(
         f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}, other cell "
         f"{c['other_cell']:.1%}), messages {c['messages']:.1%}"
-        + (f", table {c['table']:.1%} (shuffled {c['table_shuffled']:.1%}), walk {c['walk']:.1%}" if "table" in c else "")
+        + (f", table {c['table']:.1%} (shuffled {c['table_shuffled']:.1%}), walk {c['walk']:.1%}, walk's coded "
+           f"letters {c['walk_coded']:.1%}, chars {c['chars']:.1%}" if "table" in c else "")
         for c in curve))
 
 

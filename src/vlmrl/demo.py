@@ -256,6 +256,22 @@ def phase_config(preset: DemoPreset, phase: str, model: Path, out: Path, stage: 
     return load_config(None, overrides)
 
 
+def run_curriculum(preset: DemoPreset, model_dir: Path, out: Path, lap) -> Path:
+    """Run the preset's SFT curriculum (each stage from the last one's final model, a finished stage
+    reused) and return the model the warm start begins from; `lap(name)` after each stage."""
+    from vlmrl.training.sft import sft
+
+    start = model_dir
+    for n, (name, stage) in enumerate(preset.curriculum, 1):
+        print(f"-- stage {n}/{len(preset.curriculum)} of the curriculum: {name} --")
+        stage_dir = out / "stages" / name
+        if not (stage_dir / "final").exists():
+            sft(phase_config(preset, "sft", start, stage_dir, stage))
+        start = stage_dir / "final"
+        lap(f"stage_{name}")
+    return start
+
+
 def evaluate_model(model_dir: Path, config: Config, n: int, out: Path,
                    arms: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> dict:
     """Test and OOD accuracy, with the blind-image check on test; eval JSON files into `out`.
@@ -352,10 +368,9 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
     out = Path(out_dir)
     model_dir = ensure_tiny_model(out / "model", preset.size)
     print(model_summary(model_dir))
+    curriculum = {"curriculum": {name: list(stage) for name, stage in preset.curriculum}} if preset.curriculum else {}
     summary: dict = {"preset": preset_name, "overrides": {"shared": preset.shared, "sft": preset.sft,
-                                                          "grpo": preset.grpo}}
-    if preset.curriculum:
-        summary["overrides"]["curriculum"] = {name: list(stage) for name, stage in preset.curriculum}
+                                                          "grpo": preset.grpo, **curriculum}}
     seconds = summary["seconds"] = {}
     clock = time.perf_counter()
 
@@ -367,14 +382,7 @@ def run_demo(out_dir: str = "runs/demo", preset_name: str = "shapes") -> dict:
     attention = {}
     try:
         print("\n== 1/4 supervised warm start ==")
-        start = model_dir
-        for n, (name, stage) in enumerate(preset.curriculum, 1):
-            print(f"-- stage {n}/{len(preset.curriculum)} of the curriculum: {name} --")
-            stage_dir = out / "stages" / name
-            if not (stage_dir / "final").exists():
-                sft(phase_config(preset, "sft", start, stage_dir, stage))
-            start = stage_dir / "final"
-            lap(f"stage_{name}")
+        start = run_curriculum(preset, model_dir, out, lap)
         sft_config = phase_config(preset, "sft", start, out / "sft")
         if preset.attention_n:
             summary["attention"] = attention

@@ -511,19 +511,7 @@ class CryptogramTask(Task):
                 seen[ch] = decode[ch]
         walk = ", ".join(f"{c}->{d}" for c, d in seen.items())
         pairs = " ".join(ch if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
-        shown = None  # every drawn entry filled (all, alone); the grid layout's filled cells otherwise
-        if p.layout == "grid":
-            used = set(coded_spaced.split(" ")) - {"_"}
-            drawn = {coded: decode[coded] for coded in used} if p.entries == "alone" else decode
-            if p.entries == "message":
-                shown = used
-            elif p.entries == "some":
-                shown = used | self._extra_entries(rng, used)
-            image = grid_decoder_image(drawn, p.cell_px, p.entries_per_row, shown,
-                                       tile_colors(letters) if p.tiles else None)
-            cells = grid_cells("".join(sorted(drawn)), p.cell_px, p.entries_per_row)
-        else:
-            image, cells = decoder_image(decode, p.image_size), table_cells(p.image_size)
+        image, cells, shown = self._decoder(rng, decode, set(coded_spaced.split(" ")) - {"_"})
         if p.reference == "table":
             table = " ".join(f"{c} {decode[c]}," for c in sorted(cells) if shown is None or c in shown)
             pairs = f"{TABLE_OPEN} {table} {TABLE_CLOSE} {pairs}"
@@ -537,6 +525,23 @@ class CryptogramTask(Task):
         if p.layout == "grid" and p.entries == "some":
             meta["filled"] = sorted(shown)
         return Example(image=image, prompt=prompt, answer=message, meta=meta, reference_completion=reference)
+
+    def _decoder(self, rng, decode: dict[str, str], used: set[str]) -> tuple[Image.Image, dict[str, Box], set[str] | None]:
+        """(the decoder image, each drawn coded letter's cell, the coded letters whose plain letter is
+        filled in or None for every drawn one) for a message using the coded letters `used`; the
+        grid's extra entries (entries=some) are drawn with the example's `rng`."""
+        p = self.params
+        if p.layout != "grid":
+            return decoder_image(decode, p.image_size), table_cells(p.image_size), None
+        drawn = {coded: decode[coded] for coded in used} if p.entries == "alone" else decode
+        shown = None  # every drawn entry filled (all, alone)
+        if p.entries == "message":
+            shown = used
+        elif p.entries == "some":
+            shown = used | self._extra_entries(rng, used)
+        image = grid_decoder_image(drawn, p.cell_px, p.entries_per_row, shown,
+                                   tile_colors(p.letters) if p.tiles else None)
+        return image, grid_cells("".join(sorted(drawn)), p.cell_px, p.entries_per_row), shown
 
     def answer_regions(self, example: Example) -> list[tuple[int, int, Box]]:
         """Each letter where it is decoded, and the table cell that decodes it: with reference="pairs"
