@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_pass import CountingAttention, gradient_cosine  # noqa: E402
 from bench_vs_trl import Side, StepWork, report  # noqa: E402
 from probe_cryptogram import ridge_accuracy  # noqa: E402
-from probe_cryptogram_reading import other_cell_share, walk_reading  # noqa: E402
+from probe_cryptogram_reading import other_cell_share, walk_coded_letters, walk_reading  # noqa: E402
 
 
 def test_the_gradient_cosine_tensor_by_tensor_is_the_cosine_of_the_whole():
@@ -106,6 +106,7 @@ def test_the_reading_probe_scores_each_walk_letter_where_it_is_predicted(tiny_mo
 
     from vlmrl.models import load_policy
     from vlmrl.tasks import get_task
+    from vlmrl.tasks.cryptogram import table_letter_cells, walk_letter_cells
 
     _, processor = load_policy(tiny_model_dir, device="cpu")
     task = get_task("cryptogram", letters="abcdefgh", layout="grid", reference="pairs", instructions=False,
@@ -121,10 +122,24 @@ def test_the_reading_probe_scores_each_walk_letter_where_it_is_predicted(tiny_mo
         return forward
 
     images, guesses = [e.image for e in examples], []
-    assert walk_reading(oracle(1), processor, examples, images, batch_size=2, guesses=guesses) == (letters, letters, 3)
+    assert walk_reading(oracle(1), processor, examples, images, batch_size=2, guesses=guesses) == {
+        "letters": (letters, letters, 3)}
     assert guesses == [letter for e in examples for letter in e.meta["message"].replace(" ", "")]
-    right, total, whole = walk_reading(oracle(0), processor, examples, images, batch_size=2)
+    right, total, whole = walk_reading(oracle(0), processor, examples, images, batch_size=2)["letters"]
     assert total == letters and whole == 0 and right < letters
+
+    # reference=table: the table's entries, the walk after it and its coded letters, each its own count
+    table = get_task("cryptogram", letters="abcdefgh", layout="grid", reference="table", instructions=False,
+                     vocabulary="strings", min_word_length=1, max_word_length=2, max_words=2)
+    examples = [table.example(i, "test") for i in range(3)]
+    spans = {"letters": table.answer_regions, "table": table_letter_cells, "walk": walk_letter_cells,
+             "walk_coded": walk_coded_letters}
+    counts = walk_reading(oracle(1), processor, examples, images, batch_size=2, guesses=(guesses := []), spans=spans)
+    assert counts == {"letters": (letters, letters, 3), "table": (24, 24, 3), "walk": (letters, letters, 3),
+                      "walk_coded": (letters, letters, 3)}
+    assert guesses == [letter for e in examples for letter in e.meta["message"].replace(" ", "")]
+    assert all(right < total for right, total, _ in
+               walk_reading(oracle(0), processor, examples, images, batch_size=2, spans=spans).values())
 
 
 def test_the_reading_probe_counts_a_guess_from_another_filled_cell():
