@@ -43,8 +43,9 @@ in order followed by its plain letter, "a t, o h,", before the <chars> block), t
 alone, or "table" (grid layout: the decoder read entry by entry in its order first, "decoder: a q,
 b x, ... message:", every filled cell's coded and plain letter, then the pairs and <chars>: each
 letter is read from the image in a fixed order, 26 reads an example with every entry filled, and
-the pairs copy it from the text). `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of
-training (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
+the pairs copy it from the text). `decoder_last=true` puts the image after the prompt's text.
+`held_out="messages_and_ciphers"` keeps every test message and every test cipher out of training
+(default "pairs": a test (message, cipher) pair never occurs in training, its message may).
 A space of messages and ciphers so small that one split would get (almost) none of the draws is a
 parameter error when the task is made (`split_shares`), not a failure at the example that finds out.
 `meta["cells"]` maps each coded letter (each drawn one, with entries="alone") to the pixel box
@@ -65,8 +66,8 @@ from importlib import resources
 
 from PIL import Image, ImageDraw, ImageFont
 
-from vlmrl.errors import VlmrlError
 from vlmrl.data.columns import MARKER as IMAGE_MARKER
+from vlmrl.errors import VlmrlError
 from vlmrl.tasks.base import Example, Task, TaskParams, check, in_split, register_task
 from vlmrl.rewards.verify import (
     Rubric,
@@ -512,12 +513,12 @@ class CryptogramTask(Task):
         walk = ", ".join(f"{c}->{d}" for c, d in seen.items())
         pairs = " ".join(ch if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
         image, cells, shown = self._decoder(rng, decode, set(coded_spaced.split(" ")) - {"_"})
-        if p.reference == "table":
-            table = " ".join(f"{c} {decode[c]}," for c in sorted(cells) if shown is None or c in shown)
-            pairs = f"{TABLE_OPEN} {table} {TABLE_CLOSE} {pairs}"
+        table = " ".join(f"{c} {decode[c]}," for c in sorted(cells) if shown is None or c in shown)
         think = {"walk": (f"Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
                           f"<chars> {plain_spaced} </chars> and joining them into words gives the message."),
-                 "chars": f"<chars> {plain_spaced} </chars>"}.get(p.reference, f"{pairs} <chars> {plain_spaced} </chars>")
+                 "pairs": f"{pairs} <chars> {plain_spaced} </chars>",
+                 "table": f"{TABLE_OPEN} {table} {TABLE_CLOSE} {pairs} <chars> {plain_spaced} </chars>",
+                 "chars": f"<chars> {plain_spaced} </chars>"}[p.reference]
         reference = f"<think> {think} </think> <answer> {message} </answer>"
         meta = {"idx": idx, "split": split, "message": message, "spaced": plain_spaced,
                 "coded": coded_spaced, "cipher": cipher, "letters": letters, "n_words": len(message.split()),
