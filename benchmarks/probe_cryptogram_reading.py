@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from vlmrl.models import load_policy
 from vlmrl.models.token_inputs import join_prompt_and_completion
 from vlmrl.rollout.prompts import encode_prompts
 from vlmrl.tasks import Example, get_task
-from vlmrl.tasks.cryptogram import TABLE_CLOSE, decoded_letter_cells, table_letter_cells, walk_letter_cells
+from vlmrl.tasks.cryptogram import decoded_letter_cells, table_letter_cells, walk_letter_cells
 
 BASE = ["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=28",
         "task.params.entries_per_row=6", "task.params.reference=pairs", "task.params.instructions=false",
@@ -101,13 +100,8 @@ def walk_reading(model, processor, examples: list[Example], images: list, batch_
 
 def walk_coded_letters(example: Example) -> list[tuple[int, int, None]]:
     """The walk's coded letters ("a" of "a t,"), copied from the prompt's coded message: their
-    (start, end) characters in the reference completion (after the table's entries with
-    reference=table)."""
-    text = example.reference_completion
-    closed = text.find(TABLE_CLOSE)
-    start = closed + len(TABLE_CLOSE) if closed >= 0 else 0
-    return [(start + m.start(1), start + m.end(1), None)
-            for m in re.finditer(r"\b([a-z]) ([a-z]),", text[start:text.find("<chars>")])]
+    (start, end) characters in the reference completion, two before each walk letter."""
+    return [(start - 2, end - 2, None) for start, end, _ in walk_letter_cells(example)]
 
 
 def other_cell_share(examples: list[Example], guesses: list[str], entries: str) -> float:

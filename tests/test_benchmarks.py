@@ -138,6 +138,8 @@ def test_the_reading_probe_scores_each_walk_letter_where_it_is_predicted(tiny_mo
     assert counts == {"letters": (letters, letters, 3), "table": (24, 24, 3), "walk": (letters, letters, 3),
                       "walk_coded": (letters, letters, 3)}
     assert guesses == [letter for e in examples for letter in e.meta["message"].replace(" ", "")]
+    assert [e.reference_completion[a:b] for e in examples for a, b, _ in walk_coded_letters(e)] == [
+        letter for e in examples for letter in e.meta["coded"].split() if letter != "_"]
     assert all(right < total for right, total, _ in
                walk_reading(oracle(0), processor, examples, images, batch_size=2, spans=spans).values())
 
