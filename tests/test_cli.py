@@ -39,6 +39,8 @@ def test_tiny_model_refuses_a_size_with_a_tool_in_one_line(tmp_path, capsys):
     assert main(["tiny-model", str(tmp_path / "m"), "--tool", "detect", "--size", "small"]) == 2
     assert capsys.readouterr().err == ("error: --size is the VLM's; a tool's tiny model has one size: drop --size "
                                        "small or --tool detect\n")
+    assert main(["tiny-model", str(tmp_path / "m"), "--tool", "detect", "--tokenizer", "letters"]) == 2
+    assert "drop --tokenizer letters or --tool detect" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
 
 

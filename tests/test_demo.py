@@ -87,6 +87,8 @@ def test_an_older_tiny_model_is_rebuilt(tmp_path):
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     demo.ensure_tiny_model(folder, "tiny")  # the current one is kept
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    demo.ensure_tiny_model(folder, "tiny", tokenizer="letters")  # another tokenizer: rebuilt
+    assert json.loads((folder / "vlmrl_tiny.json").read_text())["tokenizer"] == "letters"
 
 
 def test_every_preset_builds_valid_configs_and_is_offered_by_the_cli(tmp_path):

@@ -73,8 +73,28 @@ def test_small_size_is_in_the_demo_range(tmp_path):
     assert 2e6 <= info["parameters"] <= 10e6
 
 
-def test_unknown_size_or_arch_is_a_clear_error(tmp_path):
+def test_unknown_size_arch_or_tokenizer_is_a_clear_error(tmp_path):
     with pytest.raises(VlmrlError, match="unknown size 'huge'"):
         build_tiny_model(tmp_path, size="huge")
     with pytest.raises(VlmrlError, match="unknown arch 'florence2'.*qwen2_5_vl"):
         build_tiny_model(tmp_path, arch="florence2")
+    with pytest.raises(VlmrlError, match="unknown tokenizer 'words'.*bpe, letters"):
+        build_tiny_model(tmp_path, tokenizer="words")
+
+
+def test_letter_tokenizer_spells_every_word_and_keeps_the_rest(tmp_path, tiny_model_dir):
+    folder = build_tiny_model(tmp_path / "letters", size="tiny", tokenizer="letters")
+    letters = load_processor(folder).tokenizer
+    words = load_processor(tiny_model_dir).tokenizer
+    answer = "people and more"
+    # A word is its letters; the space joins the letter after it, so the spaced form is as short.
+    assert letters.tokenize(answer) == ["p", "e", "o", "p", "l", "e", "Ġa", "n", "d", "Ġm", "o", "r", "e"]
+    assert letters.tokenize("p e o p l e") == ["p", "Ġe", "Ġo", "Ġp", "Ġl", "Ġe"]
+    assert len(words.tokenize(answer)) < 13  # the default merges letters into word pieces
+    text = ("<think> decoder: a q, b x, message: q a </think> <answer> " + string.ascii_letters
+            + string.digits + string.punctuation + " [12, 30, 56, 88] </answer>")
+    ids = letters(text)["input_ids"]
+    assert letters.unk_token_id not in ids and letters.decode(ids) == text
+    assert all(len(letters(tag)["input_ids"]) == 1 for tag in TAG_TOKENS)
+    assert "letter tokenizer" in model_summary(folder) and "letter" not in model_summary(tiny_model_dir)
+    assert json.loads((folder / "vlmrl_tiny.json").read_text())["tokenizer"] == "letters"

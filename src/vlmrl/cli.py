@@ -23,12 +23,16 @@ def _tiny_model(args: argparse.Namespace) -> None:
     if args.tool and args.size:
         raise VlmrlError(f"--size is the VLM's; a tool's tiny model has one size: drop --size {args.size} "
                          f"or --tool {args.tool}")
+    if args.tool and args.tokenizer:
+        raise VlmrlError(f"--tokenizer is the VLM's; a tool's tiny model has its own: drop --tokenizer "
+                         f"{args.tokenizer} or --tool {args.tool}")
     if args.tool:
         from vlmrl.models.tool_models import build_tiny_tool_model
 
         print(build_tiny_tool_model(args.out, args.tool, seed=args.seed, arch=args.arch))
         return
-    out = build_tiny_model(args.out, size=args.size or "tiny", arch=args.arch or "qwen2_5_vl", seed=args.seed)
+    out = build_tiny_model(args.out, size=args.size or "tiny", arch=args.arch or "qwen2_5_vl", seed=args.seed,
+                           tokenizer=args.tokenizer or "bpe")
     print(model_summary(out))
 
 
@@ -229,7 +233,7 @@ def _attention(args: argparse.Namespace) -> None:
     print(format_summary(maps))
 
 
-DEMO_PRESETS = ("shapes", "cryptogram", "zoom", "video", "video-tool", "census")
+DEMO_PRESETS = ("shapes", "cryptogram", "cryptogram-glyphs", "zoom", "video", "video-tool", "census")
 """vlmrl.demo.PRESETS' names, without importing torch for --help."""
 
 EVAL_CLI_DEFAULTS = {"k": 8, "blind_check": True}
@@ -256,8 +260,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
 
 
 def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
-    """`vlmrl tiny-model OUT [--size] [--arch] [--seed] [--tool]`."""
-    from vlmrl.models.tiny_model import ARCHES, SIZES
+    """`vlmrl tiny-model OUT [--size] [--arch] [--seed] [--tokenizer] [--tool]`."""
+    from vlmrl.models.tiny_model import ARCHES, SIZES, TOKENIZERS
     from vlmrl.tools.model_table import MODEL_TOOLS
 
     tiny = commands.add_parser(
@@ -273,6 +277,10 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
                       help=f"architecture family: {', '.join(ARCHES)} (default qwen2_5_vl); with --tool, one of that "
                            "tool's tiny architectures (docs/tools.md), the first by default")
     tiny.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    tiny.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                      help="bpe (default): letters merged into word pieces, as real tokenizers do; letters: every "
+                           "letter a token, so a word is its spelling (what a pretrained model knows of its own "
+                           "pieces; the cryptogram-glyphs demo's model); not with --tool")
     tiny.add_argument("--tool", choices=tuple(MODEL_TOOLS), default=None,
                       help="build a model tool's model instead (rollout.tool_models), e.g. detect: a tiny random OWLv2")
     tiny.set_defaults(func=_tiny_model)

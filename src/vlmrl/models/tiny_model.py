@@ -24,6 +24,12 @@ from vlmrl.models.tiny_families import FAMILIES
 
 ARCHES = tuple(FAMILIES)
 SIZES = ("tiny", "small")
+TOKENIZERS = ("bpe", "letters")
+"""How the tiny tokenizer splits text: "bpe" merges letters into word pieces as real tokenizers do;
+"letters" keeps every letter a token of its own (a space may join the letter after it: " q" is one
+token), so a word is its spelling. A pretrained model knows how its word pieces are spelled; a random
+one must learn each word's pieces from its letters, which the cryptogram's answer (spaced letters
+joined into words) asks of it on every message (docs/results.md, "The cryptogram read from its letters")."""
 
 # Tags the tasks and tool calls use; each becomes one token so a small model learns the format
 # quickly (Qwen2.5's own tokenizer keeps the four tool tags whole too).
@@ -84,26 +90,31 @@ def tokenizer_corpus() -> list[str]:
     return sentences * 20 + words + spaced + numbers + calls * 4 + [charset, " ".join(charset)]
 
 
-def build_tokenizer(vocab_size: int, arch: str):
-    """Train a byte-level BPE offline and wrap it as a `PreTrainedTokenizerFast` with the family's
-    special tokens, the attributes its processor reads and a chat template of its shape."""
+def build_tokenizer(vocab_size: int, arch: str, split: str = "bpe"):
+    """Train a byte-level BPE offline (`split`: one of TOKENIZERS) and wrap it as a
+    `PreTrainedTokenizerFast` with the family's special tokens, the attributes its processor reads
+    and a chat template of its shape."""
     from transformers import PreTrainedTokenizerFast
 
     family = FAMILIES[arch]
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_bpe(vocab_size, family.specials), eos_token=family.eos, pad_token=family.pad,
+        tokenizer_object=train_bpe(vocab_size, family.specials, split), eos_token=family.eos, pad_token=family.pad,
         bos_token=family.bos, unk_token=None, chat_template=family.chat.template(),
         extra_special_tokens=dict(family.named))
     tok.padding_side = "left"
     return tok
 
 
-def train_bpe(vocab_size: int, specials: tuple[str, ...]):
-    """A byte-level BPE trained offline on `tokenizer_corpus`, the specials and task tags added whole."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_bpe(vocab_size: int, specials: tuple[str, ...], split: str = "bpe"):
+    """A byte-level BPE trained offline on `tokenizer_corpus`, the specials and task tags added whole;
+    with split="letters", text is first cut before every letter (and the space in front of it), so no
+    merge joins two letters and the vocabulary stops short of `vocab_size`."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = byte_level if split == "bpe" else pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(" ?[A-Za-z]"), behavior="isolated"), byte_level])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(specials) - len(TAG_TOKENS),
@@ -118,10 +129,11 @@ def train_bpe(vocab_size: int, specials: tuple[str, ...]):
 
 
 def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2_5_vl",
-                     seed: int = 0) -> Path:
+                     seed: int = 0, tokenizer: str = "bpe") -> Path:
     """Build a random-weight VLM of a real architecture and save model, tokenizer and processor.
 
-    Returns the folder. The same (size, arch, seed) always gives the same weights and tokenizer.
+    Returns the folder. The same (size, arch, seed, tokenizer) always gives the same weights and
+    tokenizer; `tokenizer` is one of TOKENIZERS.
     """
     import torch  # here, not at the top: `vlmrl --help` reads ARCHES and SIZES without torch
     from transformers import AutoModelForImageTextToText
@@ -130,10 +142,12 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
         raise VlmrlError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     if arch not in ARCHES:
         raise VlmrlError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHES)}")
+    if tokenizer not in TOKENIZERS:
+        raise VlmrlError(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}")
     require(seed_rule("--seed", seed))  # the run's range: torch's seed overflows past 2**64
     out = output_folder(out_dir, "the model")  # a bad OUT in one line, before the model is built
     spec = SPECS[size]
-    tok = build_tokenizer(spec.vocab, arch)
+    tok = build_tokenizer(spec.vocab, arch, tokenizer)
     family = FAMILIES[arch]
     config = family.config(spec, tok, spec.image)
     torch.manual_seed(seed)
@@ -145,7 +159,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", arch: str = "qwen2
         model.save_pretrained(out)
         family.processor(tok, spec.image).save_pretrained(out)
     write_text(out / "vlmrl_tiny.json", "the model", json.dumps(
-        {"size": size, "arch": arch, "seed": seed, "version": TINY_MODEL_VERSION,
+        {"size": size, "arch": arch, "seed": seed, "tokenizer": tokenizer, "version": TINY_MODEL_VERSION,
          "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
     return out
 
@@ -168,5 +182,6 @@ def wake_zero_parameters(model, wake: dict[str, float]) -> None:
 def model_summary(folder: str | Path) -> str:
     """One line about a tiny-model folder: where, which architecture, how many parameters."""
     info = json.loads((Path(folder) / "vlmrl_tiny.json").read_text())
-    return (f"wrote {folder}: {info['arch']} ({info['size']}, seed {info['seed']}), "
+    letters = ", letter tokenizer" if info.get("tokenizer") == "letters" else ""
+    return (f"wrote {folder}: {info['arch']} ({info['size']}, seed {info['seed']}{letters}), "
             f"{info['parameters'] / 1e6:.2f}M parameters")
