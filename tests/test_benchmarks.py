@@ -4,8 +4,9 @@ The figures a GPU session takes once are only as good as this code: the gradient
 tensor at a time equals the cosine of the concatenation; the attention-call counter counts SDPA
 calls; a run stopped by --time-budget reports the steps it measured and says so; the --video table
 divides each vlmrl side by TRL's and counts each side's own work; the
-cryptogram probe's ridge classifier scores what it should; and the reading probe scores each walk
-letter at the position that predicts it, and counts a guess read from another filled cell.
+cryptogram probe's ridge classifier scores what it should; the reading probe scores each walk
+letter at the position that predicts it, and counts a guess read from another filled cell; and a
+model moved onto the letter tokenizer keeps its weights and each shared token's row.
 """
 
 from __future__ import annotations
@@ -158,3 +159,27 @@ def test_the_reading_probe_counts_a_guess_from_another_filled_cell():
     assert other_cell_share([example] * 4, guesses, "some") == 0.25
     assert other_cell_share([example] * 4, guesses, "all") == 0.5  # every cell filled: the empty one counts too
     assert other_cell_share([example] * 4, guesses, "message") == 0.0  # only the message's own cell filled
+
+
+def test_a_model_moved_to_the_letter_tokenizer_keeps_its_weights_and_each_shared_tokens_row(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    from retokenize_model import retokenize, vocabulary
+    from vlmrl.models.tiny_model import build_tiny_model
+
+    target = build_tiny_model(tmp_path / "letters", size="tiny", tokenizer="letters")
+    taken, total = retokenize(Path(tiny_model_dir), target, tmp_path / "moved")
+    old, new = vocabulary(Path(tiny_model_dir)), vocabulary(target)
+    assert total == len(new) and taken == len(new.keys() & old.keys()) and 0 < taken < total
+    trained, fresh = load_file(Path(tiny_model_dir) / "model.safetensors"), load_file(target / "model.safetensors")
+    moved = load_file(tmp_path / "moved" / "model.safetensors")
+    embedding = "model.embed_tokens.weight"
+    assert embedding in moved and moved[embedding].shape == fresh[embedding].shape
+    for name, tensor in moved.items():
+        if name != embedding:
+            assert torch.equal(tensor, trained[name]), name
+    shared = next(text for text in new if text in old and new[text] != old[text])  # a shared token, moved
+    assert torch.equal(moved[embedding][new[shared]], trained[embedding][old[shared]])
+    only_new = next(text for text in new if text not in old)
+    assert torch.equal(moved[embedding][new[only_new]], fresh[embedding][new[only_new]])  # a new one: its start
+    assert (tmp_path / "moved" / "tokenizer.json").read_text() == (target / "tokenizer.json").read_text()
