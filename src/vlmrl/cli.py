@@ -233,7 +233,7 @@ def _attention(args: argparse.Namespace) -> None:
     print(format_summary(maps))
 
 
-DEMO_PRESETS = ("shapes", "cryptogram", "cryptogram-glyphs", "zoom", "video", "video-tool", "census")
+DEMO_PRESETS = ("shapes", "cryptogram", "zoom", "video", "video-tool", "census")
 """vlmrl.demo.PRESETS' names, without importing torch for --help."""
 
 EVAL_CLI_DEFAULTS = {"k": 8, "blind_check": True}
@@ -280,7 +280,7 @@ def _add_tiny_model(commands: argparse._SubParsersAction) -> None:
     tiny.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                       help="bpe (default): letters merged into word pieces, as real tokenizers do; letters: every "
                            "letter a token, so a word is its spelling (what a pretrained model knows of its own "
-                           "pieces; the cryptogram-glyphs demo's model); not with --tool")
+                           "pieces); not with --tool")
     tiny.add_argument("--tool", choices=tuple(MODEL_TOOLS), default=None,
                       help="build a model tool's model instead (rollout.tool_models), e.g. detect: a tiny random OWLv2")
     tiny.set_defaults(func=_tiny_model)

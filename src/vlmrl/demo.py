@@ -91,9 +91,6 @@ DAPO_STYLE = ["rollout.temperature=1.0", "algorithm.beta=0", "algorithm.aggregat
 GRPO_8X8 = ["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE]
 """Every preset's GRPO phase: 8 prompts x 8 completions a step, DAPO-style."""
 """The RL settings every preset shares: sampling at temperature 1, no KL, token-level loss, clip-higher."""
-ONE_LETTER = ("task.params.vocabulary=strings", "task.params.min_word_length=1", "task.params.max_word_length=1",
-              "task.params.min_words=1", "task.params.max_words=1", "task.params.held_out=pairs")
-"""Messages of one letter: the cryptogram-glyphs curriculum's reading stages."""
 PRESETS = {
     "shapes": DemoPreset(
         shared=["task.name=shapes", "task.params.targets=[circle]", "task.params.distractors=false",
@@ -142,43 +139,6 @@ PRESETS = {
               "train.micro_batch_size=64", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=10",
               "eval.n=100"],
         eval_n=200, max_new_tokens=64, attention_n=64),
-    # The cryptogram as written (issue 53): the decoder's 26 entries drawn as glyphs (no colour), 1-3
-    # words from the 2,000-word list, held-out messages and ciphers (docs/results.md "The cryptogram
-    # read from its letters" has every curve behind these choices):
-    # - a curriculum of SFT stages, each one the model could not skip: the letter shown alone, then
-    #   found in the full grid among blank cells (k=0), then between two filled cells (k=1), then the
-    #   whole decoder read entry by entry in its order (reference=table, one-letter messages), then
-    #   words. Without the k=1 stage the table reading reached 21.7% at 320 steps against 71.7%, from
-    #   the letter-alone model it stayed at chance;
-    # - reference=table: the completion reads every entry (`decoder: a q, b x, ...`) before the walk,
-    #   26 reads of the image at fixed places, and the lookup by the message's letter is then a copy in
-    #   text, which a transformer learns;
-    # - 56-px cells (a letter alone was read at 64% after 120 steps; 28-px cells of issue 36 were not
-    #   read in 150), the tower frozen at its random weights (trained at the model's rate, the letter
-    #   alone stayed at chance), the image before the text (decoder_last broke the k=0 stage);
-    # - the letter tokenizer: with word pieces the answer joined spaced letters into pieces by guessing
-    #   the word (35.9% exact after 2,560 word steps with <chars> right far more often); with letters
-    #   the answer is a copy of <chars>.
-    "cryptogram-glyphs": DemoPreset(
-        shared=["task.name=cryptogram", "task.params.layout=grid", "task.params.cell_px=56",
-                "task.params.entries_per_row=6", "task.params.entries=all", "task.params.reference=table",
-                "task.params.instructions=false", "task.params.held_out=messages_and_ciphers",
-                "task.params.min_words=1", "task.params.max_words=3", "task.params.ood_extra_words=1",
-                "model.vision_lr_scale=0"],
-        sft=["sft.batch_size=16", "train.micro_batch_size=16", "train.steps=960", "train.lr=2e-3",
-             "train.warmup_steps=30", "train.schedule=cosine", "train.save_every=160", "eval.every=0"],
-        curriculum=(("letter_alone", (*ONE_LETTER, "task.params.entries=alone", "task.params.reference=pairs",
-                                      "train.steps=120", "train.lr=1e-3")),
-                    ("among_blanks", (*ONE_LETTER, "task.params.entries=some", "task.params.extra_entries=0",
-                                      "task.params.reference=pairs", "train.steps=80", "train.lr=1e-3")),
-                    ("between_two", (*ONE_LETTER, "task.params.entries=some", "task.params.extra_entries=1",
-                                     "task.params.reference=pairs", "train.steps=320", "train.lr=1e-3")),
-                    ("table", (*ONE_LETTER, "train.steps=320", "train.lr=1e-3")),
-                    ("words", ("train.steps=640", "train.lr=1e-3"))),
-        grpo=[*GRPO_8X8,
-              "train.steps=40", "train.lr=1e-4", "train.warmup_steps=5", "train.schedule=cosine",
-              "train.micro_batch_size=32", "train.save_every=10", "train.log_rollouts_every=5", "eval.every=0"],
-        eval_n=128, max_new_tokens=288, attention_n=64, tokenizer="letters"),
     # Thinking with images (issue 15): zoom on the panel of the named tag, then name its pattern.
     # - symbols=patterns: each tag is a patch of fine lines (horizontal, vertical, checkered or
     #   diagonal; stripes 4 px wide, half a view pixel) on the view's 8 px grid, so the 56 px view
