@@ -108,7 +108,7 @@ def build_tokenizer(vocab_size: int, arch: str, split: str = "bpe"):
 def train_bpe(vocab_size: int, specials: tuple[str, ...], split: str = "bpe"):
     """A byte-level BPE trained offline on `tokenizer_corpus`, the specials and task tags added whole;
     with split="letters", text is first cut before every letter (and the space in front of it), so no
-    merge joins two letters and the vocabulary stops short of `vocab_size`."""
+    merge joins two letters (the vocabulary may then stop short of `vocab_size`: 539 of 1,024 at size small)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
