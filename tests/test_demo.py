@@ -87,6 +87,11 @@ def test_an_older_tiny_model_is_rebuilt(tmp_path):
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     demo.ensure_tiny_model(folder, "tiny")  # the current one is kept
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    info = json.loads((folder / "vlmrl_tiny.json").read_text())
+    del info["tokenizer"]  # written before --tokenizer existed: the default one, kept
+    (folder / "vlmrl_tiny.json").write_text(json.dumps(info))
+    demo.ensure_tiny_model(folder, "tiny")
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
     demo.ensure_tiny_model(folder, "tiny", tokenizer="letters")  # another tokenizer: rebuilt
     assert json.loads((folder / "vlmrl_tiny.json").read_text())["tokenizer"] == "letters"
 

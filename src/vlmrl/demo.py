@@ -242,11 +242,10 @@ def ensure_tiny_model(folder: Path, size: str, seed: int = 0, tokenizer: str = "
     """Build the offline model into `folder` unless a matching one (same size, seed, tokenizer and
     version) is there."""
     info = folder / "vlmrl_tiny.json"
-    wanted = {"size": size, "seed": seed, "version": TINY_MODEL_VERSION}
-    if info.exists():
-        found = json.loads(info.read_text())
-        if wanted.items() <= found.items() and found.get("tokenizer", "bpe") == tokenizer:
-            return folder
+    wanted = {"size": size, "seed": seed, "tokenizer": tokenizer, "version": TINY_MODEL_VERSION}
+    # A folder written before --tokenizer existed has the default one.
+    if info.exists() and wanted.items() <= {"tokenizer": "bpe", **json.loads(info.read_text())}.items():
+        return folder
     build_tiny_model(folder, size=size, seed=seed, tokenizer=tokenizer)
     return folder
 
