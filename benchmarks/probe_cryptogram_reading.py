@@ -24,7 +24,9 @@ block's letters, copied from the walk), each with a shuffled decoder and per mes
 The SFT's wall-clock and CPU seconds (this process's, all threads) go beside the curve in
 `OUT/reading.json`; the first argument may be any model folder, e.g. an earlier probe's
 `OUT/final`, to run the stages of a curriculum one after the other; `--steps 0` scores that model
-alone on the setting given (how a stage's model reads the next stage's decoder, without training).
+alone on the setting given (how a stage's model reads the next stage's decoder, without training);
+`--score-with KEY=VALUE` scores another setting than the one trained (a mixed stage on its hardest
+decoder).
 
     python benchmarks/probe_cryptogram_reading.py runs/small-model --out runs/probe-a --steps 150 \\
         --every 50 task.params.cell_px=56 model.vision_lr_scale=1
@@ -154,11 +156,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150, help="SFT steps (0: score the model alone)")
     parser.add_argument("--every", type=int, default=50, help="steps between checkpoints scored")
     parser.add_argument("--n", type=int, default=64, help="held-out test messages scored")
+    parser.add_argument("--score-with", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the scored setting only, on top of the trained one (repeatable): "
+                             "e.g. a mixed stage scored on its hardest decoder")
     args = parser.parse_intermixed_args()
     steps = [f"train.steps={args.steps}", f"train.save_every={args.every}"] if args.steps else []
     overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", *steps, *args.overrides]
     config = load_config(None, overrides)
-    task = get_task(config.task.name, seed=config.seed, **config.task.params)
+    scored = load_config(None, [*overrides, *args.score_with]) if args.score_with else config
+    task = get_task(scored.task.name, seed=scored.seed, **scored.task.params)
     examples = held_out_examples(task, "test", args.n)
     curve = [{"step": 0, **score(args.model, task, examples)}]
     print(json.dumps(curve[-1]), flush=True)
@@ -172,7 +178,8 @@ def main() -> None:
             print(json.dumps(curve[-1]), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "reading.json").write_text(json.dumps(
-        {"overrides": overrides, "sft_seconds": seconds, "sft_cpu_seconds": cpu_seconds, "curve": curve}, indent=1))
+        {"overrides": overrides, "score_with": args.score_with, "sft_seconds": seconds,
+         "sft_cpu_seconds": cpu_seconds, "curve": curve}, indent=1))
     print(f"sft {seconds:.0f} s ({cpu_seconds:.0f} CPU s); " + "; ".join(
         f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}, other cell "
         f"{c['other_cell']:.1%}), messages {c['messages']:.1%}"

@@ -387,6 +387,34 @@ def test_some_entries_fill_the_message_s_and_exactly_k_others_drawn_per_example(
         assert str(raised.value) == error
 
 
+def test_min_extra_entries_draws_the_number_of_others_per_example_within_its_range():
+    def made(**params):
+        return get_task("cryptogram", **ONE_LETTER, entries="some", **params)
+
+    message, full = get_task("cryptogram", **ONE_LETTER, entries="message"), get_task("cryptogram", **ONE_LETTER)
+    mixed, again = made(extra_entries=3, min_extra_entries=1), made(extra_entries=3, min_extra_entries=1)
+    counts = []
+    for idx in range(24):
+        example = mixed.example(idx, "train")
+        filled = filled_cells(example, message.example(idx, "train"), full.example(idx, "train"))
+        assert example.meta["filled"] == sorted(filled) and example.meta["coded"] in filled
+        assert again.example(idx, "train").image.tobytes() == example.image.tobytes()  # deterministic
+        counts.append(len(filled) - 1)
+    assert set(counts) == {1, 2, 3}  # every number of the range drawn, none outside it
+    # a range of one number is that number of others, as without the range
+    assert [len(made(extra_entries=2, min_extra_entries=2).example(idx, "test").meta["filled"])
+            for idx in range(5)] == [3] * 5
+    for params, error in (({"extra_entries": 1, "min_extra_entries": 2},
+                           "min_extra_entries=2 needs entries=some and 0 <= min_extra_entries <= extra_entries=1"),
+                          ({"extra_entries": 1, "min_extra_entries": -1},
+                           "min_extra_entries=-1 needs entries=some and 0 <= min_extra_entries <= extra_entries=1")):
+        with pytest.raises(VlmrlError) as raised:
+            made(**params)
+        assert str(raised.value) == error
+    with pytest.raises(VlmrlError, match="min_extra_entries=0 needs entries=some"):
+        get_task("cryptogram", **ONE_LETTER, entries="message", min_extra_entries=0)
+
+
 def test_tiles_colour_each_plain_letter_by_its_own_hue():
     assert tile_colors("ab") == {"a": (204, 31, 31), "b": (31, 204, 204)}
     task = get_task("cryptogram", **{**READABLE, "tiles": True})

@@ -36,7 +36,8 @@ curriculum; the coded letter then says which cell is which, not its place in the
 seed, split and index (all the others where the message leaves fewer): a stage of a curriculum
 between one filled cell among 26 (`message`, or `extra_entries=0`) and the whole table (`all`, or
 `extra_entries=25` with a one-letter message), where the right cell must be looked up among
-several filled ones.
+several filled ones; with `min_extra_entries` the number of others is drawn per example from
+min_extra_entries..extra_entries (a mixed stage).
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
 in order followed by its plain letter, "a t, o h,", before the <chars> block), the <chars> block
@@ -394,7 +395,12 @@ class CryptogramParams(TaskParams):
     extra_entries: int = 0
     """entries=some: how many coded letters besides the message's also show their plain letter,
     drawn per example from its seed, split and index (all the others where the message leaves
-    fewer); 0 is entries=message."""
+    fewer); 0 is entries=message. With `min_extra_entries`, the most drawn."""
+    min_extra_entries: int | None = None
+    """entries=some: when set, the number of other filled entries is drawn per example, uniformly
+    from min_extra_entries..extra_entries (a mixed stage of a curriculum: the easier decoders keep
+    the reading paid while the harder ones teach the lookup); unset, every example has
+    `extra_entries`."""
     instructions: bool = True
     """false: the prompt is the coded message alone (a model that learns the format from SFT)."""
     decoder_last: bool = False
@@ -436,6 +442,10 @@ class CryptogramParams(TaskParams):
               f"extra_entries must be in 0..{len(self.letters) - 1}, got {self.extra_entries}")
         check(self.extra_entries == 0 or self.entries == "some",
               f"extra_entries={self.extra_entries} needs entries=some, got entries={self.entries}")
+        check(self.min_extra_entries is None or (self.entries == "some"
+                                                 and 0 <= self.min_extra_entries <= self.extra_entries),
+              f"min_extra_entries={self.min_extra_entries} needs entries=some and 0 <= min_extra_entries <= "
+              f"extra_entries={self.extra_entries}")
         check((self.entries == "all" and not self.tiles) or self.layout == "grid",
               f"entries={self.entries} and tiles=true need layout=grid")
         check(self.reference in REFERENCES,
@@ -559,10 +569,13 @@ class CryptogramTask(Task):
         return decoded_letter_cells(example)
 
     def _extra_entries(self, rng, used: set[str]) -> set[str]:
-        """entries=some: `extra_entries` coded letters the message does not use (all of them where
+        """entries=some: `extra_entries` coded letters the message does not use (with
+        `min_extra_entries`, a number drawn from min_extra_entries..extra_entries; all of them where
         there are fewer), drawn with the example's own `rng` after its message and cipher."""
-        others = sorted(set(self.params.letters) - used)
-        return set(rng.sample(others, min(self.params.extra_entries, len(others))))
+        p = self.params
+        k = p.extra_entries if p.min_extra_entries is None else rng.randint(p.min_extra_entries, p.extra_entries)
+        others = sorted(set(p.letters) - used)
+        return set(rng.sample(others, min(k, len(others))))
 
     def _word(self, rng, vocab: tuple[str, ...], longer: bool = False) -> str:
         """One word of a message: from the vocabulary, or a random string of `letters` (`longer`: of
