@@ -101,8 +101,9 @@ def test_every_preset_builds_valid_configs_and_is_offered_by_the_cli(tmp_path):
 
     assert DEMO_PRESETS == tuple(demo.PRESETS)
     for preset in demo.PRESETS.values():
-        for phase in ("sft", "grpo"):
-            config = demo.phase_config(preset, phase, tmp_path / "model", tmp_path / phase)  # checks the config
+        phases = [("sft", ()), ("grpo", ()), *(("sft", stage) for _, stage in preset.curriculum)]
+        for phase, stage in phases:
+            config = demo.phase_config(preset, phase, tmp_path / "model", tmp_path / phase, stage)  # checks the config
             get_task(config.task.name, seed=config.seed, **config.task.params)  # checks the task parameters
 
 
