@@ -163,7 +163,7 @@ def main() -> None:
     steps = [f"train.steps={args.steps}", f"train.save_every={args.every}"] if args.steps else []
     overrides = [*BASE, f"model.name_or_path={args.model}", f"output_dir={args.out}", *steps, *args.overrides]
     config = load_config(None, overrides)
-    scored = load_config(None, [*overrides, *args.score_with]) if args.score_with else config
+    scored = load_config(None, [*overrides, *args.score_with])  # the trained setting when none is given
     task = get_task(scored.task.name, seed=scored.seed, **scored.task.params)
     examples = held_out_examples(task, "test", args.n)
     curve = [{"step": 0, **score(args.model, task, examples)}]
