@@ -475,6 +475,25 @@ def test_a_table_reference_reads_every_filled_entry_in_grid_order_then_walks_the
     assert table_letter_cells(pairs) == [] and table_letter_cells(TASK.example(0)) == []
 
 
+def test_pair_breaks_write_each_word_break_of_the_walk_as_a_pair():
+    """pair_breaks=true: "_ _," in the walk where a lone "_" was, so every item of the walk is a
+    pair (a regular stride); the decoder, the <chars> block, the letters' regions and the score
+    are those of the lone "_"."""
+    for reference in ("pairs", "table"):
+        lone = get_task("cryptogram", **{**READABLE, "reference": reference}).example(0, "test")
+        paired = get_task("cryptogram", **{**READABLE, "reference": reference, "pair_breaks": True}).example(0, "test")
+        assert lone.reference_completion.count(" _ ") == 2  # "t h e _ h i s": one in the walk, one in <chars>
+        assert paired.reference_completion == lone.reference_completion.replace("e, _ o", "e, _ _, o", 1)
+        assert paired.meta == lone.meta and paired.image.tobytes() == lone.image.tobytes()
+        text, walk = paired.reference_completion, walk_letter_cells(paired)
+        assert [text[a:b] for a, b, _ in walk] == list("thehis")
+        assert [box for *_, box in walk] == [box for *_, box in walk_letter_cells(lone)]
+        assert get_task("cryptogram", **{**READABLE, "reference": reference, "pair_breaks": True}).score(
+            paired, text)["total"] == 3.0
+    with pytest.raises(VlmrlError, match="pair_breaks .* needs reference=pairs or table, got reference=walk"):
+        get_task("cryptogram", pair_breaks=True)
+
+
 def test_decoder_last_puts_the_image_after_the_coded_message():
     """decoder_last=true: the prompt ends with the `<image>` marker, so the chat turn holds the text
     first and the image after it (the completion as far from each cell whatever the message's

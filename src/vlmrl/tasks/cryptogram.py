@@ -40,7 +40,8 @@ several filled ones; with `min_extra_entries` the number of others is drawn per 
 min_extra_entries..extra_entries (a mixed stage).
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
-in order followed by its plain letter, "a t, o h,", before the <chars> block), the <chars> block
+in order followed by its plain letter, "a t, o h,", before the <chars> block; `pair_breaks=true` writes a word break as a pair,
+"_ _,", for a regular stride), the <chars> block
 alone, or "table" (grid layout: the decoder read entry by entry in its order first, "decoder: a q,
 b x, ... message:", every filled cell's coded and plain letter, then the pairs and <chars>: each
 letter is read from the image in a fixed order, 26 reads an example with every entry filled, and
@@ -413,6 +414,11 @@ class CryptogramParams(TaskParams):
     letter, "a t, o h,", then the <chars> block), chars (the <chars> block alone) or table (grid
     layout: "decoder: a q, b x, ... message:" reads every filled cell in the grid's order, then the
     pairs and the <chars> block)."""
+    pair_breaks: bool = False
+    """reference=pairs or table: true writes each word break of the walk as a pair of its own,
+    "_ _,", so every item of the walk is a pair ("a t, _ _, o h,": the same number of tokens
+    apart, a regular stride for the walk's in-order copies of the prompt and for the <chars> block's
+    of the walk); false: a lone "_" ("a t, _ o h,")."""
     held_out: str = "pairs"
     """pairs: a test (message, cipher) pair never occurs in training; messages_and_ciphers: no test
     message and no test cipher does (each is split by its own hash)."""
@@ -452,6 +458,9 @@ class CryptogramParams(TaskParams):
               f"reference must be one of {', '.join(REFERENCES)}, got {self.reference!r}")
         check(self.reference != "table" or self.layout == "grid",
               f"reference=table reads the grid decoder entry by entry; it needs layout=grid, got layout={self.layout}")
+        check(not self.pair_breaks or self.reference in ("pairs", "table"),
+              f"pair_breaks writes the walk's word breaks as pairs; it needs reference=pairs or table, "
+              f"got reference={self.reference}")
         check(self.held_out in HELD_OUT, f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
         check(self.vocabulary in VOCABULARIES,
               f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
@@ -521,7 +530,8 @@ class CryptogramTask(Task):
             if ch != "_" and ch not in seen:
                 seen[ch] = decode[ch]
         walk = ", ".join(f"{c}->{d}" for c, d in seen.items())
-        pairs = " ".join(ch if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
+        word_break = "_ _," if p.pair_breaks else "_"
+        pairs = " ".join(word_break if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
         image, cells, shown = self._decoder(rng, decode, set(coded_spaced.split(" ")) - {"_"})
         table = " ".join(f"{c} {decode[c]}," for c in sorted(cells) if shown is None or c in shown)
         think = {"walk": (f"Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
