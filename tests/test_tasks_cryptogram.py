@@ -475,10 +475,11 @@ def test_a_table_reference_reads_every_filled_entry_in_grid_order_then_walks_the
     assert table_letter_cells(pairs) == [] and table_letter_cells(TASK.example(0)) == []
 
 
-def test_pair_breaks_write_each_word_break_of_the_walk_as_a_pair():
+def test_pair_breaks_write_each_word_break_of_the_walk_as_a_pair_and_walk_commas_drop_its_commas():
     """pair_breaks=true: "_ _," in the walk where a lone "_" was, so every item of the walk is a
     pair (a regular stride); the decoder, the <chars> block, the letters' regions and the score
-    are those of the lone "_"."""
+    are those of the lone "_". walk_commas=false: the walk's pairs without commas ("a t o h _ _"),
+    read back letter for letter; the table keeps its commas."""
     for reference in ("pairs", "table"):
         lone = get_task("cryptogram", **{**READABLE, "reference": reference}).example(0, "test")
         paired = get_task("cryptogram", **{**READABLE, "reference": reference, "pair_breaks": True}).example(0, "test")
@@ -490,8 +491,17 @@ def test_pair_breaks_write_each_word_break_of_the_walk_as_a_pair():
         assert [box for *_, box in walk] == [box for *_, box in walk_letter_cells(lone)]
         assert get_task("cryptogram", **{**READABLE, "reference": reference, "pair_breaks": True}).score(
             paired, text)["total"] == 3.0
+        bare = get_task("cryptogram", **{**READABLE, "reference": reference, "pair_breaks": True,
+                                         "walk_commas": False}).example(0, "test")
+        walk = bare.reference_completion.split("<chars>")[0].split("message: ")[-1].split("<think> ")[-1]
+        assert walk == "a t o h s e _ _ o h t i r s "  # the coded letters "a o s _ o t r" with their plain ones
+        assert [bare.reference_completion[a:b] for a, b, _ in walk_letter_cells(bare)] == list("thehis")
+        assert [box for *_, box in walk_letter_cells(bare)] == [box for *_, box in walk_letter_cells(lone)]
+    assert len(table_letter_cells(bare)) == 9  # the table keeps its commas
     with pytest.raises(VlmrlError, match="pair_breaks .* needs reference=pairs or table, got reference=walk"):
         get_task("cryptogram", pair_breaks=True)
+    with pytest.raises(VlmrlError, match="walk_commas=false needs pair_breaks=true"):
+        get_task("cryptogram", **{**READABLE, "reference": "pairs"}, walk_commas=False)
 
 
 def test_decoder_last_puts_the_image_after_the_coded_message():

@@ -265,11 +265,13 @@ def table_letter_cells(example: Example) -> list[tuple[int, int, Box]]:
 
 
 def _pair_cells(example: Example, start: int, end: int) -> list[tuple[int, int, Box]]:
-    """The "coded plain," pairs in `example.reference_completion[start:end]`: each plain letter's
-    (start, end) characters and the box of its coded letter's cell."""
+    """The "coded plain," pairs in `example.reference_completion[start:end]` (or, where the span has
+    no comma, consecutive "coded plain" pairs, word breaks "_ _" among them: walk_commas=false):
+    each plain letter's (start, end) characters and the box of its coded letter's cell."""
     text, cells = example.reference_completion, example.meta["cells"]
+    pair = r"\b([a-z]) ([a-z])," if "," in text[start:end] else r"(?<!\S)([a-z_]) ([a-z_])(?!\S)"
     return [(start + m.start(2), start + m.end(2), tuple(cells[m.group(1)]))
-            for m in re.finditer(r"\b([a-z]) ([a-z]),", text[start:end])]
+            for m in re.finditer(pair, text[start:end]) if m.group(1) != "_"]
 
 
 MIN_SPLIT_SHARE = 0.03
@@ -419,6 +421,12 @@ class CryptogramParams(TaskParams):
     "_ _,", so every item of the walk is a pair ("a t, _ _, o h,": the same number of tokens
     apart, a regular stride for the walk's in-order copies of the prompt and for the <chars> block's
     of the walk); false: a lone "_" ("a t, _ o h,")."""
+    walk_commas: bool = True
+    """reference=pairs or table: false writes the walk's pairs without their commas ("a t _ _ o
+    h", with pair_breaks): the token before each coded letter is then the letter before it in the
+    walk, as the token before it in the prompt is the coded letter before it, so copying the coded
+    message into the walk is the plain in-order copy a transformer learns first (find the last
+    letter written, copy the one after it)."""
     held_out: str = "pairs"
     """pairs: a test (message, cipher) pair never occurs in training; messages_and_ciphers: no test
     message and no test cipher does (each is split by its own hash)."""
@@ -461,6 +469,8 @@ class CryptogramParams(TaskParams):
         check(not self.pair_breaks or self.reference in ("pairs", "table"),
               f"pair_breaks writes the walk's word breaks as pairs; it needs reference=pairs or table, "
               f"got reference={self.reference}")
+        check(self.walk_commas or self.pair_breaks,
+              "walk_commas=false needs pair_breaks=true (a lone _ between pairs without commas is ambiguous)")
         check(self.held_out in HELD_OUT, f"held_out must be one of {', '.join(HELD_OUT)}, got {self.held_out!r}")
         check(self.vocabulary in VOCABULARIES,
               f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
@@ -530,8 +540,9 @@ class CryptogramTask(Task):
             if ch != "_" and ch not in seen:
                 seen[ch] = decode[ch]
         walk = ", ".join(f"{c}->{d}" for c, d in seen.items())
-        word_break = "_ _," if p.pair_breaks else "_"
-        pairs = " ".join(word_break if ch == "_" else f"{ch} {decode[ch]}," for ch in coded_spaced.split(" "))
+        comma = "," if p.walk_commas else ""
+        word_break = f"_ _{comma}" if p.pair_breaks else "_"
+        pairs = " ".join(word_break if ch == "_" else f"{ch} {decode[ch]}{comma}" for ch in coded_spaced.split(" "))
         image, cells, shown = self._decoder(rng, decode, set(coded_spaced.split(" ")) - {"_"})
         table = " ".join(f"{c} {decode[c]}," for c in sorted(cells) if shown is None or c in shown)
         think = {"walk": (f"Using the decoder, I look up each coded letter: {walk}. The decoded letters are "
