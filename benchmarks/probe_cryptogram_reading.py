@@ -17,9 +17,10 @@ position before it is the letter's token. Reported per checkpoint:
 
 With `reference=table` ("decoder: a q, b x, ... message: f u, ..."), "letters" are the decoder's
 entries of the message's coded letters (where each is read from the image), and the text skills
-after them are scored too: table (every entry), walk (the walk's plain letters, copied from the
-table), walk_coded (the walk's coded letters, copied from the prompt) and chars (the <chars>
-block's letters, copied from the walk), each with a shuffled decoder and per message.
+after them are scored too: table (every entry) and walk (the walk's plain letters, after the
+table); with reference=pairs or table, walk_coded (the walk's coded letters, copied from the
+prompt) and chars (the <chars> block's letters, copied from the walk), each with a shuffled decoder
+and per message.
 
 The SFT's wall-clock and CPU seconds (this process's, all threads) go beside the curve in
 `OUT/reading.json`; the first argument may be any model folder, e.g. an earlier probe's
@@ -125,15 +126,16 @@ def score(folder, task, examples: list[Example]) -> dict[str, float]:
     """Teacher-forced reading of `examples` by the model in `folder`, real and shuffled decoders:
     the letters where the task reads them (`answer_regions`: the walk's with reference=pairs, the
     decoder's entries of the message's letters with reference=table) and, with reference=table,
-    every entry of the decoder ("table") and the walk's letters copied from it ("walk"); the walk's
-    coded letters copied from the prompt ("walk_coded") and the <chars> block's letters copied from
-    the walk ("chars"), text alone."""
+    every entry of the decoder ("table") and the walk's letters copied from it ("walk"); with
+    reference=pairs or table, the walk's coded letters copied from the prompt ("walk_coded") and the
+    <chars> block's letters copied from the walk ("chars"), text alone."""
     model, processor = load_policy(str(folder), device="cpu")
     model.eval()
     spans = {"letters": task.answer_regions}
+    if task.params.reference in ("pairs", "table"):
+        spans |= {"walk_coded": walk_coded_letters, "chars": decoded_letter_cells}
     if task.params.reference == "table":
-        spans |= {"table": table_letter_cells, "walk": walk_letter_cells, "walk_coded": walk_coded_letters,
-                  "chars": decoded_letter_cells}
+        spans |= {"table": table_letter_cells, "walk": walk_letter_cells}
     guesses: list[str] = []
     real = walk_reading(model, processor, examples, [ex.image for ex in examples], guesses=guesses, spans=spans)
     shuffled = walk_reading(model, processor, examples, [ex.image for ex in examples[1:] + examples[:1]],
@@ -183,8 +185,8 @@ def main() -> None:
     print(f"sft {seconds:.0f} s ({cpu_seconds:.0f} CPU s); " + "; ".join(
         f"step {c['step']}: letters {c['letters']:.1%} (shuffled {c['shuffled']:.1%}, other cell "
         f"{c['other_cell']:.1%}), messages {c['messages']:.1%}"
-        + (f", table {c['table']:.1%} (shuffled {c['table_shuffled']:.1%}), walk {c['walk']:.1%}, walk's coded "
-           f"letters {c['walk_coded']:.1%}, chars {c['chars']:.1%}" if "table" in c else "")
+        + (f", table {c['table']:.1%} (shuffled {c['table_shuffled']:.1%}), walk {c['walk']:.1%}" if "table" in c else "")
+        + (f", walk's coded letters {c['walk_coded']:.1%}, chars {c['chars']:.1%}" if "chars" in c else "")
         for c in curve))
 
 

@@ -5,8 +5,9 @@ tensor at a time equals the cosine of the concatenation; the attention-call coun
 calls; a run stopped by --time-budget reports the steps it measured and says so; the --video table
 divides each vlmrl side by TRL's and counts each side's own work; the
 cryptogram probe's ridge classifier scores what it should; the reading probe scores each walk
-letter at the position that predicts it, and counts a guess read from another filled cell; and a
-model moved onto the letter tokenizer keeps its weights and each shared token's row.
+letter at the position that predicts it, and counts a guess read from another filled cell; the
+text-alone copy probe labels each copied letter's token with its kind; and a model moved onto the
+letter tokenizer keeps its weights and each shared token's row.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bench_pass import CountingAttention, gradient_cosine  # noqa: E402
 from bench_vs_trl import Side, StepWork, report  # noqa: E402
 from probe_cryptogram import ridge_accuracy  # noqa: E402
 from probe_cryptogram_reading import other_cell_share, walk_coded_letters, walk_reading  # noqa: E402
+from probe_walk_copies import encode  # noqa: E402
 
 
 def test_the_gradient_cosine_tensor_by_tensor_is_the_cosine_of_the_whole():
@@ -183,3 +185,30 @@ def test_a_model_moved_to_the_letter_tokenizer_keeps_its_weights_and_each_shared
     only_new = next(text for text in new if text not in old)
     assert torch.equal(moved[embedding][new[only_new]], fresh[embedding][new[only_new]])  # a new one: its start
     assert (tmp_path / "moved" / "tokenizer.json").read_text() == (target / "tokenizer.json").read_text()
+
+
+def test_the_copy_probe_labels_each_copied_letter_s_token_and_leaves_the_decoder_s_entries_untrained(tiny_model_dir):
+    """probe_walk_copies.encode: the prompt, then the reference; each kind's tokens are its letters
+    in order (the walk's plain and coded letters, <chars>, the answer) and the table's entries,
+    which only the image tells, are "unknown" (not trained)."""
+    from vlmrl.models import load_policy
+    from vlmrl.tasks import get_task
+
+    _, processor = load_policy(tiny_model_dir, device="cpu")
+    tokenizer = processor.tokenizer
+    for commas in (True, False):
+        task = get_task("cryptogram", letters="abcdefgh", layout="grid", reference="table", instructions=False,
+                        vocabulary="strings", min_word_length=1, max_word_length=3, min_words=2, max_words=2,
+                        pair_breaks=True, walk_commas=commas)
+        example = task.example(0, "train")
+        ids, kinds = encode(tokenizer, example)
+        assert len(ids) == len(kinds) and kinds[0] == "prompt"
+
+        def letters(kind):
+            return [tokenizer.decode([token]).strip() for token, k in zip(ids, kinds) if k == kind]
+
+        plain, coded = example.meta["message"].replace(" ", ""), example.meta["coded"].replace(" ", "").replace("_", "")
+        assert letters("walk") == list(plain) and letters("walk_coded") == list(coded)
+        assert letters("chars") == list(plain) and "".join(letters("answer")) == plain
+        decode = dict(zip(example.meta["cipher"], example.meta["letters"]))
+        assert letters("unknown") == [decode[c] for c in sorted(decode)]
