@@ -20,7 +20,8 @@ the walk's plain letters too, copies of the table's text with reference=table). 
 - answer: the answer's letters (the <chars> block joined into words).
 
 So a reference format (`task.params.pair_breaks`, `task.params.walk_commas`, ...) can be judged in
-minutes before the hours of the image task. The model is trained in this process (AdamW, the
+minutes before the hours of the image task (generic copying of random tokens, without the task:
+`probe_copying.py`). The model is trained in this process (AdamW, the
 config's lr with its warm-up, constant after, gradients clipped at 1) and, with `--save`, written out.
 
     python benchmarks/probe_walk_copies.py runs/letters-model --steps 400 task.params.walk_commas=false \\

@@ -40,12 +40,12 @@ several filled ones; with `min_extra_entries` the number of others is drawn per 
 min_extra_entries..extra_entries (a mixed stage).
 `instructions=false` gives the coded message alone as the prompt; `reference` picks the reference's
 <think>: the prose walk over distinct letters (default), "pairs" (every coded letter of the message
-in order followed by its plain letter, "a t, o h,", before the <chars> block; `pair_breaks=true` writes a word break as a pair,
-"_ _,", for a regular stride), the <chars> block
+in order followed by its plain letter, "a t, o h,", before the <chars> block; `pair_breaks=true`
+writes a word break as a pair, "_ _,", and `walk_commas=false` drops the commas), the <chars> block
 alone, or "table" (grid layout: the decoder read entry by entry in its order first, "decoder: a q,
 b x, ... message:", every filled cell's coded and plain letter, then the pairs and <chars>: each
-letter is read from the image in a fixed order, 26 reads an example with every entry filled, and
-the pairs copy it from the text). `decoder_last=true` puts the image after the prompt's text.
+letter is read from the image in a fixed order, 26 reads an example with every entry filled, then
+the pairs, which a model trained on it reads from the image again rather than copy from the text). `decoder_last=true` puts the image after the prompt's text.
 `held_out="messages_and_ciphers"` keeps every test message and every test cipher out of training
 (default "pairs": a test (message, cipher) pair never occurs in training, its message may).
 A space of messages and ciphers so small that one split would get (almost) none of the draws is a
@@ -426,7 +426,8 @@ class CryptogramParams(TaskParams):
     h", with pair_breaks): the token before each coded letter is then the letter before it in the
     walk, as the token before it in the prompt is the coded letter before it, so copying the coded
     message into the walk is the plain in-order copy a transformer learns first (find the last
-    letter written, copy the one after it)."""
+    letter written, copy the one after it; from text alone the small model copies 95.6% of the
+    coded letters after 300 steps, against 65.4% with the commas: docs/results.md)."""
     held_out: str = "pairs"
     """pairs: a test (message, cipher) pair never occurs in training; messages_and_ciphers: no test
     message and no test cipher does (each is split by its own hash)."""
