@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from probe_cryptogram_reading import BASE
+from probe_cryptogram_reading import BASE, walk_coded_letters
 from vlmrl.config import load_config
 from vlmrl.models import load_policy
 from vlmrl.tasks import Example, get_task
@@ -59,7 +59,7 @@ def spans(example: Example) -> dict[str, list[tuple[int, int]]]:
     opened = text.index("<answer>") + len("<answer>")
     answer = [(opened + i, opened + i + 1) for i, ch in enumerate(text[opened:text.index("</answer>")]) if ch.isalpha()]
     return {"unknown": [(a, b) for a, b, _ in table_letter_cells(example)], "walk": walk,
-            "walk_coded": [(a - 2, b - 2) for a, b in walk], "chars": [(a, b) for a, b, _ in decoded_letter_cells(example)],
+            "walk_coded": [(a, b) for a, b, _ in walk_coded_letters(example)], "chars": [(a, b) for a, b, _ in decoded_letter_cells(example)],
             "answer": answer}
 
 
@@ -115,8 +115,9 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         right = logits.argmax(-1) == targets  # [B, T-1]
-        for kind in KINDS:
-            chosen = torch.tensor([[k == kind for k in row] for row in kinds])[:, 1:]
+        kind_of = torch.tensor([[KINDS.index(k) if k in KINDS else -1 for k in row] for row in kinds])[:, 1:]
+        for index, kind in enumerate(KINDS):
+            chosen = kind_of == index  # [B, T-1]
             total = counts.setdefault(kind, [0, 0])
             total[0] += int(right[chosen].sum())
             total[1] += int(chosen.sum())
