@@ -41,6 +41,9 @@ class ColorTask(Task):
         right = float(completion.strip() == example.answer)
         return {"total": right, "accuracy": right}
 
+    def image_only_spans(self, example: Example) -> list[tuple[int, int]]:
+        return [(0, len(example.reference_completion))]  # the colour: only the image tells it
+
 
 class LookTask(LetterTask):
     """The letter task with a reference trajectory that zooms first (SFT on tool trajectories)."""

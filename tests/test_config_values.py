@@ -116,6 +116,7 @@ VALUES: dict[str, list] = {
     "train.trackers": [[], ["tensorboard"], ["tensorbored"]],
     "train.tracker_project": ["", "vlmrl"],
     "sft.batch_size": [0, 1, 2],
+    "sft.text_examples": [-1, 0, 1, 2, 3],
     "eval.every": [-1, 0, 1],
     "eval.n": [0, 1, 2],
     "eval.splits": [["test"], [], ["ood"], ["validation"]],

@@ -756,15 +756,26 @@ class SftConfig:
 
     batch_size: int = 32
     """Examples per optimizer step, over all processes (split into train.micro_batch_size)."""
+    text_examples: int = 0
+    """Of each step's examples, how many are learnt a second time without their images (and
+    videos), over all processes, at most sft.batch_size: the text alone teaches what follows from
+    the text (the format, copies of the prompt and of the completion so far) at the cost of a
+    text-only forward, while the same examples with their images keep what is read from them
+    trained. The task's `image_only_spans` (a decoder's entries) are left out of their loss. Each
+    process copies the first of its share; the copies join the loss as rows of their own."""
 
     def validate(self) -> None:
         require((self.batch_size >= 1, f"sft.batch_size must be >= 1; got {self.batch_size}"),
-                at_most("sft.batch_size", self.batch_size, MAX_ROWS))
+                at_most("sft.batch_size", self.batch_size, MAX_ROWS),
+                (0 <= self.text_examples <= self.batch_size,
+                 f"sft.text_examples must be 0..sft.batch_size ({self.batch_size}); got {self.text_examples}"))
 
     def check_layout(self, world: int) -> None:
-        """The batch splits evenly over `world` processes."""
+        """The batch and its text copies split evenly over `world` processes."""
         if self.batch_size % world:
             raise VlmrlError(f"sft.batch_size={self.batch_size} must be divisible by the {world} processes")
+        if self.text_examples % world:
+            raise VlmrlError(f"sft.text_examples={self.text_examples} must be divisible by the {world} processes")
 
 
 @dataclass

@@ -196,6 +196,14 @@ class Task:
         the task does not know."""
         return None
 
+    def image_only_spans(self, example: Example) -> list[tuple[int, int]]:
+        """The (start, end) characters of `example.reference_completion` that only the image tells
+        (a decoder's entries): SFT leaves them out of the loss where it shows the example without its
+        image (`sft.text_examples`), so the text teaches the rest (format, copies) and no letter
+        nobody could predict from the text is a target. [] by default: every character follows from
+        the text."""
+        return []
+
     def score_trajectory(self, example: Example, trajectory: Trajectory) -> dict[str, float]:
         """Reward components of a tool-using rollout (`vlmrl.tools.Trajectory`). By default `score`
         of its final text (the model's last turn), so every task takes trajectories; a task that

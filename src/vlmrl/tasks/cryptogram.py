@@ -590,6 +590,14 @@ class CryptogramTask(Task):
             return [read[box] for _, _, box in walk_letter_cells(example)]
         return decoded_letter_cells(example)
 
+    def image_only_spans(self, example: Example) -> list[tuple[int, int]]:
+        """The plain letters the decoder tells: the table's entries (reference="table") and the
+        walk's plain letters (a model that reads the decoder looks each up in the image again, not
+        in the table's text: docs/results.md); with neither (reference=chars, or walk, whose
+        prose lookups are not located and stay in the loss) the <chars> block's letters."""
+        read = table_letter_cells(example) + walk_letter_cells(example) or decoded_letter_cells(example)
+        return [(a, b) for a, b, _ in read]
+
     def _extra_entries(self, rng, used: set[str]) -> set[str]:
         """entries=some: `extra_entries` coded letters the message does not use (with
         `min_extra_entries`, a number drawn from min_extra_entries..extra_entries; all of them where

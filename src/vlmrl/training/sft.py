@@ -26,7 +26,9 @@ first time it is drawn.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -56,23 +58,68 @@ def completion_text(processor, example: Example) -> str:
     return full[len(prompt):] if full.startswith(prompt) else example.reference_completion
 
 
-def completion_tokens(processor, examples: list[Example], stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (N, T) of each reference completion, right-padded, and their mask (N, T).
+@dataclass
+class References(Completions):
+    """Reference completions and, of each, the tokens the loss learns: every completion token but
+    those of spans left out (an example shown without its image: the task's image_only_spans)."""
+
+    trained_mask: torch.Tensor  # (N, T) 1 on the completion tokens the loss learns
+
+    def select(self, index: list[int]) -> References:
+        chosen = Completions.select(self, index)
+        at = torch.tensor(index, dtype=torch.long, device=self.trained_mask.device)
+        return References(chosen.rows, chosen.completion_ids, chosen.completion_mask, self.trained_mask[at])
+
+    def to(self, device: torch.device) -> References:
+        moved = Completions.to(self, device)
+        return replace(moved, trained_mask=self.trained_mask.to(device))
+
+
+def without_media(example: Example) -> Example:
+    """`example` with no image and no video: the prompt and the reference completion alone."""
+    text = copy.copy(example)
+    text.images, text.originals, text.videos, text.video_originals = [], [], [], []
+    return text
+
+
+def completion_tokens(processor, examples: list[Example], stop_ids: list[int],
+                      untrained: list[list[tuple[int, int]]] | None = None) -> tuple[torch.Tensor, ...]:
+    """Token ids (N, T) of each reference completion, right-padded, their mask (N, T), and the mask
+    of the tokens the loss learns (N, T): the completion's tokens but those that overlap the
+    (start, end) characters of `untrained[i]` in example i's reference_completion.
 
     Each completion ends at its first stop token (appended when the template wrote none).
     """
-    rows = []
-    for example in examples:
+    rows, learnt = [], []
+    for i, example in enumerate(examples):
         if not example.reference_completion:
             raise VlmrlError(f"example {example.meta.get('idx')} has no reference_completion to learn from")
-        ids = processor.tokenizer(completion_text(processor, example), add_special_tokens=False).input_ids
-        stops = [i for i, token in enumerate(ids) if token in stop_ids]
+        text = completion_text(processor, example)
+        spans = untrained[i] if untrained else []
+        encoded = processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=bool(spans))
+        ids = encoded.input_ids
+        stops = [t for t, token in enumerate(ids) if token in stop_ids]
         rows.append(ids[:stops[0] + 1] if stops else ids + [stop_ids[0]])
+        offset = text.find(example.reference_completion)
+        if spans and (offset < 0 or not processor.tokenizer.is_fast):
+            raise VlmrlError("sft.text_examples: the spans only the image tells are not found in the chat "
+                             "template's completion (" + ("a slow tokenizer has no character offsets)"
+                                                          if offset >= 0 else "the template rewrites it)"))
+        flags = [0 if overlaps(where, spans, offset) else 1 for where in encoded.offset_mapping] if spans else [1] * len(ids)
+        learnt.append((flags + [1])[:len(rows[-1])])  # the stop token is learnt
     length = max(len(r) for r in rows)
     pad = processor.tokenizer.pad_token_id
     ids = torch.tensor([r + [pad] * (length - len(r)) for r in rows])  # (N, T)
     mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])  # (N, T)
-    return ids, mask
+    trained = torch.tensor([t + [0] * (length - len(t)) for t in learnt])  # (N, T)
+    return ids, mask, trained
+
+
+def overlaps(where: tuple[int, int], spans: list[tuple[int, int]], offset: int) -> bool:
+    """Whether a token at characters `where` of the completion text overlaps a span of the reference
+    completion, which starts at `offset` in that text."""
+    start, end = where
+    return any(start < offset + b and end > offset + a for a, b in spans)
 
 
 def sft(config: Config, task: Task | None = None) -> Path:
@@ -96,8 +143,13 @@ def sft(config: Config, task: Task | None = None) -> Path:
             first = step * batch + session.rank * per_process
             return list(range(first, first + per_process))
 
+        text_here = config.sft.text_examples // session.world
+
         def make(examples: list[Example], processor) -> Completions:
-            return reference_batch(processor, examples, toolbox, stop_ids)
+            copies = examples[:text_here]  # learnt a second time without their images (sft.text_examples)
+            untrained = [[] for _ in examples] + [task.image_only_spans(example) for example in copies]
+            return reference_batch(processor, examples + [without_media(example) for example in copies],
+                                   toolbox, stop_ids, untrained)
 
         batches = SftBatches(task, session.processor, config.rollout.max_prompt_length, indices, make,
                              session.start_step, config.train.steps, config.train.prefetch_batches)
@@ -131,13 +183,18 @@ def sft(config: Config, task: Task | None = None) -> Path:
         return session.finish()
 
 
-def reference_batch(processor, examples: list[Example], toolbox: ToolBox | None, stop_ids: list[int]) -> Completions:
+def reference_batch(processor, examples: list[Example], toolbox: ToolBox | None, stop_ids: list[int],
+                    untrained: list[list[tuple[int, int]]] | None = None) -> Completions:
     """What SFT learns from `examples`: their reference trajectories when the run has tools and they
-    have some, else their reference completions."""
+    have some, else their reference completions, without the characters `untrained[i]` of example
+    i's in the loss."""
     if toolbox is not None and all("reference_turns" in ex.meta for ex in examples):
+        if any(untrained or []):
+            raise VlmrlError("sft.text_examples leaves spans of reference completions out of the loss; "
+                             "reference tool trajectories have none to leave out: set sft.text_examples=0")
         return reference_rollout(processor, examples, toolbox, stop_ids)
-    ids, mask = completion_tokens(processor, examples, stop_ids)  # (n, T) each
-    return Completions(examples, ids, mask)
+    ids, mask, trained = completion_tokens(processor, examples, stop_ids, untrained)  # (n, T) each
+    return References(examples, ids, mask, trained)
 
 
 def tool_statistics(session: TrainingSession, references: Completions) -> dict[str, float]:
@@ -176,7 +233,7 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
     global batch weighs the same, whatever process or micro-batch it is in.
     """
     accelerator, micro = session.accelerator, session.config.train.micro_batch_size
-    tokens_here = batch.completion_mask.sum().float()
+    tokens_here = learnt_tokens(batch).sum().float()
     total_tokens = accelerator.reduce(tokens_here.clone(), "sum").clamp(min=1.0)
     sums = torch.zeros(2, device=accelerator.device)  # nll, confident tokens: stays on the device
     starts = list(range(0, len(batch.rows), micro))
@@ -185,11 +242,17 @@ def sft_update(session: TrainingSession, scorer: LogprobScorer, batch: Completio
         last = i == len(starts) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(session.model):
             logp, _ = scorer(session.model, part)  # (m, T), 0 on padding
+            logp = logp * learnt_tokens(part)  # (m, T), 0 where not learnt
             loss = -logp.sum() / total_tokens * accelerator.num_processes
             session.backward(loss, last)
-        confident = ((logp.detach() > -0.6931) * part.completion_mask).sum()  # p > 1/2: surely the argmax
+        confident = ((logp.detach() > -0.6931) * learnt_tokens(part)).sum()  # p > 1/2: surely the argmax
         sums += torch.stack([-logp.detach().sum(), confident]).float()
     nll_here = float(sums[0])  # the one device-to-host copy of the micro-batch loop
     grad_norm = session.guard.step(session.update, session.scheduler, nll_here)
     stats = accelerator.reduce(sums, "sum") / total_tokens  # (2,) per token of the global batch
     return {"loss": float(stats[0]), "confident_tokens": float(stats[1]), "grad_norm": grad_norm}
+
+
+def learnt_tokens(batch: Completions) -> torch.Tensor:
+    """(N, T) 1 on the tokens the loss learns: `References.trained_mask`, else every completion token."""
+    return batch.trained_mask if isinstance(batch, References) else batch.completion_mask
