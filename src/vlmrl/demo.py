@@ -88,9 +88,9 @@ class DemoPreset:
 #   cosine schedule, so it keeps what it gained instead of drifting off at full learning rate.
 DAPO_STYLE = ["rollout.temperature=1.0", "algorithm.beta=0", "algorithm.aggregation=token",
               "algorithm.eps_high=0.28"]
+"""The RL settings every preset shares: sampling at temperature 1, no KL, token-level loss, clip-higher."""
 GRPO_8X8 = ["rollout.prompts_per_step=8", "rollout.group_size=8", *DAPO_STYLE]
 """Every preset's GRPO phase: 8 prompts x 8 completions a step, DAPO-style."""
-"""The RL settings every preset shares: sampling at temperature 1, no KL, token-level loss, clip-higher."""
 PRESETS = {
     "shapes": DemoPreset(
         shared=["task.name=shapes", "task.params.targets=[circle]", "task.params.distractors=false",
