@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from vlmrl.config import GenerationSettings, load_config
+from vlmrl.errors import VlmrlError
 from vlmrl.models import load_policy
 from vlmrl.report.tracking import read_metrics
 from vlmrl.rollout.generation import generate_groups, stop_token_ids
@@ -124,3 +126,10 @@ def test_sft_with_text_copies_still_learns_what_only_the_image_holds(tmp_path, t
     rows = read_metrics(sft(config) / "metrics.jsonl")
     assert rows[-1]["eval/test/accuracy"] == 1.0
     assert rows[-1]["eval/test/blank/accuracy"] == rows[-1]["eval/test/shuffled/accuracy"] == 0.375
+
+
+def test_text_examples_and_tools_are_refused_with_the_key_to_change():
+    with pytest.raises(VlmrlError, match="sft.text_examples=0"):
+        load_config(None, ["sft.batch_size=4", "sft.text_examples=2", "rollout.tools=[zoom]"])
+    with pytest.raises(VlmrlError, match="0..sft.batch_size"):
+        load_config(None, ["sft.batch_size=4", "sft.text_examples=5"])

@@ -821,7 +821,10 @@ class Config:
                 (bool(self.output_dir.strip()), "output_dir is empty"),
                 (self.algorithm.overlong_buffer <= self.rollout.max_new_tokens,
                  f"algorithm.overlong_buffer={self.algorithm.overlong_buffer} must be at most "
-                 f"rollout.max_new_tokens={self.rollout.max_new_tokens} (the penalty ramps over the last tokens)"))
+                 f"rollout.max_new_tokens={self.rollout.max_new_tokens} (the penalty ramps over the last tokens)"),
+                (not (self.sft.text_examples and self.rollout.tools),
+                 "sft.text_examples with rollout.tools is not run (a reference trajectory's tools read its "
+                 "images): set sft.text_examples=0"))
 
 
 # --------------------------------------------------------------------------- reading and writing

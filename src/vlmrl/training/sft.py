@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from vlmrl.config import Config
-from vlmrl.errors import VlmrlError, warn
+from vlmrl.errors import VlmrlError, require, warn
 from vlmrl.rollout.completions import Completions
 from vlmrl.rollout.generation import stop_token_ids
 from vlmrl.rollout.prompts import chat_messages
@@ -96,15 +96,15 @@ def completion_tokens(processor, examples: list[Example], stop_ids: list[int],
             raise VlmrlError(f"example {example.meta.get('idx')} has no reference_completion to learn from")
         text = completion_text(processor, example)
         spans = untrained[i] if untrained else []
+        offset = text.find(example.reference_completion)  # where the reference starts in the template's text
+        require((not spans or processor.tokenizer.is_fast,
+                 "sft.text_examples: the task's image_only_spans need a fast tokenizer (its character offsets)"),
+                (not spans or offset >= 0, "sft.text_examples: the chat template rewrites the reference "
+                 "completion, so the task's image_only_spans are not found in it"))
         encoded = processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=bool(spans))
         ids = encoded.input_ids
         stops = [t for t, token in enumerate(ids) if token in stop_ids]
         rows.append(ids[:stops[0] + 1] if stops else ids + [stop_ids[0]])
-        offset = text.find(example.reference_completion)
-        if spans and (offset < 0 or not processor.tokenizer.is_fast):
-            raise VlmrlError("sft.text_examples: the spans only the image tells are not found in the chat "
-                             "template's completion (" + ("a slow tokenizer has no character offsets)"
-                                                          if offset >= 0 else "the template rewrites it)"))
         flags = [0 if overlaps(where, spans, offset) else 1 for where in encoded.offset_mapping] if spans else [1] * len(ids)
         learnt.append((flags + [1])[:len(rows[-1])])  # the stop token is learnt
     length = max(len(r) for r in rows)
@@ -189,10 +189,7 @@ def reference_batch(processor, examples: list[Example], toolbox: ToolBox | None,
     have some, else their reference completions, without the characters `untrained[i]` of example
     i's in the loss."""
     if toolbox is not None and all("reference_turns" in ex.meta for ex in examples):
-        if any(untrained or []):
-            raise VlmrlError("sft.text_examples leaves spans of reference completions out of the loss; "
-                             "reference tool trajectories have none to leave out: set sft.text_examples=0")
-        return reference_rollout(processor, examples, toolbox, stop_ids)
+        return reference_rollout(processor, examples, toolbox, stop_ids)  # no text copies with tools (Config.validate)
     ids, mask, trained = completion_tokens(processor, examples, stop_ids, untrained)  # (n, T) each
     return References(examples, ids, mask, trained)
 
