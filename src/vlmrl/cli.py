@@ -233,7 +233,7 @@ def _attention(args: argparse.Namespace) -> None:
     print(format_summary(maps))
 
 
-DEMO_PRESETS = ("shapes", "cryptogram", "zoom", "video", "video-tool", "census")
+DEMO_PRESETS = ("shapes", "cryptogram", "zoom", "video", "video-tool", "census", "cryptogram-glyphs")
 """vlmrl.demo.PRESETS' names, without importing torch for --help."""
 
 EVAL_CLI_DEFAULTS = {"k": 8, "blind_check": True}
@@ -543,7 +543,8 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
                "  vlmrl demo --preset zoom --out runs/demo-zoom   # thinking with images: zoom, then name the pattern\n"
                "  vlmrl demo --preset video --out runs/demo-video   # which way a square moves in a 4-frame video\n"
                "  vlmrl demo --preset video-tool --out runs/demo-video-tool   # the same, seen through the frames tool\n"
-               "  vlmrl demo --preset census --out runs/demo-census   # count touching shapes with the CV tools",
+               "  vlmrl demo --preset census --out runs/demo-census   # count touching shapes with the CV tools\n"
+               "  vlmrl demo --preset cryptogram-glyphs --out runs/demo-glyphs   # read all 26 letters' glyphs (~2 h)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
