@@ -107,6 +107,31 @@ def test_every_preset_builds_valid_configs_and_is_offered_by_the_cli(tmp_path):
             get_task(config.task.name, seed=config.seed, **config.task.params)  # checks the task parameters
 
 
+def test_the_glyph_preset_gives_the_model_nothing_but_the_letters_and_holds_out_its_test_messages(tmp_path):
+    """cryptogram-glyphs (issue 53): every phase draws all 26 letters as plain glyphs in a 56-px grid
+    (no tiles), the stages one-letter messages and the warm start and GRPO 1-3 words with every entry
+    filled, no test message or cipher trained on; the word phases learn text copies, the stages not."""
+    import string
+
+    preset = demo.PRESETS["cryptogram-glyphs"]
+    phases = {"sft": ("sft", ()), "grpo": ("grpo", ()), **{name: ("sft", stage) for name, stage in preset.curriculum}}
+    params = {}
+    for name, (phase, stage) in phases.items():
+        config = demo.phase_config(preset, phase, tmp_path / "model", tmp_path / name, stage)
+        task = get_task(config.task.name, seed=config.seed, **config.task.params)
+        p = params[name] = task.params
+        assert (p.letters, p.tiles, p.layout, p.cell_px) == (string.ascii_lowercase, False, "grid", 56), name
+        assert config.sft.text_examples == (16 if name.startswith("words") or name == "sft" else 0), name
+    assert [name for name, _ in preset.curriculum] == ["alone", "lookup", "table-1", "table-2", "words-1", "words-2", "words-3"]
+    for name in ("alone", "lookup", "table-1", "table-2"):
+        assert (params[name].min_words, params[name].max_words, params[name].max_word_length) == (1, 1, 1)
+    assert (params["alone"].entries, params["lookup"].entries, params["table-1"].entries) == ("alone", "some", "all")
+    for name in ("words-1", "sft", "grpo"):
+        p = params[name]
+        assert (p.min_words, p.max_words, p.entries, p.reference, p.held_out) == (1, 3, "all", "table", "messages_and_ciphers")
+    assert preset.tokenizer == "letters" and preset.attention_n > 0
+
+
 def one_step_preset(name: str, **more) -> demo.DemoPreset:
     """Preset `name`'s task and shared settings at the smallest run: one step of each phase, two
     held-out examples, the tiny model."""
