@@ -544,7 +544,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
                "  vlmrl demo --preset video --out runs/demo-video   # which way a square moves in a 4-frame video\n"
                "  vlmrl demo --preset video-tool --out runs/demo-video-tool   # the same, seen through the frames tool\n"
                "  vlmrl demo --preset census --out runs/demo-census   # count touching shapes with the CV tools\n"
-               "  vlmrl demo --preset cryptogram-glyphs --out runs/demo-glyphs   # read all 26 letters' glyphs (~2 h)",
+               "  vlmrl demo --preset cryptogram-glyphs --out runs/demo-glyphs   # 26 letters read from glyphs (65 min)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--preset", choices=DEMO_PRESETS, default="shapes", help="which demo (default shapes)")
     demo.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo)")
