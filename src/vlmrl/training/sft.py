@@ -96,7 +96,7 @@ def completion_tokens(processor, examples: list[Example], stop_ids: list[int],
             raise VlmrlError(f"example {example.meta.get('idx')} has no reference_completion to learn from")
         text = completion_text(processor, example)
         spans = untrained[i] if untrained else []
-        offset = text.find(example.reference_completion)  # where the reference starts in the template's text
+        offset = text.find(example.reference_completion) if spans else 0  # where the reference starts in the text
         require((not spans or processor.tokenizer.is_fast,
                  "sft.text_examples: the task's image_only_spans need a fast tokenizer (its character offsets)"),
                 (not spans or offset >= 0, "sft.text_examples: the chat template rewrites the reference "
